@@ -1,0 +1,32 @@
+"""A small Transformer on Multi30k English->German (Elliott et al. 2016), sized for a 2-core CPU.
+
+    python -m translate.train --config=configs/multi30k.py --workdir=/tmp/multi30k \
+        --config.data.dir=../shared/data/multi30k
+
+Trains on train.{en,de}, evaluates on val during training and on test2016 at the end.
+"""
+
+from translate.config import Config
+
+
+def get_config() -> Config:
+    config = Config()
+    config.model.num_layers = 3
+    config.model.d_model = 256
+    config.model.num_heads = 4
+    config.model.d_ff = 1024
+    config.model.dropout_rate = 0.1
+    config.data.dir = "../shared/data/multi30k"
+    config.data.dev_prefix = "val"
+    config.data.test_prefix = "test2016"
+    config.data.vocab_size = 8000
+    config.data.max_len = 64
+    config.data.row_len = 64
+    config.data.tokens_per_batch = 4096
+    config.train.num_train_steps = 3000
+    config.train.warmup_steps = 800
+    config.train.learning_rate_scale = 2.0
+    config.train.log_every_steps = 100
+    config.train.checkpoint_every_steps = 500
+    config.train.eval_every_steps = 1000
+    return config

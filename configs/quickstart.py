@@ -1,0 +1,29 @@
+"""A small Transformer on the project's synthetic English->German corpus, for a 2-core CPU.
+
+    python -m translate.train --config=configs/quickstart.py --workdir=/tmp/quickstart
+
+Generates the corpus into the workdir, trains, and writes /tmp/quickstart/report.json.
+"""
+
+from translate.config import Config
+
+
+def get_config() -> Config:
+    config = Config()
+    config.model.num_layers = 2
+    config.model.d_model = 128
+    config.model.num_heads = 4
+    config.model.d_ff = 512
+    config.data.source = "synthetic"
+    config.data.vocab_size = 1000
+    config.data.max_len = 64
+    config.data.row_len = 64
+    config.data.tokens_per_batch = 4096
+    config.train.num_train_steps = 1200
+    config.train.warmup_steps = 200
+    config.train.learning_rate_scale = 2.0
+    config.train.log_every_steps = 50
+    config.train.checkpoint_every_steps = 400
+    config.train.eval_every_steps = 400
+    config.decode.eval_num_sentences = 100
+    return config

@@ -1,0 +1,152 @@
+"""Greedy and beam search (Sec. 6.1) over the model's explicit KV cache, batched and jitted.
+
+The encoder runs once per sentence; each step feeds one token per hypothesis through
+`Transformer.decode_step`, which writes its keys and values into a preallocated cache.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from translate.tokenizer import BOS_ID, EOS_ID, PAD_ID
+
+NEG_INF = -1.0e9
+
+
+def length_penalty(length: jax.Array, alpha: float) -> jax.Array:
+    """GNMT length penalty lp(Y) = ((5 + |Y|) / 6) ** alpha (Wu et al. 2016, eq. 14)."""
+    return ((5.0 + jnp.asarray(length, jnp.float32)) / 6.0) ** alpha
+
+
+def _encode_for_decoding(model, src, max_extra_len, copies):
+    """Runs the encoder once; returns cache, per-sentence output limit and decode length L."""
+    src_segments = (src != PAD_ID).astype(jnp.int32)  # [B, S]
+    positions = jnp.broadcast_to(jnp.arange(src.shape[1]), src.shape)
+    memory = model.encode(src, src_segments, positions)  # [B, S, D]
+    # Output tokens before EOS may number at most (source tokens before EOS) + max_extra_len.
+    limit = jnp.maximum(jnp.sum(src_segments, axis=1) - 1, 0) + max_extra_len  # [B]
+    limit = jnp.where(src_segments[:, 0] > 0, limit, 0)  # batch-filler rows end at once
+    max_len = src.shape[1] + max_extra_len + 1
+    memory = jnp.repeat(memory, copies, axis=0)  # [B * W, S, D]
+    cache = model.init_cache(memory, jnp.repeat(src_segments, copies, axis=0), max_len)
+    return cache, limit, max_len
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "max_extra_len"))
+def greedy_search(graphdef, params, src: jax.Array, max_extra_len: int = 50):
+    """Arg-max decoding: tokens [B, L] (PAD after EOS) and their log-probabilities [B]."""
+    model = nnx.merge(graphdef, params)
+    batch = src.shape[0]
+    cache, limit, max_len = _encode_for_decoding(model, src, max_extra_len, 1)
+    state = {
+        "t": jnp.array(0),
+        "tokens": jnp.full((batch, max_len), PAD_ID, jnp.int32),  # [B, L]
+        "last": jnp.full((batch,), BOS_ID, jnp.int32),  # [B]
+        "score": jnp.zeros((batch,), jnp.float32),  # [B]
+        "done": jnp.zeros((batch,), bool),  # [B]
+        "cache": cache,
+    }
+
+    def step(s):
+        logits, cache = model.decode_step(s["last"], s["t"], s["cache"])  # [B, V]
+        log_probs = jax.nn.log_softmax(logits)
+        at_limit = (s["t"] >= limit)[:, None]
+        log_probs = jnp.where(at_limit & (jnp.arange(log_probs.shape[1]) != EOS_ID),
+                              NEG_INF, log_probs)
+        token = jnp.argmax(log_probs, axis=-1).astype(jnp.int32)  # [B]
+        token_lp = jnp.take_along_axis(log_probs, token[:, None], axis=1)[:, 0]
+        written = jnp.where(s["done"], PAD_ID, token)
+        return {
+            "t": s["t"] + 1,
+            "tokens": s["tokens"].at[:, s["t"]].set(written),
+            "last": token,
+            "score": s["score"] + jnp.where(s["done"], 0.0, token_lp),
+            "done": s["done"] | (token == EOS_ID),
+            "cache": cache,
+        }
+
+    state = jax.lax.while_loop(
+        lambda s: (s["t"] < max_len) & ~jnp.all(s["done"]), step, state)
+    return state["tokens"], state["score"]
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "beam_size", "max_extra_len"))
+def beam_search(graphdef, params, src: jax.Array, beam_size: int = 4,
+                alpha: float = 0.6, max_extra_len: int = 50):
+    """Beam search with the GNMT length penalty.
+
+    Each step keeps the 2W best extensions of the W live beams: those ending in EOS become
+    finished hypotheses scored log P / lp(length), the best W others stay live. A sentence stops
+    when no live beam could still beat its W finished ones: log P only falls as a hypothesis
+    grows, so a live beam's best possible score is log P / lp(longest allowed length).
+
+    Returns:
+      tokens [B, W, L] of the finished hypotheses, best first (PAD after EOS), and their
+      length-normalised scores [B, W].
+    """
+    model = nnx.merge(graphdef, params)
+    batch, width = src.shape[0], beam_size
+    cache, limit, max_len = _encode_for_decoding(model, src, max_extra_len, width)
+    state = {
+        "t": jnp.array(0),
+        "live_tokens": jnp.full((batch, width, max_len), PAD_ID, jnp.int32),  # [B, W, L]
+        # Only beam 0 starts live, so the first step does not pick W copies of one token.
+        "live_lp": jnp.tile(jnp.array([0.0] + [NEG_INF] * (width - 1)), (batch, 1)),  # [B, W]
+        "fin_tokens": jnp.full((batch, width, max_len), PAD_ID, jnp.int32),  # [B, W, L]
+        "fin_scores": jnp.full((batch, width), NEG_INF, jnp.float32),  # [B, W]
+        "cache": cache,  # batch B * W
+    }
+
+    def is_done(s):
+        best_possible = s["live_lp"][:, 0] / length_penalty(limit + 1, alpha)  # [B]
+        return (s["fin_scores"][:, -1] >= best_possible) | (s["t"] > limit)
+
+    def step(s):
+        t = s["t"]
+        last = jnp.where(t == 0, BOS_ID, s["live_tokens"][:, :, jnp.maximum(t - 1, 0)])
+        logits, cache = model.decode_step(last.reshape(-1), t, s["cache"])  # [B * W, V]
+        vocab = logits.shape[-1]
+        log_probs = jax.nn.log_softmax(logits).reshape(batch, width, vocab)  # [B, W, V]
+        at_limit = (t >= limit)[:, None, None]
+        log_probs = jnp.where(at_limit & (jnp.arange(vocab) != EOS_ID), NEG_INF, log_probs)
+        candidates = (s["live_lp"][:, :, None] + log_probs).reshape(batch, width * vocab)
+        cand_lp, cand_idx = jax.lax.top_k(candidates, 2 * width)  # [B, 2W]
+        parent, token = cand_idx // vocab, (cand_idx % vocab).astype(jnp.int32)  # [B, 2W]
+        cand_tokens = jnp.take_along_axis(s["live_tokens"], parent[:, :, None], axis=1)
+        cand_tokens = cand_tokens.at[:, :, t].set(token)  # [B, 2W, L]
+        ended = token == EOS_ID
+        # A sentence that is already done accepts no new hypotheses.
+        ended_ok = ended & ~is_done(s)[:, None] & (cand_lp > NEG_INF / 2)
+
+        fin_new = jnp.where(ended_ok, cand_lp / length_penalty(t + 1, alpha), NEG_INF)
+        fin_all = jnp.concatenate([s["fin_scores"], fin_new], axis=1)  # [B, 3W]
+        fin_scores, fin_pick = jax.lax.top_k(fin_all, width)  # [B, W]
+        fin_pool = jnp.concatenate([s["fin_tokens"], cand_tokens], axis=1)  # [B, 3W, L]
+        fin_tokens = jnp.take_along_axis(fin_pool, fin_pick[:, :, None], axis=1)
+
+        live_lp, live_pick = jax.lax.top_k(jnp.where(ended, NEG_INF, cand_lp), width)  # [B, W]
+        live_tokens = jnp.take_along_axis(cand_tokens, live_pick[:, :, None], axis=1)
+        live_parent = jnp.take_along_axis(parent, live_pick, axis=1)  # [B, W]
+        rows = (jnp.arange(batch)[:, None] * width + live_parent).reshape(-1)  # [B * W]
+        # Self-attention keys and values follow their beams; the encoder side is per sentence.
+        cache = [{**c, "k": c["k"][rows], "v": c["v"][rows]} for c in cache]
+        return {"t": t + 1, "live_tokens": live_tokens, "live_lp": live_lp,
+                "fin_tokens": fin_tokens, "fin_scores": fin_scores, "cache": cache}
+
+    state = jax.lax.while_loop(
+        lambda s: (s["t"] < max_len) & ~jnp.all(is_done(s)), step, state)
+    return state["fin_tokens"], state["fin_scores"]
+
+
+def translate_tokens(graphdef, params, src: jax.Array, beam_size: int, alpha: float,
+                     max_extra_len: int) -> jax.Array:
+    """Best output tokens [B, L] for source tokens [B, S]; beam size 1 is greedy decoding."""
+    if beam_size == 1:
+        return greedy_search(graphdef, params, src, max_extra_len=max_extra_len)[0]
+    tokens, _ = beam_search(graphdef, params, src, beam_size=beam_size, alpha=alpha,
+                            max_extra_len=max_extra_len)
+    return tokens[:, 0]

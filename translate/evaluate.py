@@ -1,0 +1,168 @@
+"""Decode a test set with a trained workdir and write the sacreBLEU report.
+
+    python -m translate.evaluate --workdir=DIR --src=test.en --ref=test.de [--output=OUT]
+
+writes OUT/report.json, OUT/report.txt and OUT/hypotheses.txt (OUT defaults to DIR). BLEU is
+sacreBLEU's default: cased, 13a tokenization, on detokenized output against the raw reference.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import numpy as np
+import sacrebleu
+from flax import nnx
+
+from translate import checkpoint
+from translate.config import (
+    Config,
+    DecodeConfig,
+    apply_override,
+    config_from_dict,
+    parse_flags,
+)
+from translate.data import read_lines, source_batches
+from translate.decode import translate_tokens
+from translate.model import Transformer
+from translate.tokenizer import VOCAB_FILENAME, Tokenizer
+
+CONFIG_FILENAME = "config.json"
+
+
+def abstract_model(config: Config, vocab_size: int) -> tuple[nnx.GraphDef, nnx.State]:
+    """The model's graph and parameter shapes, with nothing allocated."""
+    model = nnx.eval_shape(lambda: Transformer(config.model, vocab_size, rngs=nnx.Rngs(0)))
+    graphdef, params = nnx.split(model, nnx.Param)
+    return graphdef, params
+
+
+def load_model(workdir: str | pathlib.Path, step: int | None = None):
+    """Loads (graphdef, params, tokenizer, config, step) from a training workdir.
+
+    Parameters land on the first local device: decoding runs there.
+    """
+    workdir = pathlib.Path(workdir)
+    config_path = workdir / CONFIG_FILENAME
+    if not config_path.is_file():
+        raise FileNotFoundError(f"--workdir: {workdir} holds no {CONFIG_FILENAME}; "
+                                "is it a translate.train workdir?")
+    config = config_from_dict(json.loads(config_path.read_text()))
+    tokenizer = Tokenizer(workdir / VOCAB_FILENAME)
+    manager = checkpoint.make_manager(workdir, read_only=True)
+    step = manager.latest_step() if step is None else step
+    if step is None or step not in manager.all_steps():
+        raise FileNotFoundError(
+            f"--workdir: no checkpoint{'' if step is None else f' at step {step}'} in "
+            f"{workdir / checkpoint.CHECKPOINT_DIR} (steps there: {list(manager.all_steps())})")
+    graphdef, shapes = abstract_model(config, tokenizer.vocab_size)
+    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    params, _, _ = checkpoint.restore(manager, step, checkpoint.abstract_like(shapes, device))
+    return graphdef, params, tokenizer, config, step
+
+
+def translate_sentences(graphdef, params, tokenizer: Tokenizer, sentences: Sequence[str],
+                        decode: DecodeConfig, max_len: int) -> list[str]:
+    """Translates sentences in length-sorted batches; the output keeps the input order."""
+    out = [""] * len(sentences)
+    for indices, tokens in source_batches(tokenizer, sentences, decode.batch_size, max_len):
+        best = translate_tokens(graphdef, params, tokens, decode.beam_size,
+                                decode.length_penalty, decode.max_extra_len)
+        for i, row in zip(indices, np.asarray(best)):
+            if i >= 0:
+                out[i] = tokenizer.decode(row)
+    return out
+
+
+def score(hypotheses: Sequence[str], references: Sequence[str]) -> dict[str, Any]:
+    """sacreBLEU (cased, 13a) and chrF with their signatures."""
+    bleu = sacrebleu.BLEU()
+    chrf = sacrebleu.CHRF()
+    bleu_score = bleu.corpus_score(list(hypotheses), [list(references)])
+    chrf_score = chrf.corpus_score(list(hypotheses), [list(references)])
+    return {
+        "bleu": round(bleu_score.score, 2),
+        "signature": str(bleu.get_signature()),
+        "bleu_detail": str(bleu_score),
+        "chrf": round(chrf_score.score, 2),
+        "chrf_signature": str(chrf.get_signature()),
+    }
+
+
+def evaluate(graphdef, params, tokenizer: Tokenizer, config: Config, sources: Sequence[str],
+             references: Sequence[str], step: int) -> tuple[dict[str, Any], list[str]]:
+    """Decodes `sources` and scores against `references`; returns (report, hypotheses)."""
+    start = time.perf_counter()
+    hypotheses = translate_sentences(graphdef, params, tokenizer, sources, config.decode,
+                                     config.data.max_len)
+    seconds = time.perf_counter() - start
+    report = score(hypotheses, references)
+    report.update({
+        "num_sentences": len(sources),
+        "decode_seconds": round(seconds, 3),
+        "sentences_per_second": round(len(sources) / max(seconds, 1e-9), 2),
+        "beam_size": config.decode.beam_size,
+        "length_penalty": config.decode.length_penalty,
+        "max_extra_len": config.decode.max_extra_len,
+        "step": int(step),
+        "device": jax.local_devices()[0].device_kind,
+    })
+    return report, hypotheses
+
+
+def write_report(out_dir: str | pathlib.Path, report: dict[str, Any], sources: Sequence[str],
+                 references: Sequence[str], hypotheses: Sequence[str],
+                 num_examples: int = 5) -> None:
+    """Writes report.json, report.txt (a summary and examples) and hypotheses.txt."""
+    out_dir = pathlib.Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "hypotheses.txt").write_text("".join(h + "\n" for h in hypotheses),
+                                            encoding="utf-8")
+    (out_dir / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+    lines = [
+        f"sacreBLEU {report['bleu']:.2f}  ({report['signature']})",
+        f"  {report['bleu_detail']}",
+        f"chrF {report['chrf']:.2f}  ({report['chrf_signature']})",
+        f"{report['num_sentences']} sentences in {report['decode_seconds']:.1f} s "
+        f"({report['sentences_per_second']:.1f} sentences/s) on {report['device']}",
+        f"beam {report['beam_size']}, length penalty {report['length_penalty']}, "
+        f"max length source + {report['max_extra_len']}, checkpoint step {report['step']}",
+        "",
+        "Examples:",
+    ]
+    for src, ref, hyp in list(zip(sources, references, hypotheses))[:num_examples]:
+        lines += [f"  SRC {src}", f"  REF {ref}", f"  HYP {hyp}", ""]
+    (out_dir / "report.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def main(argv: Sequence[str]) -> None:
+    flags, overrides = parse_flags(list(argv), {
+        "workdir": "", "src": "", "ref": "", "output": "", "step": -1})
+    for name in ("workdir", "src", "ref"):
+        if not flags[name]:
+            raise SystemExit(f"--{name} is required")
+    step = None if flags["step"] < 0 else flags["step"]
+    graphdef, params, tokenizer, config, step = load_model(flags["workdir"], step)
+    for dotted, text in overrides.items():
+        if not dotted.startswith("decode."):
+            raise SystemExit(f"--config.{dotted}: only decode.* can be changed at evaluation")
+        apply_override(config, dotted, text)
+    sources = read_lines(flags["src"])
+    references = read_lines(flags["ref"])
+    if len(sources) != len(references):
+        raise SystemExit(f"--src {flags['src']} has {len(sources)} lines but --ref "
+                         f"{flags['ref']} has {len(references)}")
+    report, hypotheses = evaluate(graphdef, params, tokenizer, config, sources, references, step)
+    out_dir = flags["output"] or flags["workdir"]
+    write_report(out_dir, report, sources, references, hypotheses)
+    print((pathlib.Path(out_dir) / "report.txt").read_text(), end="")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,239 @@
+"""The Transformer of Vaswani et al. 2017, "Attention Is All You Need", in Flax NNX.
+
+Shape letters used in comments and einsum strings:
+  B batch rows, S source length, T target length, D d_model, H heads, K head dim (D / H),
+  F d_ff, V vocabulary size, L cache length.
+
+Batches may be packed: several sentences share a row. `segments` (int, 0 = padding) says which
+sentence each token belongs to and `positions` its index inside that sentence; attention never
+crosses sentences, so a packed row computes exactly what separate rows would.
+
+Deviations from the paper, all of them:
+  - Padding and packing as above (an implementation detail with identical outputs).
+  - Linear layers have biases and Xavier-uniform initialisation, and embeddings are initialised
+    with N(0, d_model^-0.5); the paper does not state either.
+  - LayerNorm epsilon is 1e-6; the paper does not state it.
+  - Compute may run in bfloat16 (config) while parameters, softmax and the loss stay float32.
+There is no final LayerNorm on either stack: with post-LayerNorm the last sub-layer already
+ends in one (Sec. 3.1). Dropout on attention probabilities is not used, as in the paper.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from translate.config import ModelConfig
+
+Cache = list[dict[str, jax.Array]]
+
+
+def resolve_dtype(name: str) -> Any:
+    """Maps the config's compute dtype to a jnp dtype; "auto" is bfloat16 on GPU/TPU."""
+    if name == "auto":
+        return jnp.float32 if jax.default_backend() == "cpu" else jnp.bfloat16
+    return jnp.dtype(name)
+
+
+def sinusoidal_positions(positions: jax.Array, d_model: int) -> jax.Array:
+    """Sec. 3.5: PE(pos, 2i) = sin(pos / 10000^(2i/D)), PE(pos, 2i+1) = cos(same)."""
+    inv_freq = 1.0 / (10000.0 ** (jnp.arange(0, d_model, 2, dtype=jnp.float32) / d_model))
+    angles = positions[..., None].astype(jnp.float32) * inv_freq  # [..., D/2]
+    # Interleave sin and cos so even channels are sines and odd channels cosines.
+    return jnp.stack([jnp.sin(angles), jnp.cos(angles)], axis=-1).reshape(
+        *positions.shape, d_model
+    )  # [..., D]
+
+
+def dropout(x: jax.Array, rate: float, key: jax.Array | None) -> jax.Array:
+    """Inverted dropout; `key=None` is evaluation mode."""
+    if key is None or rate == 0.0:
+        return x
+    keep = jax.random.bernoulli(key, 1.0 - rate, x.shape)
+    return jnp.where(keep, x / (1.0 - rate), 0).astype(x.dtype)
+
+
+def fold(key: jax.Array | None, site: int) -> jax.Array | None:
+    return None if key is None else jax.random.fold_in(key, site)
+
+
+def attention_mask(q_segments: jax.Array, k_segments: jax.Array, causal: bool) -> jax.Array:
+    """Boolean [B, 1, Tq, Tk] mask, True = attend: same sentence, not padding, (causal)."""
+    mask = (q_segments[:, :, None] == k_segments[:, None, :]) & (q_segments[:, :, None] > 0)
+    if causal:
+        tq, tk = q_segments.shape[1], k_segments.shape[1]
+        mask &= jnp.arange(tq)[:, None] >= jnp.arange(tk)[None, :]
+    return mask[:, None]  # [B, 1, Tq, Tk]
+
+
+def xavier_linear(d_in: int, d_out: int, dtype: Any, rngs: nnx.Rngs) -> nnx.Linear:
+    return nnx.Linear(d_in, d_out, dtype=dtype, rngs=rngs,
+                      kernel_init=nnx.initializers.xavier_uniform())
+
+
+class MultiHeadAttention(nnx.Module):
+    """Sec. 3.2.2: h heads of scaled dot-product attention (Sec. 3.2.1), concatenated."""
+
+    def __init__(self, config: ModelConfig, dtype: Any, rngs: nnx.Rngs):
+        d = config.d_model
+        self.num_heads = config.num_heads
+        self.query = xavier_linear(d, d, dtype, rngs)
+        self.key = xavier_linear(d, d, dtype, rngs)
+        self.value = xavier_linear(d, d, dtype, rngs)
+        self.out = xavier_linear(d, d, dtype, rngs)
+
+    def split_heads(self, x: jax.Array) -> jax.Array:
+        b, t, d = x.shape
+        return x.reshape(b, t, self.num_heads, d // self.num_heads)  # [B, T, H, K]
+
+    def project_kv(self, x: jax.Array) -> tuple[jax.Array, jax.Array]:
+        return self.split_heads(self.key(x)), self.split_heads(self.value(x))
+
+    def attend(self, x: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
+        q = self.split_heads(self.query(x))  # [B, Tq, H, K]
+        # softmax(QK^T / sqrt(K)) V; the fused kernel scales by 1/sqrt(K) itself.
+        y = jax.nn.dot_product_attention(q, k, v, mask=mask)  # [B, Tq, H, K]
+        return self.out(y.reshape(*x.shape[:2], -1))  # [B, Tq, D]
+
+    def __call__(self, x: jax.Array, context: jax.Array, mask: jax.Array) -> jax.Array:
+        k, v = self.project_kv(context)  # [B, Tk, H, K] each
+        return self.attend(x, k, v, mask)
+
+
+class FeedForward(nnx.Module):
+    """Sec. 3.3: FFN(x) = max(0, x W1 + b1) W2 + b2."""
+
+    def __init__(self, config: ModelConfig, dtype: Any, rngs: nnx.Rngs):
+        self.inner = xavier_linear(config.d_model, config.d_ff, dtype, rngs)
+        self.outer = xavier_linear(config.d_ff, config.d_model, dtype, rngs)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return self.outer(jax.nn.relu(self.inner(x)))  # [B, T, F] -> [B, T, D]
+
+
+class EncoderLayer(nnx.Module):
+    """Sec. 3.1: self-attention then feed-forward, each as LayerNorm(x + Dropout(Sublayer(x)))."""
+
+    def __init__(self, config: ModelConfig, dtype: Any, rngs: nnx.Rngs):
+        self.rate = config.dropout_rate
+        self.self_attention = MultiHeadAttention(config, dtype, rngs)
+        self.norm1 = nnx.LayerNorm(config.d_model, epsilon=1e-6, dtype=dtype, rngs=rngs)
+        self.feed_forward = FeedForward(config, dtype, rngs)
+        self.norm2 = nnx.LayerNorm(config.d_model, epsilon=1e-6, dtype=dtype, rngs=rngs)
+
+    def __call__(self, x, mask, key):
+        x = self.norm1(x + dropout(self.self_attention(x, x, mask), self.rate, fold(key, 0)))
+        return self.norm2(x + dropout(self.feed_forward(x), self.rate, fold(key, 1)))
+
+
+class DecoderLayer(nnx.Module):
+    """Sec. 3.1: masked self-attention, attention over the encoder output, feed-forward."""
+
+    def __init__(self, config: ModelConfig, dtype: Any, rngs: nnx.Rngs):
+        self.rate = config.dropout_rate
+        self.self_attention = MultiHeadAttention(config, dtype, rngs)
+        self.norm1 = nnx.LayerNorm(config.d_model, epsilon=1e-6, dtype=dtype, rngs=rngs)
+        self.cross_attention = MultiHeadAttention(config, dtype, rngs)
+        self.norm2 = nnx.LayerNorm(config.d_model, epsilon=1e-6, dtype=dtype, rngs=rngs)
+        self.feed_forward = FeedForward(config, dtype, rngs)
+        self.norm3 = nnx.LayerNorm(config.d_model, epsilon=1e-6, dtype=dtype, rngs=rngs)
+
+    def finish(self, x, self_out, memory_kv, cross_mask, key):
+        """Everything after self-attention, shared by full and cached decoding."""
+        x = self.norm1(x + dropout(self_out, self.rate, fold(key, 0)))
+        cross = self.cross_attention.attend(x, *memory_kv, cross_mask)
+        x = self.norm2(x + dropout(cross, self.rate, fold(key, 1)))
+        return self.norm3(x + dropout(self.feed_forward(x), self.rate, fold(key, 2)))
+
+    def __call__(self, x, memory, self_mask, cross_mask, key):
+        self_out = self.self_attention(x, x, self_mask)
+        return self.finish(x, self_out, self.cross_attention.project_kv(memory), cross_mask, key)
+
+
+class Transformer(nnx.Module):
+    """Encoder-decoder with one embedding matrix shared by both inputs and the softmax (Sec. 3.4)."""
+
+    def __init__(self, config: ModelConfig, vocab_size: int, *, rngs: nnx.Rngs):
+        # Plain numbers, not the config object: the graph definition must stay hashable.
+        self.d_model, self.num_heads = config.d_model, config.num_heads
+        self.dropout_rate = config.dropout_rate
+        self.dtype = resolve_dtype(config.compute_dtype)
+        self.embed = nnx.Embed(
+            vocab_size, config.d_model, dtype=self.dtype, rngs=rngs,
+            embedding_init=nnx.initializers.normal(config.d_model**-0.5),
+        )
+        self.encoder = nnx.List(
+            [EncoderLayer(config, self.dtype, rngs) for _ in range(config.num_layers)])
+        self.decoder = nnx.List(
+            [DecoderLayer(config, self.dtype, rngs) for _ in range(config.num_layers)])
+
+    def embed_tokens(self, tokens, positions, key):
+        # Sec. 3.4: embeddings are multiplied by sqrt(d_model); Sec. 3.5: positions are added.
+        x = self.embed(tokens) * math.sqrt(self.d_model)  # [B, T, D]
+        x = x + sinusoidal_positions(positions, self.d_model).astype(self.dtype)
+        return dropout(x, self.dropout_rate, key)  # Sec. 5.4
+
+    def encode(self, src, src_segments, src_positions, *, dropout_key=None) -> jax.Array:
+        """Source tokens [B, S] -> memory [B, S, D]."""
+        x = self.embed_tokens(src, src_positions, fold(dropout_key, 0))
+        mask = attention_mask(src_segments, src_segments, causal=False)  # [B, 1, S, S]
+        for i, layer in enumerate(self.encoder):
+            x = layer(x, mask, fold(dropout_key, 1 + i))
+        return x
+
+    def decode(self, tgt_in, tgt_segments, tgt_positions, memory, src_segments, *,
+               dropout_key=None) -> jax.Array:
+        """Shifted target [B, T] and memory [B, S, D] -> decoder output [B, T, D]."""
+        key = fold(dropout_key, 1000)
+        y = self.embed_tokens(tgt_in, tgt_positions, fold(key, 0))
+        self_mask = attention_mask(tgt_segments, tgt_segments, causal=True)  # [B, 1, T, T]
+        cross_mask = attention_mask(tgt_segments, src_segments, causal=False)  # [B, 1, T, S]
+        for i, layer in enumerate(self.decoder):
+            y = layer(y, memory, self_mask, cross_mask, fold(key, 1 + i))
+        return y
+
+    def logits(self, y: jax.Array) -> jax.Array:
+        """Sec. 3.4: the pre-softmax projection is the transposed embedding; [..., D] -> [..., V]."""
+        return jnp.einsum("...d,vd->...v", y, self.embed.embedding[...].astype(self.dtype))
+
+    def __call__(self, batch: dict[str, jax.Array], *, dropout_key=None) -> jax.Array:
+        """Teacher-forced logits [B, T, V] (float32) for a batch of the data pipeline."""
+        memory = self.encode(batch["src"], batch["src_segments"], batch["src_positions"],
+                             dropout_key=dropout_key)
+        y = self.decode(batch["tgt_in"], batch["tgt_segments"], batch["tgt_positions"], memory,
+                        batch["src_segments"], dropout_key=dropout_key)
+        return self.logits(y).astype(jnp.float32)
+
+    def init_cache(self, memory: jax.Array, src_segments: jax.Array, max_len: int) -> Cache:
+        """Projects the memory once per layer and allocates empty self-attention K/V [B, L, H, K]."""
+        b = memory.shape[0]
+        h = self.num_heads
+        shape = (b, max_len, h, self.d_model // h)
+        cache = []
+        for layer in self.decoder:
+            cross_k, cross_v = layer.cross_attention.project_kv(memory)  # [B, S, H, K] each
+            cache.append({"k": jnp.zeros(shape, self.dtype), "v": jnp.zeros(shape, self.dtype),
+                          "cross_k": cross_k, "cross_v": cross_v,
+                          "src_valid": src_segments > 0})
+        return cache
+
+    def decode_step(self, tokens: jax.Array, index: jax.Array, cache: Cache
+                    ) -> tuple[jax.Array, Cache]:
+        """One step of cached decoding: tokens [B] at position `index` -> logits [B, V], cache."""
+        y = self.embed_tokens(tokens[:, None], jnp.full((tokens.shape[0], 1), index), None)
+        new_cache = []
+        for layer, c in zip(self.decoder, cache):
+            attn = layer.self_attention
+            k_new, v_new = attn.project_kv(y)  # [B, 1, H, K] each
+            k = jax.lax.dynamic_update_slice_in_dim(c["k"], k_new.astype(c["k"].dtype), index, 1)
+            v = jax.lax.dynamic_update_slice_in_dim(c["v"], v_new.astype(c["v"].dtype), index, 1)
+            self_mask = (jnp.arange(k.shape[1]) <= index)[None, None, None, :]  # [1, 1, 1, L]
+            self_out = attn.attend(y, k, v, self_mask)
+            cross_mask = c["src_valid"][:, None, None, :]  # [B, 1, 1, S]
+            y = layer.finish(y, self_out, (c["cross_k"], c["cross_v"]), cross_mask, None)
+            new_cache.append({**c, "k": k, "v": v})
+        return self.logits(y[:, 0]).astype(jnp.float32), new_cache

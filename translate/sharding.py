@@ -1,0 +1,49 @@
+"""The device mesh and the shardings of parameters (replicated) and batches (split on `data`)."""
+
+from __future__ import annotations
+
+import os
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+DATA_AXIS = "data"
+
+
+def initialize_distributed() -> None:
+    """Joins a multi-host job when the environment describes one (SLURM, or JAX's own variables).
+
+    On one host with no such environment this does nothing, so the same command runs anywhere.
+    """
+    in_slurm = int(os.environ.get("SLURM_NTASKS", "1")) > 1
+    explicit = "JAX_COORDINATOR_ADDRESS" in os.environ
+    if in_slurm or explicit:
+        jax.distributed.initialize()
+
+
+def make_mesh() -> Mesh:
+    """A one-axis mesh over every device of every host: pure data parallelism."""
+    return Mesh(np.array(jax.devices()), (DATA_AXIS,))
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+    return NamedSharding(mesh, PartitionSpec())
+
+
+def batch_sharding(mesh: Mesh) -> NamedSharding:
+    """Batches are [A, R, row_len]: micro-batch rows R are split over the `data` axis."""
+    return NamedSharding(mesh, PartitionSpec(None, DATA_AXIS))
+
+
+def host_row_slice(rows: int) -> slice:
+    """The rows of each micro-batch that this host loads (hosts own equal, contiguous parts)."""
+    per_host = rows // jax.process_count()
+    start = jax.process_index() * per_host
+    return slice(start, start + per_host)
+
+
+def put_batch(batch: dict[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Array]:
+    """Assembles this host's rows into global arrays sharded on the `data` axis."""
+    sharding = batch_sharding(mesh)
+    return {k: jax.make_array_from_process_local_data(sharding, v) for k, v in batch.items()}

@@ -1,0 +1,89 @@
+"""The shared SentencePiece BPE vocabulary: special ids, training and loading."""
+
+from __future__ import annotations
+
+import io
+import os
+import pathlib
+import random
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+import sentencepiece as spm
+
+# Special token ids, defined here and nowhere else.
+PAD_ID = 0
+UNK_ID = 1
+BOS_ID = 2
+EOS_ID = 3
+
+VOCAB_FILENAME = "vocab.model"
+
+
+class Tokenizer:
+    """A loaded SentencePiece model with batch encode/decode helpers."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = pathlib.Path(path)
+        self.processor = spm.SentencePieceProcessor(model_file=str(self.path))
+        ids = (self.processor.pad_id(), self.processor.unk_id(),
+               self.processor.bos_id(), self.processor.eos_id())
+        if ids != (PAD_ID, UNK_ID, BOS_ID, EOS_ID):
+            raise ValueError(f"{self.path}: special ids (pad, unk, bos, eos) are {ids}, "
+                             f"expected {(PAD_ID, UNK_ID, BOS_ID, EOS_ID)}")
+
+    @property
+    def vocab_size(self) -> int:
+        return self.processor.get_piece_size()
+
+    def encode(self, texts: Sequence[str]) -> list[list[int]]:
+        """Token ids without BOS/EOS, one list per text."""
+        return self.processor.encode(list(texts), out_type=int, num_threads=os.cpu_count() or 1)
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """Detokenized text; stops at the first EOS and skips padding."""
+        out = []
+        for i in ids:
+            i = int(i)
+            if i == EOS_ID:
+                break
+            if i not in (PAD_ID, BOS_ID):
+                out.append(i)
+        return self.processor.decode(out)
+
+    def decode_batch(self, ids: np.ndarray) -> list[str]:
+        return [self.decode(row) for row in ids]
+
+    def pieces(self, ids: Iterable[int]) -> list[str]:
+        return [self.processor.id_to_piece(int(i)) for i in ids]
+
+
+def train_tokenizer(texts: Sequence[str], vocab_size: int, out_path: str | os.PathLike,
+                    sample_size: int = 1_000_000, seed: int = 0) -> Tokenizer:
+    """Trains a BPE model on a random sample of `texts` (both languages) and saves it.
+
+    The vocabulary may come out smaller than `vocab_size` on a small corpus (SentencePiece
+    stops when no merge is left); the model's vocabulary size is read from the saved file.
+    The file is written under a temporary name and renamed, so it is either whole or absent.
+    """
+    out_path = pathlib.Path(out_path)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    sample = list(texts)
+    if len(sample) > sample_size:
+        sample = random.Random(seed).sample(sample, sample_size)
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(sample),
+        model_writer=model,
+        model_type="bpe",
+        vocab_size=vocab_size,
+        hard_vocab_limit=False,
+        character_coverage=1.0,
+        pad_id=PAD_ID, unk_id=UNK_ID, bos_id=BOS_ID, eos_id=EOS_ID,
+        num_threads=os.cpu_count() or 1,
+        minloglevel=2,
+    )
+    tmp = out_path.with_suffix(".tmp")
+    tmp.write_bytes(model.getvalue())
+    os.replace(tmp, out_path)
+    return Tokenizer(out_path)
