@@ -117,7 +117,6 @@ class Config:
              "model.compute_dtype must be auto, float32, bfloat16 or float16"),
             (0.0 <= m.dropout_rate < 1.0, "model.dropout_rate must be in [0, 1)"),
             (d.source in ("files", "synthetic"), "data.source must be 'files' or 'synthetic'"),
-            (d.source != "files" or bool(d.dir), "data.dir must be set when data.source='files'"),
             (d.max_len <= d.row_len, "data.max_len must not exceed data.row_len"),
             (d.tokens_per_batch >= d.row_len, "data.tokens_per_batch must be >= data.row_len"),
             (t.grad_accum_steps >= 1, "train.grad_accum_steps must be >= 1"),

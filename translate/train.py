@@ -66,6 +66,8 @@ def data_paths(config: Config, workdir: pathlib.Path) -> dict[str, tuple[pathlib
                                    d.synthetic_num_test, seed=config.train.seed)
         base, prefixes = out, {"train": "train", "dev": "dev", "test": "test"}
     else:
+        if not d.dir:
+            raise ValueError("set --config.data.dir=DIR (the directory of the parallel files)")
         base = pathlib.Path(d.dir)
         if not base.is_dir():
             raise FileNotFoundError(f"--config.data.dir: {base} is not a directory")
@@ -125,6 +127,18 @@ def check_workdir_config(config: Config, workdir: pathlib.Path, force: bool) -> 
                     f"{'' if field is None else '.' + field} = {old}, now {new}; use a fresh "
                     "--workdir or pass --force to overwrite its checkpoints")
     path.write_text(json.dumps(config.to_dict(), indent=2) + "\n")
+
+
+def make_init(config: Config, vocab_size: int, optimizer, mesh):
+    """Jitted key -> (params, opt_state), created directly with their (replicated) shardings."""
+
+    def init(key):
+        model = Transformer(config.model, vocab_size, rngs=nnx.Rngs(params=key))
+        params = nnx.state(model, nnx.Param)
+        return params, optimizer.init(params)
+
+    replicated = sharding.replicated(mesh)
+    return jax.jit(init, out_shardings=(replicated, replicated))
 
 
 def make_train_step(graphdef, optimizer, label_smoothing: float, mesh):
@@ -212,9 +226,9 @@ class MetricWriter:
             self.tensorboard.close()
 
 
-def summarize(window: list[dict[str, jax.Array]], seconds: float, steps: int) -> dict[str, float]:
-    """Turns a window of per-step device metrics into logged numbers (one host sync)."""
-    totals = jax.device_get(jax.tree.map(lambda *x: jnp.sum(jnp.stack(x)), *window))
+def summarize(window: list[dict[str, np.ndarray]], seconds: float, steps: int) -> dict[str, float]:
+    """Turns a window of per-step metrics (fetched to the host) into logged numbers."""
+    totals = {k: np.sum([m[k] for m in window], axis=0) for k in window[0]}
     tokens = max(float(totals["tokens"]), 1.0)
     nll = float(totals["nll_sum"]) / tokens
     return {
@@ -261,14 +275,7 @@ def train_and_evaluate(config: Config, workdir: str | pathlib.Path,
     graphdef, shapes = evaluate.abstract_model(config, data.tokenizer.vocab_size)
     optimizer, schedule = make_optimizer(config)
     replicated = sharding.replicated(mesh)
-
-    @jax.jit
-    def init(key):
-        model = Transformer(config.model, data.tokenizer.vocab_size, rngs=nnx.Rngs(params=key))
-        params = nnx.state(model, nnx.Param)
-        return params, optimizer.init(params)
-
-    init = jax.jit(init.__wrapped__, out_shardings=(replicated, replicated))
+    init = make_init(config, data.tokenizer.vocab_size, optimizer, mesh)
     train_step = make_train_step(graphdef, optimizer, t.label_smoothing, mesh)
     eval_step = make_eval_step(graphdef, t.label_smoothing, mesh)
 
@@ -299,6 +306,7 @@ def train_and_evaluate(config: Config, workdir: str | pathlib.Path,
         step += 1
         last = step == t.num_train_steps
         if step % t.log_every_steps == 0 or last:
+            window = jax.device_get(window)  # the one host sync of the window
             seconds = time.perf_counter() - window_start
             logged = summarize(window, seconds, step - window_step)
             if not math.isfinite(logged["train/loss"]):

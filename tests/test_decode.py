@@ -1,0 +1,116 @@
+"""Greedy and beam search (translate/decode.py)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from translate.config import ModelConfig
+from translate.decode import beam_search, greedy_search, length_penalty, translate_tokens
+from translate.model import Transformer
+from translate.tokenizer import BOS_ID, EOS_ID, PAD_ID
+
+VOCAB = 24
+
+
+def make_model():
+    config = ModelConfig(num_layers=2, d_model=32, num_heads=4, d_ff=64, compute_dtype="float32")
+    model = Transformer(config, VOCAB, rngs=nnx.Rngs(0))
+    # A larger embedding makes the untrained model's distributions peaked, so EOS is reached.
+    model.embed.embedding[...] = model.embed.embedding[...] * 8.0
+    return nnx.split(model, nnx.Param)
+
+
+def sources():
+    src = np.array([[5, 6, 7, 8, EOS_ID, 0, 0, 0], [9, 10, EOS_ID, 0, 0, 0, 0, 0],
+                    [11, 12, 13, 14, 15, 16, 17, EOS_ID]], np.int32)
+    return jnp.asarray(src)
+
+
+def uncached_greedy(graphdef, params, src, max_extra_len):
+    """Arg-max decoding by rerunning the full forward pass on the growing prefix."""
+    model = nnx.merge(graphdef, params)
+    outputs = []
+    for row in np.asarray(src):
+        n = int((row != PAD_ID).sum())
+        limit = n - 1 + max_extra_len
+        prefix = [BOS_ID]
+        while True:
+            tgt = jnp.array([prefix])
+            batch = {"src": jnp.array([row[:n]]), "src_segments": jnp.ones((1, n), jnp.int32),
+                     "src_positions": jnp.arange(n)[None], "tgt_in": tgt,
+                     "tgt_segments": jnp.ones_like(tgt), "tgt_positions": jnp.arange(len(prefix))[None]}
+            logits = model(batch)[0, -1]
+            token = EOS_ID if len(prefix) - 1 >= limit else int(jnp.argmax(logits))
+            prefix.append(token)
+            if token == EOS_ID:
+                break
+        outputs.append(prefix[1:])
+    return outputs
+
+
+def strip(row):
+    row = [int(t) for t in row]
+    return row[: row.index(EOS_ID) + 1] if EOS_ID in row else row
+
+
+def test_beam_1_equals_greedy():
+    graphdef, params = make_model()
+    src = sources()
+    tokens = translate_tokens(graphdef, params, src, beam_size=1, alpha=0.6, max_extra_len=6)
+    expected = uncached_greedy(graphdef, params, src, max_extra_len=6)
+    assert [strip(r) for r in np.asarray(tokens)] == expected
+
+
+def test_length_penalty_follows_its_formula():
+    for length, alpha in [(1, 0.6), (10, 0.6), (37, 1.0), (5, 0.0)]:
+        np.testing.assert_allclose(length_penalty(length, alpha), ((5 + length) / 6) ** alpha,
+                                   rtol=1e-6)
+
+
+def sequence_log_prob(graphdef, params, src_row, out):
+    model = nnx.merge(graphdef, params)
+    n = int((src_row != PAD_ID).sum())
+    tgt_in = jnp.array([[BOS_ID] + out[:-1]])
+    batch = {"src": jnp.array([src_row[:n]]), "src_segments": jnp.ones((1, n), jnp.int32),
+             "src_positions": jnp.arange(n)[None], "tgt_in": tgt_in,
+             "tgt_segments": jnp.ones_like(tgt_in), "tgt_positions": jnp.arange(len(out))[None]}
+    log_probs = jax.nn.log_softmax(model(batch)[0])
+    return float(sum(log_probs[i, t] for i, t in enumerate(out)))
+
+
+def test_beam_scores_are_length_normalised_log_probabilities():
+    graphdef, params = make_model()
+    src = sources()
+    tokens, scores = beam_search(graphdef, params, src, beam_size=4, alpha=0.6, max_extra_len=6)
+    for b in range(src.shape[0]):
+        out = strip(np.asarray(tokens[b, 0]))
+        assert out[-1] == EOS_ID
+        expected = sequence_log_prob(graphdef, params, np.asarray(src[b]), out)
+        np.testing.assert_allclose(scores[b, 0], expected / length_penalty(len(out), 0.6),
+                                   rtol=1e-4)
+        assert np.all(np.diff(np.asarray(scores[b])) <= 0), "hypotheses are sorted best first"
+
+
+def test_beam_search_scores_at_least_as_well_as_greedy():
+    graphdef, params = make_model()
+    src = sources()
+    greedy_tokens, _ = greedy_search(graphdef, params, src, max_extra_len=6)
+    _, beam_scores = beam_search(graphdef, params, src, beam_size=4, alpha=0.6, max_extra_len=6)
+    for b in range(src.shape[0]):
+        out = strip(np.asarray(greedy_tokens[b]))
+        greedy_score = sequence_log_prob(graphdef, params, np.asarray(src[b]), out)
+        greedy_score /= float(length_penalty(len(out), 0.6))
+        assert beam_scores[b, 0] >= greedy_score - 1e-4
+
+
+def test_output_never_exceeds_source_length_plus_max_extra_len():
+    graphdef, params = make_model()
+    src = sources()
+    for beam in (1, 4):
+        tokens = translate_tokens(graphdef, params, src, beam_size=beam, alpha=0.6,
+                                  max_extra_len=2)
+        for b, row in enumerate(np.asarray(tokens)):
+            out = strip(row)
+            source_tokens = int((np.asarray(src[b]) != PAD_ID).sum()) - 1
+            assert out[-1] == EOS_ID and len(out) - 1 <= source_tokens + 2

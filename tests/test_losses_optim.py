@@ -1,0 +1,40 @@
+"""The label-smoothed loss (translate/losses.py) and the schedule (translate/optim.py)."""
+
+import math
+
+import jax.numpy as jnp
+import numpy as np
+
+from translate.losses import correct_tokens, smoothed_cross_entropy
+from translate.optim import inverse_sqrt_schedule
+
+
+def test_label_smoothing_matches_hand_computed_value():
+    logits = jnp.array([[[2.0, 1.0, 0.0, -1.0], [0.5, 0.5, 3.0, 0.0]]])  # [1, 2, 4]
+    targets = jnp.array([[0, 1]])
+    weights = jnp.array([[1.0, 0.0]])  # the second token is padding
+    loss, nll, count = smoothed_cross_entropy(logits, targets, weights, label_smoothing=0.1)
+    z = math.log(math.exp(2) + math.exp(1) + 1 + math.exp(-1))
+    log_p = [2 - z, 1 - z, 0 - z, -1 - z]
+    # q = 0.9 on the target plus 0.1 / 4 on every class.
+    expected = -(0.9 * log_p[0] + 0.025 * sum(log_p))
+    np.testing.assert_allclose(loss, expected, rtol=1e-6)
+    np.testing.assert_allclose(nll, -log_p[0], rtol=1e-6)
+    assert count == 1.0
+
+
+def test_accuracy_counts_only_real_tokens():
+    logits = jnp.array([[[5.0, 0.0], [5.0, 0.0], [0.0, 5.0]]])
+    targets = jnp.array([[0, 1, 1]])
+    weights = jnp.array([[1.0, 1.0, 0.0]])
+    assert correct_tokens(logits, targets, weights) == 1.0
+
+
+def test_schedule_matches_formula():
+    schedule = inverse_sqrt_schedule(d_model=512, warmup_steps=4000, scale=1.0)
+    for step in (1, 100, 3999, 4000, 4001, 100_000):
+        expected = 512**-0.5 * min(step**-0.5, step * 4000**-1.5)
+        # optax counts updates from 0; update number `step - 1` uses the paper's `step`.
+        np.testing.assert_allclose(schedule(step - 1), expected, rtol=1e-6)
+    peak = 512**-0.5 * 4000**-0.5
+    np.testing.assert_allclose(schedule(3999), peak, rtol=1e-6)

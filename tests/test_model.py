@@ -1,0 +1,113 @@
+"""Properties of the Transformer in translate/model.py."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from translate.config import ModelConfig
+from translate.evaluate import abstract_model
+from translate.config import Config
+from translate.model import Transformer, sinusoidal_positions
+
+VOCAB = 64
+
+
+def make_model(seed=0, **overrides):
+    config = ModelConfig(num_layers=2, d_model=32, num_heads=4, d_ff=64, dropout_rate=0.1,
+                         compute_dtype="float32")
+    for name, value in overrides.items():
+        setattr(config, name, value)
+    return Transformer(config, VOCAB, rngs=nnx.Rngs(seed))
+
+
+def unpacked_batch(src, tgt_in):
+    """Batch dict for rows holding one sentence each (0 = padding)."""
+    src, tgt_in = jnp.asarray(src), jnp.asarray(tgt_in)
+
+    def positions(x):
+        return jnp.broadcast_to(jnp.arange(x.shape[1]), x.shape)
+
+    return {"src": src, "src_segments": (src > 0).astype(jnp.int32),
+            "src_positions": positions(src), "tgt_in": tgt_in,
+            "tgt_segments": (tgt_in > 0).astype(jnp.int32), "tgt_positions": positions(tgt_in)}
+
+
+def random_tokens(key, shape):
+    return jax.random.randint(jax.random.key(key), shape, 4, VOCAB)
+
+
+def test_decoder_is_causal():
+    model = make_model()
+    src, tgt = random_tokens(0, (2, 7)), random_tokens(1, (2, 9))
+    changed = tgt.at[:, 5:].set(random_tokens(2, (2, 4)))
+    before = model(unpacked_batch(src, tgt))
+    after = model(unpacked_batch(src, changed))
+    np.testing.assert_allclose(before[:, :5], after[:, :5], rtol=1e-5, atol=1e-5)
+    assert not np.allclose(before[:, 5:], after[:, 5:])
+
+
+def test_padding_does_not_change_outputs_on_real_tokens():
+    model = make_model()
+    src, tgt = random_tokens(0, (2, 7)), random_tokens(1, (2, 9))
+    padded_src = jnp.pad(src, ((0, 0), (0, 5)))
+    padded_tgt = jnp.pad(tgt, ((0, 0), (0, 3)))
+    plain = model(unpacked_batch(src, tgt))
+    padded = model(unpacked_batch(padded_src, padded_tgt))
+    np.testing.assert_allclose(plain, padded[:, :9], rtol=1e-5, atol=1e-5)
+
+
+def test_packed_rows_match_separate_rows():
+    model = make_model()
+    src, tgt = random_tokens(0, (2, 6)), random_tokens(1, (2, 5))
+    separate = model(unpacked_batch(src, tgt))  # [2, 5, V]
+    packed = {
+        "src": src.reshape(1, 12), "src_segments": jnp.repeat(jnp.array([[1, 2]]), 6, axis=1),
+        "src_positions": jnp.tile(jnp.arange(6), 2)[None],
+        "tgt_in": tgt.reshape(1, 10), "tgt_segments": jnp.repeat(jnp.array([[1, 2]]), 5, axis=1),
+        "tgt_positions": jnp.tile(jnp.arange(5), 2)[None],
+    }
+    together = model(packed).reshape(2, 5, VOCAB)
+    np.testing.assert_allclose(separate, together, rtol=1e-5, atol=1e-5)
+
+
+def test_cached_decode_matches_full_forward():
+    model = make_model()
+    src = jnp.pad(random_tokens(0, (2, 6)), ((0, 0), (0, 2)))  # trailing padding
+    tgt = random_tokens(1, (2, 7))
+    full = model(unpacked_batch(src, tgt))  # [B, T, V]
+    batch = unpacked_batch(src, tgt)
+    memory = model.encode(batch["src"], batch["src_segments"], batch["src_positions"])
+    cache = model.init_cache(memory, batch["src_segments"], max_len=10)
+    for t in range(tgt.shape[1]):
+        logits, cache = model.decode_step(tgt[:, t], jnp.array(t), cache)
+        np.testing.assert_allclose(logits, full[:, t], rtol=1e-5, atol=1e-5)
+
+
+def test_dropout_is_active_only_with_a_key():
+    model = make_model()
+    batch = unpacked_batch(random_tokens(0, (2, 6)), random_tokens(1, (2, 5)))
+    np.testing.assert_array_equal(model(batch), model(batch))
+    assert not np.allclose(model(batch), model(batch, dropout_key=jax.random.key(0)))
+
+
+def test_sinusoidal_positions_follow_the_paper_formula():
+    pe = sinusoidal_positions(jnp.arange(20), 16)
+    pos, i = 13, 3
+    np.testing.assert_allclose(pe[pos, 2 * i], np.sin(pos / 10000 ** (2 * i / 16)), rtol=1e-5)
+    np.testing.assert_allclose(pe[pos, 2 * i + 1], np.cos(pos / 10000 ** (2 * i / 16)),
+                               rtol=1e-5)
+
+
+def test_embedding_is_shared_with_the_softmax():
+    model = make_model()
+    y = jax.random.normal(jax.random.key(0), (3, 32))
+    np.testing.assert_allclose(model.logits(y), y @ model.embed.embedding[...].T, rtol=1e-5)
+
+
+def test_base_parameter_count():
+    # Paper Table 3 reports 65M for the base model with a 37,000-piece shared vocabulary.
+    # Embedding 37000*512 + 6 encoder layers * 3,152,384 + 6 decoder layers * 4,204,032.
+    _, shapes = abstract_model(Config(), vocab_size=37000)
+    total = sum(x.size for x in jax.tree.leaves(shapes))
+    assert total == 37000 * 512 + 6 * 3_152_384 + 6 * 4_204_032 == 63_082_496

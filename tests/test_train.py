@@ -1,0 +1,94 @@
+"""The trainer (translate/train.py): sharding, compilation, end to end, resume."""
+
+import json
+
+import jax
+import numpy as np
+from jax.sharding import Mesh
+
+from translate import checkpoint, evaluate, sharding
+from translate.data import BatchLayout, TokenizedCorpus, make_batch, plan_epoch
+from translate.optim import make_optimizer
+from translate.train import make_init, make_train_step, train_and_evaluate
+
+
+def random_corpus(n=200, seed=0):
+    rng = np.random.default_rng(seed)
+    src = [list(rng.integers(4, 60, rng.integers(2, 12))) for _ in range(n)]
+    tgt = [list(rng.integers(4, 60, rng.integers(2, 12))) for _ in range(n)]
+    return TokenizedCorpus.from_lists(src, tgt)
+
+
+def run_steps(config, mesh, batches, vocab_size=64):
+    optimizer, _ = make_optimizer(config)
+    graphdef, _ = evaluate.abstract_model(config, vocab_size)
+    params, opt_state = make_init(config, vocab_size, optimizer, mesh)(jax.random.key(0))
+    step_fn = make_train_step(graphdef, optimizer, config.train.label_smoothing, mesh)
+    for step, batch in enumerate(batches):
+        params, opt_state, metrics = step_fn(params, opt_state, sharding.put_batch(batch, mesh),
+                                             step, jax.random.key(1))
+    return params, metrics, step_fn
+
+
+def tiny_batches(config, num_devices, count=3):
+    corpus = random_corpus()
+    layout = BatchLayout.from_config(config.data.tokens_per_batch, config.data.row_len,
+                                     config.train.grad_accum_steps, num_devices)
+    plan = plan_epoch(corpus, layout, seed=0, epoch=0)
+    return [make_batch(corpus, rows, layout) for rows in plan[:count]]
+
+
+def test_eight_device_train_step_matches_one_device(config):
+    config.train.grad_accum_steps = 2
+    assert jax.device_count() == 8
+    batches = tiny_batches(config, num_devices=8)
+    one, one_metrics, _ = run_steps(config, Mesh(np.array(jax.devices()[:1]), ("data",)),
+                                    batches)
+    eight, eight_metrics, _ = run_steps(config, sharding.make_mesh(), batches)
+    for a, b in zip(jax.tree.leaves(one), jax.tree.leaves(eight)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(one_metrics["loss_sum"], eight_metrics["loss_sum"], rtol=1e-5)
+
+
+def test_gradient_accumulation_matches_one_large_batch(config):
+    mesh = sharding.make_mesh()
+    config.train.grad_accum_steps = 2
+    accumulated = tiny_batches(config, 8, count=2)
+    whole = [{k: v.reshape(1, -1, v.shape[-1]) for k, v in b.items()} for b in accumulated]
+    a, _, _ = run_steps(config, mesh, accumulated)
+    b, _, _ = run_steps(config, mesh, whole)
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-5, atol=1e-6)
+
+
+def test_train_step_is_traced_once_over_several_steps(config):
+    _, _, step_fn = run_steps(config, sharding.make_mesh(), tiny_batches(config, 8, count=4))
+    assert step_fn._cache_size() == 1
+
+
+def test_short_train_and_evaluate_writes_report(config, tmp_path):
+    report = train_and_evaluate(config, tmp_path)
+    saved = json.loads((tmp_path / "report.json").read_text())
+    for key in ("bleu", "chrf", "signature", "num_sentences", "decode_seconds",
+                "sentences_per_second", "beam_size", "length_penalty", "step"):
+        assert key in saved
+    assert saved == report
+    assert saved["step"] == 6 and saved["num_sentences"] == 16
+    assert saved["signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a")
+    assert (tmp_path / "hypotheses.txt").read_text().count("\n") == 16
+    lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert {"train/loss", "train/tokens_per_sec", "train/learning_rate"} <= set(lines[0])
+    assert any("eval/bleu" in line for line in lines)
+    assert checkpoint.latest_step(tmp_path) == 6
+
+
+def test_stopped_and_resumed_run_matches_uninterrupted_run(config, tmp_path):
+    train_and_evaluate(config, tmp_path / "straight")
+    config.train.num_train_steps = 3
+    train_and_evaluate(config, tmp_path / "resumed")
+    config.train.num_train_steps = 6
+    train_and_evaluate(config, tmp_path / "resumed")
+    a = evaluate.load_model(tmp_path / "straight")[1]
+    b = evaluate.load_model(tmp_path / "resumed")[1]
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
