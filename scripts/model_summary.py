@@ -34,10 +34,18 @@ def main(argv: list[str]) -> None:
         if names[0] in ("encoder", "decoder"):
             per_sublayer[f"{names[0]}.*.{names[2]}"] += leaf.size
     width = max(len(name) for name in per_sublayer)
-    print(f"{flags['config']}: d_model {config.model.d_model}, {config.model.num_layers}+"
-          f"{config.model.num_layers} layers, vocabulary {vocab_size}")
-    order = sorted(per_module, key=lambda n: (n.split(".")[0] != "embed", n.split(".")[0],
-                                              int(n.split(".")[1]) if "." in n else 0))
+    print(
+        f"{flags['config']}: d_model {config.model.d_model}, {config.model.num_layers}+"
+        f"{config.model.num_layers} layers, vocabulary {vocab_size}"
+    )
+    order = sorted(
+        per_module,
+        key=lambda n: (
+            n.split(".")[0] != "embed",
+            n.split(".")[0],
+            int(n.split(".")[1]) if "." in n else 0,
+        ),
+    )
     for name in order:
         print(f"  {name:<{width}}  {per_module[name]:>12,}")
     print("  summed over layers:")

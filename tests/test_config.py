@@ -24,8 +24,9 @@ def test_base_config_is_the_paper_base_model():
 
 
 def test_override_sets_a_typed_field():
-    config = load_config(CONFIGS[0].parent / "base.py",
-                         {"model.num_layers": "2", "train.learning_rate_scale": "0.5"})
+    config = load_config(
+        CONFIGS[0].parent / "base.py", {"model.num_layers": "2", "train.learning_rate_scale": "0.5"}
+    )
     assert config.model.num_layers == 2 and config.train.learning_rate_scale == 0.5
 
 
@@ -41,8 +42,8 @@ def test_wrong_type_is_an_error_naming_the_flag():
 
 def test_parse_flags_separates_overrides():
     flags, overrides = parse_flags(
-        ["--workdir=/tmp/x", "--config.train.seed=3", "--force"],
-        {"workdir": "", "force": False})
+        ["--workdir=/tmp/x", "--config.train.seed=3", "--force"], {"workdir": "", "force": False}
+    )
     assert flags == {"workdir": "/tmp/x", "force": True}
     assert overrides == {"train.seed": "3"}
 

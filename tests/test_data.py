@@ -93,8 +93,6 @@ def test_iteration_resumes_from_a_saved_position():
         np.testing.assert_array_equal(expected["src"], got["src"])
 
 
-
-
 def test_mismatched_parallel_files_name_both_files(tmp_path):
     (tmp_path / "a.en").write_text("one\ntwo\n")
     (tmp_path / "a.de").write_text("eins\n")

@@ -22,8 +22,14 @@ def make_model():
 
 
 def sources():
-    src = np.array([[5, 6, 7, 8, EOS_ID, 0, 0, 0], [9, 10, EOS_ID, 0, 0, 0, 0, 0],
-                    [11, 12, 13, 14, 15, 16, 17, EOS_ID]], np.int32)
+    src = np.array(
+        [
+            [5, 6, 7, 8, EOS_ID, 0, 0, 0],
+            [9, 10, EOS_ID, 0, 0, 0, 0, 0],
+            [11, 12, 13, 14, 15, 16, 17, EOS_ID],
+        ],
+        np.int32,
+    )
     return jnp.asarray(src)
 
 
@@ -37,9 +43,14 @@ def uncached_greedy(graphdef, params, src, max_extra_len):
         prefix = [BOS_ID]
         while True:
             tgt = jnp.array([prefix])
-            batch = {"src": jnp.array([row[:n]]), "src_segments": jnp.ones((1, n), jnp.int32),
-                     "src_positions": jnp.arange(n)[None], "tgt_in": tgt,
-                     "tgt_segments": jnp.ones_like(tgt), "tgt_positions": jnp.arange(len(prefix))[None]}
+            batch = {
+                "src": jnp.array([row[:n]]),
+                "src_segments": jnp.ones((1, n), jnp.int32),
+                "src_positions": jnp.arange(n)[None],
+                "tgt_in": tgt,
+                "tgt_segments": jnp.ones_like(tgt),
+                "tgt_positions": jnp.arange(len(prefix))[None],
+            }
             logits = model(batch)[0, -1]
             token = EOS_ID if len(prefix) - 1 >= limit else int(jnp.argmax(logits))
             prefix.append(token)
@@ -64,17 +75,23 @@ def test_beam_1_equals_greedy():
 
 def test_length_penalty_follows_its_formula():
     for length, alpha in [(1, 0.6), (10, 0.6), (37, 1.0), (5, 0.0)]:
-        np.testing.assert_allclose(length_penalty(length, alpha), ((5 + length) / 6) ** alpha,
-                                   rtol=1e-6)
+        np.testing.assert_allclose(
+            length_penalty(length, alpha), ((5 + length) / 6) ** alpha, rtol=1e-6
+        )
 
 
 def sequence_log_prob(graphdef, params, src_row, out):
     model = nnx.merge(graphdef, params)
     n = int((src_row != PAD_ID).sum())
     tgt_in = jnp.array([[BOS_ID] + out[:-1]])
-    batch = {"src": jnp.array([src_row[:n]]), "src_segments": jnp.ones((1, n), jnp.int32),
-             "src_positions": jnp.arange(n)[None], "tgt_in": tgt_in,
-             "tgt_segments": jnp.ones_like(tgt_in), "tgt_positions": jnp.arange(len(out))[None]}
+    batch = {
+        "src": jnp.array([src_row[:n]]),
+        "src_segments": jnp.ones((1, n), jnp.int32),
+        "src_positions": jnp.arange(n)[None],
+        "tgt_in": tgt_in,
+        "tgt_segments": jnp.ones_like(tgt_in),
+        "tgt_positions": jnp.arange(len(out))[None],
+    }
     log_probs = jax.nn.log_softmax(model(batch)[0])
     return float(sum(log_probs[i, t] for i, t in enumerate(out)))
 
@@ -87,8 +104,9 @@ def test_beam_scores_are_length_normalised_log_probabilities():
         out = strip(np.asarray(tokens[b, 0]))
         assert out[-1] == EOS_ID
         expected = sequence_log_prob(graphdef, params, np.asarray(src[b]), out)
-        np.testing.assert_allclose(scores[b, 0], expected / length_penalty(len(out), 0.6),
-                                   rtol=1e-4)
+        np.testing.assert_allclose(
+            scores[b, 0], expected / length_penalty(len(out), 0.6), rtol=1e-4
+        )
         assert np.all(np.diff(np.asarray(scores[b])) <= 0), "hypotheses are sorted best first"
 
 
@@ -108,8 +126,7 @@ def test_output_never_exceeds_source_length_plus_max_extra_len():
     graphdef, params = make_model()
     src = sources()
     for beam in (1, 4):
-        tokens = translate_tokens(graphdef, params, src, beam_size=beam, alpha=0.6,
-                                  max_extra_len=2)
+        tokens = translate_tokens(graphdef, params, src, beam_size=beam, alpha=0.6, max_extra_len=2)
         for b, row in enumerate(np.asarray(tokens)):
             out = strip(row)
             source_tokens = int((np.asarray(src[b]) != PAD_ID).sum()) - 1

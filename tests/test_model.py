@@ -5,17 +5,17 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from translate.config import ModelConfig
+from translate.config import Config, ModelConfig
 from translate.evaluate import abstract_model
-from translate.config import Config
 from translate.model import Transformer, sinusoidal_positions
 
 VOCAB = 64
 
 
 def make_model(seed=0, **overrides):
-    config = ModelConfig(num_layers=2, d_model=32, num_heads=4, d_ff=64, dropout_rate=0.1,
-                         compute_dtype="float32")
+    config = ModelConfig(
+        num_layers=2, d_model=32, num_heads=4, d_ff=64, dropout_rate=0.1, compute_dtype="float32"
+    )
     for name, value in overrides.items():
         setattr(config, name, value)
     return Transformer(config, VOCAB, rngs=nnx.Rngs(seed))
@@ -28,9 +28,14 @@ def unpacked_batch(src, tgt_in):
     def positions(x):
         return jnp.broadcast_to(jnp.arange(x.shape[1]), x.shape)
 
-    return {"src": src, "src_segments": (src > 0).astype(jnp.int32),
-            "src_positions": positions(src), "tgt_in": tgt_in,
-            "tgt_segments": (tgt_in > 0).astype(jnp.int32), "tgt_positions": positions(tgt_in)}
+    return {
+        "src": src,
+        "src_segments": (src > 0).astype(jnp.int32),
+        "src_positions": positions(src),
+        "tgt_in": tgt_in,
+        "tgt_segments": (tgt_in > 0).astype(jnp.int32),
+        "tgt_positions": positions(tgt_in),
+    }
 
 
 def random_tokens(key, shape):
@@ -62,9 +67,11 @@ def test_packed_rows_match_separate_rows():
     src, tgt = random_tokens(0, (2, 6)), random_tokens(1, (2, 5))
     separate = model(unpacked_batch(src, tgt))  # [2, 5, V]
     packed = {
-        "src": src.reshape(1, 12), "src_segments": jnp.repeat(jnp.array([[1, 2]]), 6, axis=1),
+        "src": src.reshape(1, 12),
+        "src_segments": jnp.repeat(jnp.array([[1, 2]]), 6, axis=1),
         "src_positions": jnp.tile(jnp.arange(6), 2)[None],
-        "tgt_in": tgt.reshape(1, 10), "tgt_segments": jnp.repeat(jnp.array([[1, 2]]), 5, axis=1),
+        "tgt_in": tgt.reshape(1, 10),
+        "tgt_segments": jnp.repeat(jnp.array([[1, 2]]), 5, axis=1),
         "tgt_positions": jnp.tile(jnp.arange(5), 2)[None],
     }
     together = model(packed).reshape(2, 5, VOCAB)
@@ -95,8 +102,7 @@ def test_sinusoidal_positions_follow_the_paper_formula():
     pe = sinusoidal_positions(jnp.arange(20), 16)
     pos, i = 13, 3
     np.testing.assert_allclose(pe[pos, 2 * i], np.sin(pos / 10000 ** (2 * i / 16)), rtol=1e-5)
-    np.testing.assert_allclose(pe[pos, 2 * i + 1], np.cos(pos / 10000 ** (2 * i / 16)),
-                               rtol=1e-5)
+    np.testing.assert_allclose(pe[pos, 2 * i + 1], np.cos(pos / 10000 ** (2 * i / 16)), rtol=1e-5)
 
 
 def test_embedding_is_shared_with_the_softmax():

@@ -25,15 +25,20 @@ def run_steps(config, mesh, batches, vocab_size=64):
     params, opt_state = make_init(config, vocab_size, optimizer, mesh)(jax.random.key(0))
     step_fn = make_train_step(graphdef, optimizer, config.train.label_smoothing, mesh)
     for step, batch in enumerate(batches):
-        params, opt_state, metrics = step_fn(params, opt_state, sharding.put_batch(batch, mesh),
-                                             step, jax.random.key(1))
+        params, opt_state, metrics = step_fn(
+            params, opt_state, sharding.put_batch(batch, mesh), step, jax.random.key(1)
+        )
     return params, metrics, step_fn
 
 
 def tiny_batches(config, num_devices, count=3):
     corpus = random_corpus()
-    layout = BatchLayout.from_config(config.data.tokens_per_batch, config.data.row_len,
-                                     config.train.grad_accum_steps, num_devices)
+    layout = BatchLayout.from_config(
+        config.data.tokens_per_batch,
+        config.data.row_len,
+        config.train.grad_accum_steps,
+        num_devices,
+    )
     plan = plan_epoch(corpus, layout, seed=0, epoch=0)
     return [make_batch(corpus, rows, layout) for rows in plan[:count]]
 
@@ -42,8 +47,7 @@ def test_eight_device_train_step_matches_one_device(config):
     config.train.grad_accum_steps = 2
     assert jax.device_count() == 8
     batches = tiny_batches(config, num_devices=8)
-    one, one_metrics, _ = run_steps(config, Mesh(np.array(jax.devices()[:1]), ("data",)),
-                                    batches)
+    one, one_metrics, _ = run_steps(config, Mesh(np.array(jax.devices()[:1]), ("data",)), batches)
     eight, eight_metrics, _ = run_steps(config, sharding.make_mesh(), batches)
     for a, b in zip(jax.tree.leaves(one), jax.tree.leaves(eight)):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
@@ -69,8 +73,17 @@ def test_train_step_is_traced_once_over_several_steps(config):
 def test_short_train_and_evaluate_writes_report(config, tmp_path):
     report = train_and_evaluate(config, tmp_path)
     saved = json.loads((tmp_path / "report.json").read_text())
-    for key in ("bleu", "chrf", "signature", "num_sentences", "decode_seconds",
-                "sentences_per_second", "beam_size", "length_penalty", "step"):
+    for key in (
+        "bleu",
+        "chrf",
+        "signature",
+        "num_sentences",
+        "decode_seconds",
+        "sentences_per_second",
+        "beam_size",
+        "length_penalty",
+        "step",
+    ):
         assert key in saved
     assert saved == report
     assert saved["step"] == 6 and saved["num_sentences"] == 16

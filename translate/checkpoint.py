@@ -11,31 +11,42 @@ import orbax.checkpoint as ocp
 CHECKPOINT_DIR = "checkpoints"
 
 
-def make_manager(workdir: str | pathlib.Path, keep: int = 5,
-                 read_only: bool = False) -> ocp.CheckpointManager:
+def make_manager(
+    workdir: str | pathlib.Path, keep: int = 5, read_only: bool = False
+) -> ocp.CheckpointManager:
     """A manager for `workdir/checkpoints` that keeps the newest `keep` steps.
 
     Orbax writes each step into a temporary directory and renames it when complete, so a
     process killed mid-save leaves no step that looks whole.
     """
     directory = pathlib.Path(workdir).absolute() / CHECKPOINT_DIR
-    options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=not read_only,
-                                           read_only=read_only)
+    options = ocp.CheckpointManagerOptions(
+        max_to_keep=keep, create=not read_only, read_only=read_only
+    )
     return ocp.CheckpointManager(directory, options=options)
 
 
-def save(manager: ocp.CheckpointManager, step: int, params: Any, opt_state: Any,
-         meta: dict[str, Any]) -> None:
+def save(
+    manager: ocp.CheckpointManager, step: int, params: Any, opt_state: Any, meta: dict[str, Any]
+) -> None:
     """Saves parameters, optimizer state and JSON metadata (data position, config) at `step`."""
-    manager.save(step, args=ocp.args.Composite(
-        params=ocp.args.StandardSave(params),
-        opt_state=ocp.args.StandardSave(opt_state),
-        meta=ocp.args.JsonSave(meta),
-    ), force=True)
+    manager.save(
+        step,
+        args=ocp.args.Composite(
+            params=ocp.args.StandardSave(params),
+            opt_state=ocp.args.StandardSave(opt_state),
+            meta=ocp.args.JsonSave(meta),
+        ),
+        force=True,
+    )
 
 
-def restore(manager: ocp.CheckpointManager, step: int, abstract_params: Any,
-            abstract_opt_state: Any | None = None) -> tuple[Any, Any, dict[str, Any]]:
+def restore(
+    manager: ocp.CheckpointManager,
+    step: int,
+    abstract_params: Any,
+    abstract_opt_state: Any | None = None,
+) -> tuple[Any, Any, dict[str, Any]]:
     """Restores (params, opt_state or None, meta) of `step` into the given shapes and shardings."""
     items = {"params": ocp.args.StandardRestore(abstract_params), "meta": ocp.args.JsonRestore()}
     if abstract_opt_state is not None:

@@ -113,8 +113,10 @@ class Config:
         m, d, t, de = self.model, self.data, self.train, self.decode
         checks = [
             (m.d_model % m.num_heads == 0, "model.d_model must be divisible by model.num_heads"),
-            (m.compute_dtype in ("auto", "float32", "bfloat16", "float16"),
-             "model.compute_dtype must be auto, float32, bfloat16 or float16"),
+            (
+                m.compute_dtype in ("auto", "float32", "bfloat16", "float16"),
+                "model.compute_dtype must be auto, float32, bfloat16 or float16",
+            ),
             (0.0 <= m.dropout_rate < 1.0, "model.dropout_rate must be in [0, 1)"),
             (d.source in ("files", "synthetic"), "data.source must be 'files' or 'synthetic'"),
             (d.max_len <= d.row_len, "data.max_len must not exceed data.row_len"),
@@ -205,8 +207,10 @@ def parse_flags(argv: list[str], known: dict[str, Any]) -> tuple[dict[str, Any],
     Returns:
       (flags, overrides): flag values by name, and `section.field -> text` config overrides.
     """
-    flags = {name: (list(default) if isinstance(default, list) else default)
-             for name, default in known.items()}
+    flags = {
+        name: (list(default) if isinstance(default, list) else default)
+        for name, default in known.items()
+    }
     overrides: dict[str, str] = {}
     for arg in argv:
         if not arg.startswith("--"):
@@ -215,11 +219,12 @@ def parse_flags(argv: list[str], known: dict[str, Any]) -> tuple[dict[str, Any],
         if name.startswith("config."):
             if not has_value:
                 raise ValueError(f"--{name} needs a value: --{name}=VALUE")
-            overrides[name[len("config."):]] = text
+            overrides[name[len("config.") :]] = text
             continue
         if name not in known:
-            raise ValueError(f"unknown flag --{name}; known flags: "
-                             + ", ".join(f"--{k}" for k in sorted(known)))
+            raise ValueError(
+                f"unknown flag --{name}; known flags: " + ", ".join(f"--{k}" for k in sorted(known))
+            )
         default = known[name]
         if isinstance(default, bool) and not has_value:
             flags[name] = True

@@ -40,8 +40,10 @@ def read_parallel(src_path, tgt_path) -> tuple[list[str], list[str]]:
     """Reads two aligned files; line N of one translates line N of the other."""
     src, tgt = read_lines(src_path), read_lines(tgt_path)
     if len(src) != len(tgt):
-        raise ValueError(f"parallel files differ in length: {src_path} has {len(src)} lines, "
-                         f"{tgt_path} has {len(tgt)}")
+        raise ValueError(
+            f"parallel files differ in length: {src_path} has {len(src)} lines, "
+            f"{tgt_path} has {len(tgt)}"
+        )
     return src, tgt
 
 
@@ -61,28 +63,33 @@ class TokenizedCorpus:
             offsets[1:] = np.cumsum([len(s) for s in seqs])
             flat = np.fromiter((t for s in seqs for t in s), np.int32, count=int(offsets[-1]))
             return flat, offsets
+
         return cls(*flatten(src), *flatten(tgt))
 
     def __len__(self) -> int:
         return len(self.src_offsets) - 1
 
     def src(self, i: int) -> np.ndarray:
-        return self.src_tokens[self.src_offsets[i]:self.src_offsets[i + 1]]
+        return self.src_tokens[self.src_offsets[i] : self.src_offsets[i + 1]]
 
     def tgt(self, i: int) -> np.ndarray:
-        return self.tgt_tokens[self.tgt_offsets[i]:self.tgt_offsets[i + 1]]
+        return self.tgt_tokens[self.tgt_offsets[i] : self.tgt_offsets[i + 1]]
 
 
-def tokenize_parallel(tokenizer: Tokenizer, src: Sequence[str], tgt: Sequence[str],
-                      max_len: int) -> tuple[TokenizedCorpus, int]:
+def tokenize_parallel(
+    tokenizer: Tokenizer, src: Sequence[str], tgt: Sequence[str], max_len: int
+) -> tuple[TokenizedCorpus, int]:
     """Encodes pairs, dropping those longer than `max_len` tokens (EOS included) on either side.
 
     Returns:
       The kept pairs and the number dropped.
     """
     src_ids, tgt_ids = tokenizer.encode(src), tokenizer.encode(tgt)
-    keep = [i for i in range(len(src_ids))
-            if len(src_ids[i]) + 1 <= max_len and len(tgt_ids[i]) + 1 <= max_len]
+    keep = [
+        i
+        for i in range(len(src_ids))
+        if len(src_ids[i]) + 1 <= max_len and len(tgt_ids[i]) + 1 <= max_len
+    ]
     corpus = TokenizedCorpus.from_lists([src_ids[i] for i in keep], [tgt_ids[i] for i in keep])
     return corpus, len(src_ids) - len(keep)
 
@@ -96,15 +103,17 @@ class BatchLayout:
     num_micro: int
 
     @classmethod
-    def from_config(cls, tokens_per_batch: int, row_len: int, grad_accum_steps: int,
-                    num_devices: int) -> BatchLayout:
+    def from_config(
+        cls, tokens_per_batch: int, row_len: int, grad_accum_steps: int, num_devices: int
+    ) -> BatchLayout:
         multiple = grad_accum_steps * num_devices
         total_rows = (tokens_per_batch // row_len) // multiple * multiple
         if total_rows == 0:
             raise ValueError(
                 f"data.tokens_per_batch={tokens_per_batch} gives {tokens_per_batch // row_len} "
                 f"rows of data.row_len={row_len}, fewer than train.grad_accum_steps "
-                f"({grad_accum_steps}) x devices ({num_devices}); raise tokens_per_batch")
+                f"({grad_accum_steps}) x devices ({num_devices}); raise tokens_per_batch"
+            )
         return cls(row_len, total_rows // grad_accum_steps, grad_accum_steps)
 
 
@@ -125,8 +134,9 @@ def pack_rows(corpus: TokenizedCorpus, order: np.ndarray, row_len: int) -> list[
     return rows
 
 
-def plan_epoch(corpus: TokenizedCorpus, layout: BatchLayout, seed: int,
-               epoch: int) -> list[list[list[int]]]:
+def plan_epoch(
+    corpus: TokenizedCorpus, layout: BatchLayout, seed: int, epoch: int
+) -> list[list[list[int]]]:
     """The epoch's batches: each a list of rows (R * A of them, padded with empty rows)."""
     rng = np.random.default_rng([seed, epoch])
     lengths = np.maximum(np.diff(corpus.src_offsets), np.diff(corpus.tgt_offsets))
@@ -134,7 +144,7 @@ def plan_epoch(corpus: TokenizedCorpus, layout: BatchLayout, seed: int,
     order = np.lexsort((rng.random(len(corpus)), lengths))
     rows = pack_rows(corpus, order, layout.row_len)
     per_batch = layout.rows * layout.num_micro
-    batches = [rows[i:i + per_batch] for i in range(0, len(rows), per_batch)]
+    batches = [rows[i : i + per_batch] for i in range(0, len(rows), per_batch)]
     batches[-1] = batches[-1] + [[] for _ in range(per_batch - len(batches[-1]))]
     return [batches[i] for i in rng.permutation(len(batches))]
 
@@ -156,19 +166,33 @@ def fill_row(segments: list[np.ndarray], row_len: int, prefix: int | None, suffi
     return tokens, seg_ids, positions
 
 
-def make_batch(corpus: TokenizedCorpus, rows: list[list[int]], layout: BatchLayout,
-               row_slice: slice = slice(None)) -> dict[str, np.ndarray]:
+def make_batch(
+    corpus: TokenizedCorpus,
+    rows: list[list[int]],
+    layout: BatchLayout,
+    row_slice: slice = slice(None),
+) -> dict[str, np.ndarray]:
     """Materialises planned rows as arrays [A, R', row_len]; `row_slice` picks this host's rows.
 
     Keys: src (tokens + EOS), tgt_in (BOS + tokens), tgt_out (tokens + EOS), and for each side
     `*_segments` (0 = padding) and `*_positions`.
     """
-    keys = ("src", "src_segments", "src_positions", "tgt_in", "tgt_out", "tgt_segments",
-            "tgt_positions")
-    micro_batches = [rows[m * layout.rows:(m + 1) * layout.rows][row_slice]
-                     for m in range(layout.num_micro)]
-    out = {k: np.zeros((layout.num_micro, len(micro_batches[0]), layout.row_len), np.int32)
-           for k in keys}
+    keys = (
+        "src",
+        "src_segments",
+        "src_positions",
+        "tgt_in",
+        "tgt_out",
+        "tgt_segments",
+        "tgt_positions",
+    )
+    micro_batches = [
+        rows[m * layout.rows : (m + 1) * layout.rows][row_slice] for m in range(layout.num_micro)
+    ]
+    out = {
+        k: np.zeros((layout.num_micro, len(micro_batches[0]), layout.row_len), np.int32)
+        for k in keys
+    }
     for m, micro in enumerate(micro_batches):
         for r, row in enumerate(micro):
             src = fill_row([corpus.src(i) for i in row], layout.row_len, None, EOS_ID)
@@ -188,9 +212,13 @@ class DataPosition:
     index: int = 0
 
 
-def iterate_batches(corpus: TokenizedCorpus, layout: BatchLayout, seed: int,
-                    start: DataPosition, row_slice: slice = slice(None)
-                    ) -> Iterator[tuple[dict[str, np.ndarray], DataPosition]]:
+def iterate_batches(
+    corpus: TokenizedCorpus,
+    layout: BatchLayout,
+    seed: int,
+    start: DataPosition,
+    row_slice: slice = slice(None),
+) -> Iterator[tuple[dict[str, np.ndarray], DataPosition]]:
     """Yields (batch, position after it) forever, starting at `start`."""
     epoch, index = start.epoch, start.index
     while True:
@@ -201,8 +229,9 @@ def iterate_batches(corpus: TokenizedCorpus, layout: BatchLayout, seed: int,
         epoch, index = epoch + 1, 0
 
 
-def source_batches(tokenizer: Tokenizer, sentences: Sequence[str], batch_size: int,
-                   max_len: int | None = None) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+def source_batches(
+    tokenizer: Tokenizer, sentences: Sequence[str], batch_size: int, max_len: int | None = None
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """Source sentences for decoding, sorted by length: yields (indices, tokens [B, S]).
 
     S is rounded up to a multiple of 8 and the last batch is padded to `batch_size` rows (with
@@ -212,7 +241,7 @@ def source_batches(tokenizer: Tokenizer, sentences: Sequence[str], batch_size: i
     encoded = [ids[: max_len - 1] if max_len else ids for ids in tokenizer.encode(sentences)]
     order = np.argsort([len(ids) for ids in encoded], kind="stable")
     for start in range(0, len(order), batch_size):
-        chunk = order[start:start + batch_size]
+        chunk = order[start : start + batch_size]
         width = -(-(max(len(encoded[i]) for i in chunk) + 1) // 8) * 8
         tokens = np.zeros((batch_size, width), np.int32)
         for r, i in enumerate(chunk):

@@ -55,8 +55,9 @@ def greedy_search(graphdef, params, src: jax.Array, max_extra_len: int = 50):
         logits, cache = model.decode_step(s["last"], s["t"], s["cache"])  # [B, V]
         log_probs = jax.nn.log_softmax(logits)
         at_limit = (s["t"] >= limit)[:, None]
-        log_probs = jnp.where(at_limit & (jnp.arange(log_probs.shape[1]) != EOS_ID),
-                              NEG_INF, log_probs)
+        log_probs = jnp.where(
+            at_limit & (jnp.arange(log_probs.shape[1]) != EOS_ID), NEG_INF, log_probs
+        )
         token = jnp.argmax(log_probs, axis=-1).astype(jnp.int32)  # [B]
         token_lp = jnp.take_along_axis(log_probs, token[:, None], axis=1)[:, 0]
         written = jnp.where(s["done"], PAD_ID, token)
@@ -69,14 +70,19 @@ def greedy_search(graphdef, params, src: jax.Array, max_extra_len: int = 50):
             "cache": cache,
         }
 
-    state = jax.lax.while_loop(
-        lambda s: (s["t"] < max_len) & ~jnp.all(s["done"]), step, state)
+    state = jax.lax.while_loop(lambda s: (s["t"] < max_len) & ~jnp.all(s["done"]), step, state)
     return state["tokens"], state["score"]
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "beam_size", "max_extra_len"))
-def beam_search(graphdef, params, src: jax.Array, beam_size: int = 4,
-                alpha: float = 0.6, max_extra_len: int = 50):
+def beam_search(
+    graphdef,
+    params,
+    src: jax.Array,
+    beam_size: int = 4,
+    alpha: float = 0.6,
+    max_extra_len: int = 50,
+):
     """Beam search with the GNMT length penalty.
 
     Each step keeps the 2W best extensions of the W live beams: those ending in EOS become
@@ -134,19 +140,26 @@ def beam_search(graphdef, params, src: jax.Array, beam_size: int = 4,
         rows = (jnp.arange(batch)[:, None] * width + live_parent).reshape(-1)  # [B * W]
         # Self-attention keys and values follow their beams; the encoder side is per sentence.
         cache = [{**c, "k": c["k"][rows], "v": c["v"][rows]} for c in cache]
-        return {"t": t + 1, "live_tokens": live_tokens, "live_lp": live_lp,
-                "fin_tokens": fin_tokens, "fin_scores": fin_scores, "cache": cache}
+        return {
+            "t": t + 1,
+            "live_tokens": live_tokens,
+            "live_lp": live_lp,
+            "fin_tokens": fin_tokens,
+            "fin_scores": fin_scores,
+            "cache": cache,
+        }
 
-    state = jax.lax.while_loop(
-        lambda s: (s["t"] < max_len) & ~jnp.all(is_done(s)), step, state)
+    state = jax.lax.while_loop(lambda s: (s["t"] < max_len) & ~jnp.all(is_done(s)), step, state)
     return state["fin_tokens"], state["fin_scores"]
 
 
-def translate_tokens(graphdef, params, src: jax.Array, beam_size: int, alpha: float,
-                     max_extra_len: int) -> jax.Array:
+def translate_tokens(
+    graphdef, params, src: jax.Array, beam_size: int, alpha: float, max_extra_len: int
+) -> jax.Array:
     """Best output tokens [B, L] for source tokens [B, S]; beam size 1 is greedy decoding."""
     if beam_size == 1:
         return greedy_search(graphdef, params, src, max_extra_len=max_extra_len)[0]
-    tokens, _ = beam_search(graphdef, params, src, beam_size=beam_size, alpha=alpha,
-                            max_extra_len=max_extra_len)
+    tokens, _ = beam_search(
+        graphdef, params, src, beam_size=beam_size, alpha=alpha, max_extra_len=max_extra_len
+    )
     return tokens[:, 0]

@@ -51,8 +51,9 @@ def load_model(workdir: str | pathlib.Path, step: int | None = None):
     workdir = pathlib.Path(workdir)
     config_path = workdir / CONFIG_FILENAME
     if not config_path.is_file():
-        raise FileNotFoundError(f"--workdir: {workdir} holds no {CONFIG_FILENAME}; "
-                                "is it a translate.train workdir?")
+        raise FileNotFoundError(
+            f"--workdir: {workdir} holds no {CONFIG_FILENAME}; is it a translate.train workdir?"
+        )
     config = config_from_dict(json.loads(config_path.read_text()))
     tokenizer = Tokenizer(workdir / VOCAB_FILENAME)
     manager = checkpoint.make_manager(workdir, read_only=True)
@@ -60,20 +61,33 @@ def load_model(workdir: str | pathlib.Path, step: int | None = None):
     if step is None or step not in manager.all_steps():
         raise FileNotFoundError(
             f"--workdir: no checkpoint{'' if step is None else f' at step {step}'} in "
-            f"{workdir / checkpoint.CHECKPOINT_DIR} (steps there: {list(manager.all_steps())})")
+            f"{workdir / checkpoint.CHECKPOINT_DIR} (steps there: {list(manager.all_steps())})"
+        )
     graphdef, shapes = abstract_model(config, tokenizer.vocab_size)
     device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
     params, _, _ = checkpoint.restore(manager, step, checkpoint.abstract_like(shapes, device))
     return graphdef, params, tokenizer, config, step
 
 
-def translate_sentences(graphdef, params, tokenizer: Tokenizer, sentences: Sequence[str],
-                        decode: DecodeConfig, max_len: int) -> list[str]:
+def local_copy(params):
+    """This host's full copy of replicated parameters, on its first device (for decoding)."""
+    return jax.tree.map(lambda x: x.addressable_data(0), params)
+
+
+def translate_sentences(
+    graphdef,
+    params,
+    tokenizer: Tokenizer,
+    sentences: Sequence[str],
+    decode: DecodeConfig,
+    max_len: int,
+) -> list[str]:
     """Translates sentences in length-sorted batches; the output keeps the input order."""
     out = [""] * len(sentences)
     for indices, tokens in source_batches(tokenizer, sentences, decode.batch_size, max_len):
-        best = translate_tokens(graphdef, params, tokens, decode.beam_size,
-                                decode.length_penalty, decode.max_extra_len)
+        best = translate_tokens(
+            graphdef, params, tokens, decode.beam_size, decode.length_penalty, decode.max_extra_len
+        )
         for i, row in zip(indices, np.asarray(best)):
             if i >= 0:
                 out[i] = tokenizer.decode(row)
@@ -95,35 +109,49 @@ def score(hypotheses: Sequence[str], references: Sequence[str]) -> dict[str, Any
     }
 
 
-def evaluate(graphdef, params, tokenizer: Tokenizer, config: Config, sources: Sequence[str],
-             references: Sequence[str], step: int) -> tuple[dict[str, Any], list[str]]:
+def evaluate(
+    graphdef,
+    params,
+    tokenizer: Tokenizer,
+    config: Config,
+    sources: Sequence[str],
+    references: Sequence[str],
+    step: int,
+) -> tuple[dict[str, Any], list[str]]:
     """Decodes `sources` and scores against `references`; returns (report, hypotheses)."""
     start = time.perf_counter()
-    hypotheses = translate_sentences(graphdef, params, tokenizer, sources, config.decode,
-                                     config.data.max_len)
+    hypotheses = translate_sentences(
+        graphdef, params, tokenizer, sources, config.decode, config.data.max_len
+    )
     seconds = time.perf_counter() - start
     report = score(hypotheses, references)
-    report.update({
-        "num_sentences": len(sources),
-        "decode_seconds": round(seconds, 3),
-        "sentences_per_second": round(len(sources) / max(seconds, 1e-9), 2),
-        "beam_size": config.decode.beam_size,
-        "length_penalty": config.decode.length_penalty,
-        "max_extra_len": config.decode.max_extra_len,
-        "step": int(step),
-        "device": jax.local_devices()[0].device_kind,
-    })
+    report.update(
+        {
+            "num_sentences": len(sources),
+            "decode_seconds": round(seconds, 3),
+            "sentences_per_second": round(len(sources) / max(seconds, 1e-9), 2),
+            "beam_size": config.decode.beam_size,
+            "length_penalty": config.decode.length_penalty,
+            "max_extra_len": config.decode.max_extra_len,
+            "step": int(step),
+            "device": jax.local_devices()[0].device_kind,
+        }
+    )
     return report, hypotheses
 
 
-def write_report(out_dir: str | pathlib.Path, report: dict[str, Any], sources: Sequence[str],
-                 references: Sequence[str], hypotheses: Sequence[str],
-                 num_examples: int = 5) -> None:
+def write_report(
+    out_dir: str | pathlib.Path,
+    report: dict[str, Any],
+    sources: Sequence[str],
+    references: Sequence[str],
+    hypotheses: Sequence[str],
+    num_examples: int = 5,
+) -> None:
     """Writes report.json, report.txt (a summary and examples) and hypotheses.txt."""
     out_dir = pathlib.Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "hypotheses.txt").write_text("".join(h + "\n" for h in hypotheses),
-                                            encoding="utf-8")
+    (out_dir / "hypotheses.txt").write_text("".join(h + "\n" for h in hypotheses), encoding="utf-8")
     (out_dir / "report.json").write_text(json.dumps(report, indent=2) + "\n")
     lines = [
         f"sacreBLEU {report['bleu']:.2f}  ({report['signature']})",
@@ -142,8 +170,9 @@ def write_report(out_dir: str | pathlib.Path, report: dict[str, Any], sources: S
 
 
 def main(argv: Sequence[str]) -> None:
-    flags, overrides = parse_flags(list(argv), {
-        "workdir": "", "src": "", "ref": "", "output": "", "step": -1})
+    flags, overrides = parse_flags(
+        list(argv), {"workdir": "", "src": "", "ref": "", "output": "", "step": -1}
+    )
     for name in ("workdir", "src", "ref"):
         if not flags[name]:
             raise SystemExit(f"--{name} is required")
@@ -156,8 +185,10 @@ def main(argv: Sequence[str]) -> None:
     sources = read_lines(flags["src"])
     references = read_lines(flags["ref"])
     if len(sources) != len(references):
-        raise SystemExit(f"--src {flags['src']} has {len(sources)} lines but --ref "
-                         f"{flags['ref']} has {len(references)}")
+        raise SystemExit(
+            f"--src {flags['src']} has {len(sources)} lines but --ref "
+            f"{flags['ref']} has {len(references)}"
+        )
     report, hypotheses = evaluate(graphdef, params, tokenizer, config, sources, references, step)
     out_dir = flags["output"] or flags["workdir"]
     write_report(out_dir, report, sources, references, hypotheses)

@@ -6,8 +6,9 @@ import jax
 import jax.numpy as jnp
 
 
-def smoothed_cross_entropy(logits: jax.Array, targets: jax.Array, weights: jax.Array,
-                           label_smoothing: float) -> tuple[jax.Array, jax.Array, jax.Array]:
+def smoothed_cross_entropy(
+    logits: jax.Array, targets: jax.Array, weights: jax.Array, label_smoothing: float
+) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Cross-entropy against (1 - eps) * one_hot + eps / V (Sec. 5.4, after Szegedy et al.).
 
     Args:

@@ -71,8 +71,9 @@ def attention_mask(q_segments: jax.Array, k_segments: jax.Array, causal: bool) -
 
 
 def xavier_linear(d_in: int, d_out: int, dtype: Any, rngs: nnx.Rngs) -> nnx.Linear:
-    return nnx.Linear(d_in, d_out, dtype=dtype, rngs=rngs,
-                      kernel_init=nnx.initializers.xavier_uniform())
+    return nnx.Linear(
+        d_in, d_out, dtype=dtype, rngs=rngs, kernel_init=nnx.initializers.xavier_uniform()
+    )
 
 
 class MultiHeadAttention(nnx.Module):
@@ -155,7 +156,7 @@ class DecoderLayer(nnx.Module):
 
 
 class Transformer(nnx.Module):
-    """Encoder-decoder with one embedding matrix shared by both inputs and the softmax (Sec. 3.4)."""
+    """Encoder-decoder; one embedding matrix serves both inputs and the softmax (Sec. 3.4)."""
 
     def __init__(self, config: ModelConfig, vocab_size: int, *, rngs: nnx.Rngs):
         # Plain numbers, not the config object: the graph definition must stay hashable.
@@ -163,13 +164,18 @@ class Transformer(nnx.Module):
         self.dropout_rate = config.dropout_rate
         self.dtype = resolve_dtype(config.compute_dtype)
         self.embed = nnx.Embed(
-            vocab_size, config.d_model, dtype=self.dtype, rngs=rngs,
+            vocab_size,
+            config.d_model,
+            dtype=self.dtype,
+            rngs=rngs,
             embedding_init=nnx.initializers.normal(config.d_model**-0.5),
         )
         self.encoder = nnx.List(
-            [EncoderLayer(config, self.dtype, rngs) for _ in range(config.num_layers)])
+            [EncoderLayer(config, self.dtype, rngs) for _ in range(config.num_layers)]
+        )
         self.decoder = nnx.List(
-            [DecoderLayer(config, self.dtype, rngs) for _ in range(config.num_layers)])
+            [DecoderLayer(config, self.dtype, rngs) for _ in range(config.num_layers)]
+        )
 
     def embed_tokens(self, tokens, positions, key):
         # Sec. 3.4: embeddings are multiplied by sqrt(d_model); Sec. 3.5: positions are added.
@@ -185,8 +191,9 @@ class Transformer(nnx.Module):
             x = layer(x, mask, fold(dropout_key, 1 + i))
         return x
 
-    def decode(self, tgt_in, tgt_segments, tgt_positions, memory, src_segments, *,
-               dropout_key=None) -> jax.Array:
+    def decode(
+        self, tgt_in, tgt_segments, tgt_positions, memory, src_segments, *, dropout_key=None
+    ) -> jax.Array:
         """Shifted target [B, T] and memory [B, S, D] -> decoder output [B, T, D]."""
         key = fold(dropout_key, 1000)
         y = self.embed_tokens(tgt_in, tgt_positions, fold(key, 0))
@@ -197,32 +204,46 @@ class Transformer(nnx.Module):
         return y
 
     def logits(self, y: jax.Array) -> jax.Array:
-        """Sec. 3.4: the pre-softmax projection is the transposed embedding; [..., D] -> [..., V]."""
+        """Sec. 3.4: the pre-softmax projection is the shared embedding; [..., D] -> [..., V]."""
         return jnp.einsum("...d,vd->...v", y, self.embed.embedding[...].astype(self.dtype))
 
     def __call__(self, batch: dict[str, jax.Array], *, dropout_key=None) -> jax.Array:
         """Teacher-forced logits [B, T, V] (float32) for a batch of the data pipeline."""
-        memory = self.encode(batch["src"], batch["src_segments"], batch["src_positions"],
-                             dropout_key=dropout_key)
-        y = self.decode(batch["tgt_in"], batch["tgt_segments"], batch["tgt_positions"], memory,
-                        batch["src_segments"], dropout_key=dropout_key)
+        memory = self.encode(
+            batch["src"], batch["src_segments"], batch["src_positions"], dropout_key=dropout_key
+        )
+        y = self.decode(
+            batch["tgt_in"],
+            batch["tgt_segments"],
+            batch["tgt_positions"],
+            memory,
+            batch["src_segments"],
+            dropout_key=dropout_key,
+        )
         return self.logits(y).astype(jnp.float32)
 
     def init_cache(self, memory: jax.Array, src_segments: jax.Array, max_len: int) -> Cache:
-        """Projects the memory once per layer and allocates empty self-attention K/V [B, L, H, K]."""
+        """Projects the memory once per layer; allocates empty self-attention K/V [B, L, H, K]."""
         b = memory.shape[0]
         h = self.num_heads
         shape = (b, max_len, h, self.d_model // h)
         cache = []
         for layer in self.decoder:
             cross_k, cross_v = layer.cross_attention.project_kv(memory)  # [B, S, H, K] each
-            cache.append({"k": jnp.zeros(shape, self.dtype), "v": jnp.zeros(shape, self.dtype),
-                          "cross_k": cross_k, "cross_v": cross_v,
-                          "src_valid": src_segments > 0})
+            cache.append(
+                {
+                    "k": jnp.zeros(shape, self.dtype),
+                    "v": jnp.zeros(shape, self.dtype),
+                    "cross_k": cross_k,
+                    "cross_v": cross_v,
+                    "src_valid": src_segments > 0,
+                }
+            )
         return cache
 
-    def decode_step(self, tokens: jax.Array, index: jax.Array, cache: Cache
-                    ) -> tuple[jax.Array, Cache]:
+    def decode_step(
+        self, tokens: jax.Array, index: jax.Array, cache: Cache
+    ) -> tuple[jax.Array, Cache]:
         """One step of cached decoding: tokens [B] at position `index` -> logits [B, V], cache."""
         y = self.embed_tokens(tokens[:, None], jnp.full((tokens.shape[0], 1), index), None)
         new_cache = []

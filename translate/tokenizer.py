@@ -26,11 +26,17 @@ class Tokenizer:
     def __init__(self, path: str | os.PathLike):
         self.path = pathlib.Path(path)
         self.processor = spm.SentencePieceProcessor(model_file=str(self.path))
-        ids = (self.processor.pad_id(), self.processor.unk_id(),
-               self.processor.bos_id(), self.processor.eos_id())
+        ids = (
+            self.processor.pad_id(),
+            self.processor.unk_id(),
+            self.processor.bos_id(),
+            self.processor.eos_id(),
+        )
         if ids != (PAD_ID, UNK_ID, BOS_ID, EOS_ID):
-            raise ValueError(f"{self.path}: special ids (pad, unk, bos, eos) are {ids}, "
-                             f"expected {(PAD_ID, UNK_ID, BOS_ID, EOS_ID)}")
+            raise ValueError(
+                f"{self.path}: special ids (pad, unk, bos, eos) are {ids}, "
+                f"expected {(PAD_ID, UNK_ID, BOS_ID, EOS_ID)}"
+            )
 
     @property
     def vocab_size(self) -> int:
@@ -58,8 +64,13 @@ class Tokenizer:
         return [self.processor.id_to_piece(int(i)) for i in ids]
 
 
-def train_tokenizer(texts: Sequence[str], vocab_size: int, out_path: str | os.PathLike,
-                    sample_size: int = 1_000_000, seed: int = 0) -> Tokenizer:
+def train_tokenizer(
+    texts: Sequence[str],
+    vocab_size: int,
+    out_path: str | os.PathLike,
+    sample_size: int = 1_000_000,
+    seed: int = 0,
+) -> Tokenizer:
     """Trains a BPE model on a random sample of `texts` (both languages) and saves it.
 
     The vocabulary may come out smaller than `vocab_size` on a small corpus (SentencePiece
@@ -79,7 +90,10 @@ def train_tokenizer(texts: Sequence[str], vocab_size: int, out_path: str | os.Pa
         vocab_size=vocab_size,
         hard_vocab_limit=False,
         character_coverage=1.0,
-        pad_id=PAD_ID, unk_id=UNK_ID, bos_id=BOS_ID, eos_id=EOS_ID,
+        pad_id=PAD_ID,
+        unk_id=UNK_ID,
+        bos_id=BOS_ID,
+        eos_id=EOS_ID,
         num_threads=os.cpu_count() or 1,
         minloglevel=2,
     )

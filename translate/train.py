@@ -35,7 +35,6 @@ from translate.data import (
     iterate_batches,
     make_batch,
     plan_epoch,
-    read_lines,
     read_parallel,
     tokenize_parallel,
 )
@@ -62,8 +61,13 @@ def data_paths(config: Config, workdir: pathlib.Path) -> dict[str, tuple[pathlib
     if d.source == "synthetic":
         out = workdir / "data"
         if not (out / "test.de").is_file():
-            synthetic.write_splits(out, d.synthetic_num_train, d.synthetic_num_dev,
-                                   d.synthetic_num_test, seed=config.train.seed)
+            synthetic.write_splits(
+                out,
+                d.synthetic_num_train,
+                d.synthetic_num_dev,
+                d.synthetic_num_test,
+                seed=config.train.seed,
+            )
         base, prefixes = out, {"train": "train", "dev": "dev", "test": "test"}
     else:
         if not d.dir:
@@ -72,8 +76,10 @@ def data_paths(config: Config, workdir: pathlib.Path) -> dict[str, tuple[pathlib
         if not base.is_dir():
             raise FileNotFoundError(f"--config.data.dir: {base} is not a directory")
         prefixes = {"train": d.train_prefix, "dev": d.dev_prefix, "test": d.test_prefix}
-    return {split: (base / f"{p}.{d.src_lang}", base / f"{p}.{d.tgt_lang}")
-            for split, p in prefixes.items()}
+    return {
+        split: (base / f"{p}.{d.src_lang}", base / f"{p}.{d.tgt_lang}")
+        for split, p in prefixes.items()
+    }
 
 
 def load_data(config: Config, workdir: pathlib.Path) -> Data:
@@ -84,15 +90,29 @@ def load_data(config: Config, workdir: pathlib.Path) -> Data:
     if vocab_path.is_file():
         tokenizer = Tokenizer(vocab_path)
     else:
-        log.info("training a %d-piece BPE vocabulary on %d sentences",
-                 config.data.vocab_size, 2 * len(src))
-        tokenizer = train_tokenizer(src + tgt, config.data.vocab_size, vocab_path,
-                                    config.data.vocab_sample_size, config.train.seed)
+        log.info(
+            "training a %d-piece BPE vocabulary on %d sentences",
+            config.data.vocab_size,
+            2 * len(src),
+        )
+        tokenizer = train_tokenizer(
+            src + tgt,
+            config.data.vocab_size,
+            vocab_path,
+            config.data.vocab_sample_size,
+            config.train.seed,
+        )
     train, dropped = tokenize_parallel(tokenizer, src, tgt, config.data.max_len)
-    log.info("train: %d pairs kept, %d longer than data.max_len=%d dropped; vocabulary %d",
-             len(train), dropped, config.data.max_len, tokenizer.vocab_size)
-    optional = {s: read_parallel(*paths[s]) if paths[s][0].is_file() else None
-                for s in ("dev", "test")}
+    log.info(
+        "train: %d pairs kept, %d longer than data.max_len=%d dropped; vocabulary %d",
+        len(train),
+        dropped,
+        config.data.max_len,
+        tokenizer.vocab_size,
+    )
+    optional = {
+        s: read_parallel(*paths[s]) if paths[s][0].is_file() else None for s in ("dev", "test")
+    }
     dev = None
     if optional["dev"]:
         dev, _ = tokenize_parallel(tokenizer, *optional["dev"], config.data.max_len)
@@ -125,7 +145,8 @@ def check_workdir_config(config: Config, workdir: pathlib.Path, force: bool) -> 
                 raise ValueError(
                     f"{workdir} was created with config.{section}"
                     f"{'' if field is None else '.' + field} = {old}, now {new}; use a fresh "
-                    "--workdir or pass --force to overwrite its checkpoints")
+                    "--workdir or pass --force to overwrite its checkpoints"
+                )
     path.write_text(json.dumps(config.to_dict(), indent=2) + "\n")
 
 
@@ -150,7 +171,8 @@ def make_train_step(graphdef, optimizer, label_smoothing: float, mesh):
         logits = model(micro, dropout_key=key)  # [R, T, V]
         weights = (micro["tgt_segments"] > 0).astype(jnp.float32)
         loss_sum, nll_sum, count = smoothed_cross_entropy(
-            logits, micro["tgt_out"], weights, label_smoothing)
+            logits, micro["tgt_out"], weights, label_smoothing
+        )
         return loss_sum, (nll_sum, count, correct_tokens(logits, micro["tgt_out"], weights))
 
     def train_step(params, opt_state, batch, step, base_key):
@@ -160,21 +182,28 @@ def make_train_step(graphdef, optimizer, label_smoothing: float, mesh):
             grads, sums = carry
             micro, index = inputs
             (loss_sum, aux), g = jax.value_and_grad(loss_fn, has_aux=True)(
-                params, micro, jax.random.fold_in(key, index))
+                params, micro, jax.random.fold_in(key, index)
+            )
             grads = jax.tree.map(jnp.add, grads, g)
             return (grads, sums + jnp.stack([loss_sum, *aux])), None
 
         zeros = jax.tree.map(jnp.zeros_like, params)
         num_micro = batch["src"].shape[0]
         (grads, sums), _ = jax.lax.scan(
-            accumulate, (zeros, jnp.zeros(4)), (batch, jnp.arange(num_micro)))
+            accumulate, (zeros, jnp.zeros(4)), (batch, jnp.arange(num_micro))
+        )
         loss_sum, nll_sum, count, correct = sums
         # Mean over every real target token of the whole batch, however it was split.
         grads = jax.tree.map(lambda g: g / jnp.maximum(count, 1.0), grads)
         updates, opt_state = optimizer.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)
-        metrics = {"loss_sum": loss_sum, "nll_sum": nll_sum, "tokens": count,
-                   "correct": correct, "grad_norm": optax.global_norm(grads)}
+        metrics = {
+            "loss_sum": loss_sum,
+            "nll_sum": nll_sum,
+            "tokens": count,
+            "correct": correct,
+            "grad_norm": optax.global_norm(grads),
+        }
         return params, opt_state, metrics
 
     return jax.jit(
@@ -192,12 +221,16 @@ def make_eval_step(graphdef, label_smoothing: float, mesh):
         logits = model(micro)
         weights = (micro["tgt_segments"] > 0).astype(jnp.float32)
         loss_sum, nll_sum, count = smoothed_cross_entropy(
-            logits, micro["tgt_out"], weights, label_smoothing)
+            logits, micro["tgt_out"], weights, label_smoothing
+        )
         return jnp.stack([loss_sum, nll_sum, count])
 
     replicated = sharding.replicated(mesh)
-    return jax.jit(eval_step, in_shardings=(replicated, sharding.batch_sharding(mesh)),
-                   out_shardings=replicated)
+    return jax.jit(
+        eval_step,
+        in_shardings=(replicated, sharding.batch_sharding(mesh)),
+        out_shardings=replicated,
+    )
 
 
 class MetricWriter:
@@ -242,18 +275,23 @@ def summarize(window: list[dict[str, np.ndarray]], seconds: float, steps: int) -
     }
 
 
-def dev_loss(eval_step, params, corpus: TokenizedCorpus, layout: BatchLayout, mesh,
-             row_slice: slice) -> dict[str, float]:
+def dev_loss(
+    eval_step, params, corpus: TokenizedCorpus, layout: BatchLayout, mesh, row_slice: slice
+) -> dict[str, float]:
     single = BatchLayout(layout.row_len, layout.rows, 1)
-    totals = sum(np.asarray(eval_step(params, sharding.put_batch(
-        make_batch(corpus, rows, single, row_slice), mesh)))
-        for rows in plan_epoch(corpus, single, seed=0, epoch=0))
+    totals = sum(
+        np.asarray(
+            eval_step(params, sharding.put_batch(make_batch(corpus, rows, single, row_slice), mesh))
+        )
+        for rows in plan_epoch(corpus, single, seed=0, epoch=0)
+    )
     tokens = max(float(totals[2]), 1.0)
     return {"eval/loss": float(totals[0]) / tokens, "eval/nll": float(totals[1]) / tokens}
 
 
-def train_and_evaluate(config: Config, workdir: str | pathlib.Path,
-                       force: bool = False) -> dict[str, Any] | None:
+def train_and_evaluate(
+    config: Config, workdir: str | pathlib.Path, force: bool = False
+) -> dict[str, Any] | None:
     """Trains to `config.train.num_train_steps`, resuming from the workdir; returns the test report.
 
     Returns None when the data has no test split.
@@ -263,12 +301,17 @@ def train_and_evaluate(config: Config, workdir: str | pathlib.Path,
     check_workdir_config(config, workdir, force)
 
     mesh = sharding.make_mesh()
-    log.info("mesh: %d devices (%s) on %d hosts", mesh.size, jax.devices()[0].platform,
-             jax.process_count())
+    log.info(
+        "mesh: %d devices (%s) on %d hosts",
+        mesh.size,
+        jax.devices()[0].platform,
+        jax.process_count(),
+    )
 
     data = load_data(config, workdir)
-    layout = BatchLayout.from_config(config.data.tokens_per_batch, config.data.row_len,
-                                     t.grad_accum_steps, mesh.size)
+    layout = BatchLayout.from_config(
+        config.data.tokens_per_batch, config.data.row_len, t.grad_accum_steps, mesh.size
+    )
     row_slice = sharding.host_row_slice(layout.rows)
 
     keys = dict(zip(("params", "dropout"), jax.random.split(jax.random.key(t.seed))))
@@ -285,15 +328,20 @@ def train_and_evaluate(config: Config, workdir: str | pathlib.Path,
         step = manager.latest_step()
         abstract = jax.eval_shape(init, keys["params"])
         params, opt_state, meta = checkpoint.restore(
-            manager, step, *[checkpoint.abstract_like(a, replicated) for a in abstract])
+            manager, step, *[checkpoint.abstract_like(a, replicated) for a in abstract]
+        )
         position = DataPosition(**meta["data_position"])
-        log.info("resumed from step %d (epoch %d, batch %d)", step, position.epoch,
-                 position.index)
+        log.info("resumed from step %d (epoch %d, batch %d)", step, position.epoch, position.index)
     else:
         params, opt_state = init(keys["params"])
     num_params = sum(x.size for x in jax.tree.leaves(shapes))
-    log.info("model: %d parameters; batch %d micro x %d rows x %d tokens", num_params,
-             layout.num_micro, layout.rows, layout.row_len)
+    log.info(
+        "model: %d parameters; batch %d micro x %d rows x %d tokens",
+        num_params,
+        layout.num_micro,
+        layout.rows,
+        layout.row_len,
+    )
 
     writer = MetricWriter(workdir)
     batches = iterate_batches(data.train, layout, t.seed, position, row_slice)
@@ -301,7 +349,8 @@ def train_and_evaluate(config: Config, workdir: str | pathlib.Path,
     while step < t.num_train_steps:
         batch, position = next(batches)
         params, opt_state, metrics = train_step(
-            params, opt_state, sharding.put_batch(batch, mesh), step, keys["dropout"])
+            params, opt_state, sharding.put_batch(batch, mesh), step, keys["dropout"]
+        )
         window.append(metrics)
         step += 1
         last = step == t.num_train_steps
@@ -312,24 +361,41 @@ def train_and_evaluate(config: Config, workdir: str | pathlib.Path,
             if not math.isfinite(logged["train/loss"]):
                 raise FloatingPointError(
                     f"non-finite training loss between steps {window_step + 1} and {step}; "
-                    f"the last checkpoint ({manager.latest_step()}) is untouched")
+                    f"the last checkpoint ({manager.latest_step()}) is untouched"
+                )
             logged["train/learning_rate"] = float(schedule(step - 1))
             eta = (t.num_train_steps - step) / max(logged["train/steps_per_sec"], 1e-9)
-            log.info("step %d/%d  loss %.3f  nll %.3f  acc %.3f  lr %.2e  %.0f tok/s  "
-                     "%.2f steps/s  ETA %s", step, t.num_train_steps, logged["train/loss"],
-                     logged["train/nll"], logged["train/accuracy"],
-                     logged["train/learning_rate"], logged["train/tokens_per_sec"],
-                     logged["train/steps_per_sec"], time.strftime("%H:%M:%S", time.gmtime(eta)))
+            log.info(
+                "step %d/%d  loss %.3f  nll %.3f  acc %.3f  lr %.2e  %.0f tok/s  "
+                "%.2f steps/s  ETA %s",
+                step,
+                t.num_train_steps,
+                logged["train/loss"],
+                logged["train/nll"],
+                logged["train/accuracy"],
+                logged["train/learning_rate"],
+                logged["train/tokens_per_sec"],
+                logged["train/steps_per_sec"],
+                time.strftime("%H:%M:%S", time.gmtime(eta)),
+            )
             writer.write(step, logged)
             window, window_start, window_step = [], time.perf_counter(), step
         if step % t.checkpoint_every_steps == 0 or last:
-            checkpoint.save(manager, step, params, opt_state, {
-                "data_position": dataclasses.asdict(position), "step": step})
+            checkpoint.save(
+                manager,
+                step,
+                params,
+                opt_state,
+                {"data_position": dataclasses.asdict(position), "step": step},
+            )
         if (step % t.eval_every_steps == 0 or last) and data.dev is not None:
             metrics_eval = dev_loss(eval_step, params, data.dev, layout, mesh, row_slice)
             metrics_eval.update(dev_bleu(graphdef, params, data, config, step))
-            log.info("eval at step %d: %s", step,
-                     "  ".join(f"{k} {v:.3f}" for k, v in metrics_eval.items()))
+            log.info(
+                "eval at step %d: %s",
+                step,
+                "  ".join(f"{k} {v:.3f}" for k, v in metrics_eval.items()),
+            )
             writer.write(step, metrics_eval)
             window_start = time.perf_counter()  # evaluation time is not training speed
     manager.wait_until_finished()
@@ -338,13 +404,19 @@ def train_and_evaluate(config: Config, workdir: str | pathlib.Path,
     if data.test_text is None:
         return None
     sources, references = data.test_text
-    host_params = jax.device_put(params, jax.local_devices()[0])
-    report, hypotheses = evaluate.evaluate(graphdef, host_params, data.tokenizer, config,
-                                           sources, references, step)
+    host_params = evaluate.local_copy(params)
+    report, hypotheses = evaluate.evaluate(
+        graphdef, host_params, data.tokenizer, config, sources, references, step
+    )
     if jax.process_index() == 0:
         evaluate.write_report(workdir, report, sources, references, hypotheses)
-        log.info("test: sacreBLEU %.2f (%s), chrF %.2f; report in %s", report["bleu"],
-                 report["signature"], report["chrf"], workdir / "report.json")
+        log.info(
+            "test: sacreBLEU %.2f (%s), chrF %.2f; report in %s",
+            report["bleu"],
+            report["signature"],
+            report["chrf"],
+            workdir / "report.json",
+        )
     return report
 
 
@@ -352,9 +424,10 @@ def dev_bleu(graphdef, params, data: Data, config: Config, step: int) -> dict[st
     """BLEU on the first `decode.eval_num_sentences` dev sentences."""
     sources, references = data.dev_text
     n = config.decode.eval_num_sentences or len(sources)
-    host_params = jax.device_put(params, jax.local_devices()[0])
-    report, _ = evaluate.evaluate(graphdef, host_params, data.tokenizer, config,
-                                  sources[:n], references[:n], step)
+    host_params = evaluate.local_copy(params)
+    report, _ = evaluate.evaluate(
+        graphdef, host_params, data.tokenizer, config, sources[:n], references[:n], step
+    )
     return {"eval/bleu": report["bleu"], "eval/chrf": report["chrf"]}
 
 
@@ -371,8 +444,10 @@ def main(argv: list[str]) -> None:
     setup_logging()
     flags, overrides = parse_flags(argv, {"config": "", "workdir": "", "force": False})
     if not flags["config"] or not flags["workdir"]:
-        raise SystemExit("usage: python -m translate.train --config=configs/NAME.py "
-                         "--workdir=DIR [--config.SECTION.FIELD=VALUE ...] [--force]")
+        raise SystemExit(
+            "usage: python -m translate.train --config=configs/NAME.py "
+            "--workdir=DIR [--config.SECTION.FIELD=VALUE ...] [--force]"
+        )
     config = load_config(flags["config"], overrides)
     sharding.initialize_distributed()
     train_and_evaluate(config, flags["workdir"], force=flags["force"])
