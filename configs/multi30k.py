@@ -22,11 +22,10 @@ def get_config() -> Config:
     config.data.vocab_size = 8000
     config.data.max_len = 64
     config.data.row_len = 64
-    config.data.tokens_per_batch = 4096
-    config.train.num_train_steps = 3000
+    config.data.tokens_per_batch = 2048
+    config.train.num_train_steps = 1800
     config.train.warmup_steps = 800
-    config.train.learning_rate_scale = 2.0
     config.train.log_every_steps = 100
-    config.train.checkpoint_every_steps = 500
-    config.train.eval_every_steps = 1000
+    config.train.checkpoint_every_steps = 300
+    config.train.eval_every_steps = 600
     return config

@@ -18,6 +18,7 @@ from typing import Any
 import jax
 import numpy as np
 import sacrebleu
+from absl import logging as absl_logging
 from flax import nnx
 
 from translate import checkpoint
@@ -170,6 +171,7 @@ def write_report(
 
 
 def main(argv: Sequence[str]) -> None:
+    absl_logging.set_verbosity(absl_logging.ERROR)  # Orbax's read-only manager warnings
     flags, overrides = parse_flags(
         list(argv), {"workdir": "", "src": "", "ref": "", "output": "", "step": -1}
     )

@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from absl import logging as absl_logging
 from flax import nnx
 
 from translate import checkpoint, evaluate, sharding, synthetic
@@ -438,6 +439,7 @@ def setup_logging() -> None:
     log.handlers[:] = [handler]
     log.setLevel(logging.INFO)
     log.propagate = False
+    absl_logging.set_verbosity(absl_logging.ERROR)  # Orbax's per-save INFO/WARNING lines
 
 
 def main(argv: list[str]) -> None:
