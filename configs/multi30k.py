@@ -14,7 +14,7 @@ def get_config() -> Config:
     config.model.num_layers = 3
     config.model.d_model = 256
     config.model.num_heads = 4
-    config.model.d_ff = 1024
+    config.model.d_ff = 512
     config.model.dropout_rate = 0.1
     config.data.dir = "../shared/data/multi30k"
     config.data.dev_prefix = "val"
@@ -23,9 +23,9 @@ def get_config() -> Config:
     config.data.max_len = 64
     config.data.row_len = 64
     config.data.tokens_per_batch = 2048
-    config.train.num_train_steps = 1800
-    config.train.warmup_steps = 800
+    config.train.num_train_steps = 1450
+    config.train.warmup_steps = 500
     config.train.log_every_steps = 100
-    config.train.checkpoint_every_steps = 300
-    config.train.eval_every_steps = 600
+    config.train.checkpoint_every_steps = 400
+    config.train.eval_every_steps = 800
     return config
