@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pathlib
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -20,8 +21,12 @@ def make_manager(
     process killed mid-save leaves no step that looks whole.
     """
     directory = pathlib.Path(workdir).absolute() / CHECKPOINT_DIR
+    # A killed save leaves only a temporary directory; the next writer removes it.
     options = ocp.CheckpointManagerOptions(
-        max_to_keep=keep, create=not read_only, read_only=read_only
+        max_to_keep=keep,
+        create=not read_only,
+        read_only=read_only,
+        cleanup_tmp_directories=not read_only,
     )
     return ocp.CheckpointManager(directory, options=options)
 
@@ -54,6 +59,66 @@ def restore(
     restored = manager.restore(step, args=ocp.args.Composite(**items))
     opt_state = restored["opt_state"] if abstract_opt_state is not None else None
     return restored["params"], opt_state, restored["meta"]
+
+
+def read_meta(manager: ocp.CheckpointManager, step: int) -> dict[str, Any]:
+    """The JSON metadata of `step` alone (cheap: no arrays are read)."""
+    return manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+
+
+def restore_latest(
+    manager: ocp.CheckpointManager,
+    abstract_params: Any,
+    abstract_opt_state: Any | None = None,
+    check_meta: Callable[[dict[str, Any]], None] = lambda meta: None,
+    log: Callable[[str], None] = print,
+) -> tuple[int, Any, Any, dict[str, Any]] | None:
+    """Restores the newest readable step, falling back past unreadable ones.
+
+    Args:
+      check_meta: called with a step's metadata before its arrays are read; what it raises
+        (e.g. a vocabulary mismatch) stops the restore instead of falling back.
+
+    Returns:
+      (step, params, opt_state, meta), or None when the manager holds no step at all.
+
+    Raises:
+      RuntimeError: if there are steps but none of them can be read.
+    """
+    steps = sorted(manager.all_steps(), reverse=True)
+    errors = []
+    for step in steps:
+        try:
+            meta = read_meta(manager, step)
+        except Exception as e:  # noqa: BLE001 - any unreadable step falls back to the previous
+            errors.append(f"step {step}: {type(e).__name__}: {str(e)[:200]}")
+            log(
+                f"checkpoint at step {step} in {manager.directory} is unreadable "
+                f"({type(e).__name__}); falling back to the previous one"
+            )
+            continue
+        check_meta(meta)
+        try:
+            return (step, *restore(manager, step, abstract_params, abstract_opt_state))
+        except Exception as e:  # noqa: BLE001
+            errors.append(f"step {step}: {type(e).__name__}: {str(e)[:200]}")
+            log(
+                f"checkpoint at step {step} in {manager.directory} is unreadable "
+                f"({type(e).__name__}); falling back to the previous one"
+            )
+    if steps:
+        raise RuntimeError(f"no readable checkpoint in {manager.directory}:\n" + "\n".join(errors))
+    return None
+
+
+def check_vocabulary(meta: dict[str, Any], tokenizer, workdir) -> None:
+    """Raises if the workdir's vocabulary is not the one the checkpoint was trained with."""
+    saved = meta.get("vocab_sha256")
+    if saved is not None and saved != tokenizer.sha256:
+        raise ValueError(
+            f"{tokenizer.path} is not the vocabulary the checkpoints in {workdir} were trained "
+            "with (its sha256 differs); restore the original vocab.model or use a fresh workdir"
+        )
 
 
 def abstract_like(tree: Any, sharding: jax.sharding.Sharding) -> Any:

@@ -83,6 +83,9 @@ class TrainConfig:
     checkpoint_every_steps: int = 1000
     # Checkpoints kept on disk (enough to average the last few).
     keep_checkpoints: int = 5
+    # A step whose loss or gradient is not finite is never applied; "stop" ends the run there
+    # (naming the step), "skip" carries on and counts such steps in the log.
+    on_nonfinite: str = "stop"
     # Dev loss and dev BLEU on `eval_num_sentences` dev sentences every this many steps.
     eval_every_steps: int = 1000
 
@@ -122,6 +125,7 @@ class Config:
             (d.max_len <= d.row_len, "data.max_len must not exceed data.row_len"),
             (d.tokens_per_batch >= d.row_len, "data.tokens_per_batch must be >= data.row_len"),
             (t.grad_accum_steps >= 1, "train.grad_accum_steps must be >= 1"),
+            (t.on_nonfinite in ("stop", "skip"), "train.on_nonfinite must be 'stop' or 'skip'"),
             (t.warmup_steps >= 1, "train.warmup_steps must be >= 1"),
             (0.0 <= t.label_smoothing < 1.0, "train.label_smoothing must be in [0, 1)"),
             (de.beam_size >= 1, "decode.beam_size must be >= 1"),

@@ -57,7 +57,13 @@ def load_model(workdir: str | pathlib.Path, step: int | None = None):
         )
     config = config_from_dict(json.loads(config_path.read_text()))
     tokenizer = Tokenizer(workdir / VOCAB_FILENAME)
+    if checkpoint.latest_step(workdir) is None:
+        raise FileNotFoundError(
+            f"--workdir: no checkpoint in {workdir / checkpoint.CHECKPOINT_DIR}; "
+            "train first (python -m translate.train ...)"
+        )
     manager = checkpoint.make_manager(workdir, read_only=True)
+    requested = step is not None
     step = manager.latest_step() if step is None else step
     if step is None or step not in manager.all_steps():
         raise FileNotFoundError(
@@ -66,7 +72,16 @@ def load_model(workdir: str | pathlib.Path, step: int | None = None):
         )
     graphdef, shapes = abstract_model(config, tokenizer.vocab_size)
     device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-    params, _, _ = checkpoint.restore(manager, step, checkpoint.abstract_like(shapes, device))
+    target = checkpoint.abstract_like(shapes, device)
+
+    def check(meta):
+        checkpoint.check_vocabulary(meta, tokenizer, workdir)
+
+    if requested:
+        check(checkpoint.read_meta(manager, step))
+        params, _, _ = checkpoint.restore(manager, step, target)
+    else:
+        step, params, _, _ = checkpoint.restore_latest(manager, target, check_meta=check)
     return graphdef, params, tokenizer, config, step
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import io
 import os
 import pathlib
@@ -37,6 +38,11 @@ class Tokenizer:
                 f"{self.path}: special ids (pad, unk, bos, eos) are {ids}, "
                 f"expected {(PAD_ID, UNK_ID, BOS_ID, EOS_ID)}"
             )
+
+    @property
+    def sha256(self) -> str:
+        """Fingerprint of the model file, stored in checkpoints to catch a swapped vocabulary."""
+        return hashlib.sha256(self.path.read_bytes()).hexdigest()
 
     @property
     def vocab_size(self) -> int:

@@ -14,9 +14,12 @@ import dataclasses
 import json
 import logging
 import math
+import os
 import pathlib
 import shutil
+import signal
 import sys
+import threading
 import time
 from typing import Any
 
@@ -148,7 +151,13 @@ def check_workdir_config(config: Config, workdir: pathlib.Path, force: bool) -> 
                     f"{'' if field is None else '.' + field} = {old}, now {new}; use a fresh "
                     "--workdir or pass --force to overwrite its checkpoints"
                 )
-    path.write_text(json.dumps(config.to_dict(), indent=2) + "\n")
+
+
+def write_workdir_config(config: Config, workdir: pathlib.Path) -> None:
+    path = workdir / evaluate.CONFIG_FILENAME
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(config.to_dict(), indent=2) + "\n")
+    os.replace(tmp, path)  # whole or absent, even if the process is killed here
 
 
 def make_init(config: Config, vocab_size: int, optimizer, mesh):
@@ -196,14 +205,23 @@ def make_train_step(graphdef, optimizer, label_smoothing: float, mesh):
         loss_sum, nll_sum, count, correct = sums
         # Mean over every real target token of the whole batch, however it was split.
         grads = jax.tree.map(lambda g: g / jnp.maximum(count, 1.0), grads)
-        updates, opt_state = optimizer.update(grads, opt_state, params)
-        params = optax.apply_updates(params, updates)
+        grad_norm = optax.global_norm(grads)
+        updates, new_opt_state = optimizer.update(grads, opt_state, params)
+        # A non-finite loss or gradient never reaches the parameters or Adam's moments: the
+        # step keeps the old state and reports itself, and the host stops or counts it.
+        finite = jnp.isfinite(loss_sum) & jnp.isfinite(grad_norm)
+        params, opt_state = jax.tree.map(
+            lambda new, old: jnp.where(finite, new, old),
+            (optax.apply_updates(params, updates), new_opt_state),
+            (params, opt_state),
+        )
         metrics = {
             "loss_sum": loss_sum,
             "nll_sum": nll_sum,
             "tokens": count,
             "correct": correct,
-            "grad_norm": optax.global_norm(grads),
+            "grad_norm": grad_norm,
+            "nonfinite": 1.0 - finite.astype(jnp.float32),
         }
         return params, opt_state, metrics
 
@@ -262,7 +280,8 @@ class MetricWriter:
 
 def summarize(window: list[dict[str, np.ndarray]], seconds: float, steps: int) -> dict[str, float]:
     """Turns a window of per-step metrics (fetched to the host) into logged numbers."""
-    totals = {k: np.sum([m[k] for m in window], axis=0) for k in window[0]}
+    good = [m for m in window if not m["nonfinite"]] or window
+    totals = {k: np.sum([m[k] for m in good], axis=0) for k in window[0]}
     tokens = max(float(totals["tokens"]), 1.0)
     nll = float(totals["nll_sum"]) / tokens
     return {
@@ -273,6 +292,7 @@ def summarize(window: list[dict[str, np.ndarray]], seconds: float, steps: int) -
         "train/grad_norm": float(totals["grad_norm"]) / len(window),
         "train/tokens_per_sec": tokens / seconds,
         "train/steps_per_sec": steps / seconds,
+        "train/skipped_steps": float(sum(m["nonfinite"] for m in window)),
     }
 
 
@@ -288,6 +308,80 @@ def dev_loss(
     )
     tokens = max(float(totals[2]), 1.0)
     return {"eval/loss": float(totals[0]) / tokens, "eval/nll": float(totals[1]) / tokens}
+
+
+class Interrupted(Exception):
+    """Training stopped on a signal after saving a checkpoint; the same command resumes it."""
+
+    def __init__(self, signum: int, step: int):
+        self.signum, self.step = signum, step
+        super().__init__(
+            f"stopped by {signal.Signals(signum).name} at step {step}; a checkpoint of step "
+            f"{step} is saved and the same command resumes from it"
+        )
+
+
+class StopSignal:
+    """While active, a first SIGTERM or SIGINT asks the loop to checkpoint and stop at the end
+    of the current step (pre-emptible jobs get such a warning); a second one exits at once."""
+
+    def __init__(self):
+        self.signum: int | None = None
+        self.previous: dict[int, Any] = {}
+
+    def handle(self, signum, frame):
+        if self.signum is not None:
+            log.info("second %s: exiting now without a checkpoint", signal.Signals(signum).name)
+            os._exit(128 + signum)
+        self.signum = signum
+        log.info(
+            "%s received: saving a checkpoint after this step, then stopping "
+            "(send it again to exit at once)",
+            signal.Signals(signum).name,
+        )
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                self.previous[sig] = signal.signal(sig, self.handle)
+        return self
+
+    def __exit__(self, *exc):
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+
+
+def check_finite(
+    window: list[dict[str, Any]], first_step: int, policy: str, last_checkpoint: int | None
+) -> None:
+    """Raises on a step whose loss or gradient was not finite, unless the policy is "skip"."""
+    bad = [first_step + 1 + i for i, m in enumerate(window) if m["nonfinite"]]
+    if bad and policy == "stop":
+        raise FloatingPointError(
+            f"non-finite loss or gradient at step {bad[0]}; the update was not applied and "
+            f"training stopped. The last checkpoint (step {last_checkpoint}) is intact; set "
+            "--config.train.on_nonfinite=skip to skip such steps instead"
+        )
+    if bad:
+        log.info(
+            "skipped %d update(s) with non-finite loss or gradient at steps %s", len(bad), bad[:10]
+        )
+
+
+def log_progress(step: int, num_steps: int, logged: dict[str, float]) -> None:
+    eta = (num_steps - step) / max(logged["train/steps_per_sec"], 1e-9)
+    log.info(
+        "step %d/%d  loss %.3f  nll %.3f  acc %.3f  lr %.2e  %.0f tok/s  %.2f steps/s  ETA %s",
+        step,
+        num_steps,
+        logged["train/loss"],
+        logged["train/nll"],
+        logged["train/accuracy"],
+        logged["train/learning_rate"],
+        logged["train/tokens_per_sec"],
+        logged["train/steps_per_sec"],
+        time.strftime("%H:%M:%S", time.gmtime(eta)),
+    )
 
 
 def train_and_evaluate(
@@ -310,6 +404,7 @@ def train_and_evaluate(
     )
 
     data = load_data(config, workdir)
+    write_workdir_config(config, workdir)  # only once the data has loaded without error
     layout = BatchLayout.from_config(
         config.data.tokens_per_batch, config.data.row_len, t.grad_accum_steps, mesh.size
     )
@@ -325,12 +420,17 @@ def train_and_evaluate(
 
     manager = checkpoint.make_manager(workdir, keep=t.keep_checkpoints)
     position, step = DataPosition(), 0
-    if manager.latest_step() is not None:
-        step = manager.latest_step()
-        abstract = jax.eval_shape(init, keys["params"])
-        params, opt_state, meta = checkpoint.restore(
-            manager, step, *[checkpoint.abstract_like(a, replicated) for a in abstract]
-        )
+    abstract = [
+        checkpoint.abstract_like(a, replicated) for a in jax.eval_shape(init, keys["params"])
+    ]
+    restored = checkpoint.restore_latest(
+        manager,
+        *abstract,
+        check_meta=lambda meta: checkpoint.check_vocabulary(meta, data.tokenizer, workdir),
+        log=log.info,
+    )
+    if restored is not None:
+        step, params, opt_state, meta = restored
         position = DataPosition(**meta["data_position"])
         log.info("resumed from step %d (epoch %d, batch %d)", step, position.epoch, position.index)
     else:
@@ -347,58 +447,47 @@ def train_and_evaluate(
     writer = MetricWriter(workdir)
     batches = iterate_batches(data.train, layout, t.seed, position, row_slice)
     window, window_start, window_step = [], time.perf_counter(), step
-    while step < t.num_train_steps:
-        batch, position = next(batches)
-        params, opt_state, metrics = train_step(
-            params, opt_state, sharding.put_batch(batch, mesh), step, keys["dropout"]
-        )
-        window.append(metrics)
-        step += 1
-        last = step == t.num_train_steps
-        if step % t.log_every_steps == 0 or last:
-            window = jax.device_get(window)  # the one host sync of the window
-            seconds = time.perf_counter() - window_start
-            logged = summarize(window, seconds, step - window_step)
-            if not math.isfinite(logged["train/loss"]):
-                raise FloatingPointError(
-                    f"non-finite training loss between steps {window_step + 1} and {step}; "
-                    f"the last checkpoint ({manager.latest_step()}) is untouched"
+    stop = StopSignal()
+    with stop:
+        while step < t.num_train_steps:
+            batch, position = next(batches)
+            params, opt_state, metrics = train_step(
+                params, opt_state, sharding.put_batch(batch, mesh), step, keys["dropout"]
+            )
+            window.append(metrics)
+            step += 1
+            last = step == t.num_train_steps
+            save = step % t.checkpoint_every_steps == 0 or last or stop.signum is not None
+            if step % t.log_every_steps == 0 or save:
+                window = jax.device_get(window)  # the one host sync of the window
+                check_finite(window, window_step, t.on_nonfinite, manager.latest_step())
+            if step % t.log_every_steps == 0 or last:
+                logged = summarize(window, time.perf_counter() - window_start, step - window_step)
+                logged["train/learning_rate"] = float(schedule(step - 1))
+                log_progress(step, t.num_train_steps, logged)
+                writer.write(step, logged)
+                window, window_start, window_step = [], time.perf_counter(), step
+            if save:
+                meta = {
+                    "data_position": dataclasses.asdict(position),
+                    "step": step,
+                    "vocab_sha256": data.tokenizer.sha256,
+                }
+                checkpoint.save(manager, step, params, opt_state, meta)
+            if stop.signum is not None:
+                manager.wait_until_finished()
+                writer.close()
+                raise Interrupted(stop.signum, step)
+            if (step % t.eval_every_steps == 0 or last) and data.dev is not None:
+                metrics_eval = dev_loss(eval_step, params, data.dev, layout, mesh, row_slice)
+                metrics_eval.update(dev_bleu(graphdef, params, data, config, step))
+                log.info(
+                    "eval at step %d: %s",
+                    step,
+                    "  ".join(f"{k} {v:.3f}" for k, v in metrics_eval.items()),
                 )
-            logged["train/learning_rate"] = float(schedule(step - 1))
-            eta = (t.num_train_steps - step) / max(logged["train/steps_per_sec"], 1e-9)
-            log.info(
-                "step %d/%d  loss %.3f  nll %.3f  acc %.3f  lr %.2e  %.0f tok/s  "
-                "%.2f steps/s  ETA %s",
-                step,
-                t.num_train_steps,
-                logged["train/loss"],
-                logged["train/nll"],
-                logged["train/accuracy"],
-                logged["train/learning_rate"],
-                logged["train/tokens_per_sec"],
-                logged["train/steps_per_sec"],
-                time.strftime("%H:%M:%S", time.gmtime(eta)),
-            )
-            writer.write(step, logged)
-            window, window_start, window_step = [], time.perf_counter(), step
-        if step % t.checkpoint_every_steps == 0 or last:
-            checkpoint.save(
-                manager,
-                step,
-                params,
-                opt_state,
-                {"data_position": dataclasses.asdict(position), "step": step},
-            )
-        if (step % t.eval_every_steps == 0 or last) and data.dev is not None:
-            metrics_eval = dev_loss(eval_step, params, data.dev, layout, mesh, row_slice)
-            metrics_eval.update(dev_bleu(graphdef, params, data, config, step))
-            log.info(
-                "eval at step %d: %s",
-                step,
-                "  ".join(f"{k} {v:.3f}" for k, v in metrics_eval.items()),
-            )
-            writer.write(step, metrics_eval)
-            window_start = time.perf_counter()  # evaluation time is not training speed
+                writer.write(step, metrics_eval)
+                window_start = time.perf_counter()  # evaluation time is not training speed
     manager.wait_until_finished()
     writer.close()
 
@@ -452,7 +541,11 @@ def main(argv: list[str]) -> None:
         )
     config = load_config(flags["config"], overrides)
     sharding.initialize_distributed()
-    train_and_evaluate(config, flags["workdir"], force=flags["force"])
+    try:
+        train_and_evaluate(config, flags["workdir"], force=flags["force"])
+    except Interrupted as stopped:
+        log.info("%s", stopped)
+        sys.exit(128 + stopped.signum)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,33 @@
+"""A tiny model on a tiny synthetic corpus: seconds per run, for tests and fault injection.
+
+    python -m translate.train --config=configs/tiny.py --workdir=/tmp/tiny
+
+Its BLEU means nothing; it exercises every part of the trainer quickly.
+"""
+
+from translate.config import Config
+
+
+def get_config() -> Config:
+    config = Config()
+    config.model.num_layers = 2
+    config.model.d_model = 32
+    config.model.num_heads = 4
+    config.model.d_ff = 64
+    config.data.source = "synthetic"
+    config.data.vocab_size = 200
+    config.data.max_len = 32
+    config.data.row_len = 32
+    config.data.tokens_per_batch = 32 * 16
+    config.data.synthetic_num_train = 400
+    config.data.synthetic_num_dev = 16
+    config.data.synthetic_num_test = 16
+    config.train.num_train_steps = 6
+    config.train.warmup_steps = 10
+    config.train.log_every_steps = 2
+    config.train.checkpoint_every_steps = 3
+    config.train.eval_every_steps = 100
+    config.decode.batch_size = 8
+    config.decode.eval_num_sentences = 8
+    config.decode.max_extra_len = 8
+    return config

@@ -1,0 +1,196 @@
+"""A run survives signals, kills, numerical faults and bad input, and loses nothing."""
+
+import json
+import os
+import pathlib
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+
+from translate import checkpoint, evaluate, synthetic, train
+from translate.tokenizer import train_tokenizer
+
+ROOT = pathlib.Path(__file__).parent.parent
+
+
+def train_command(workdir, *overrides):
+    return [
+        sys.executable,
+        "-m",
+        "translate.train",
+        "--config=configs/tiny.py",
+        f"--workdir={workdir}",
+        *overrides,
+    ]
+
+
+def test_sigterm_saves_a_checkpoint_at_the_next_step_and_exits(tmp_path):
+    command = train_command(
+        tmp_path, "--config.train.num_train_steps=100000", "--config.train.log_every_steps=1"
+    )
+    process = subprocess.Popen(command, cwd=ROOT, stderr=subprocess.PIPE, text=True)
+    for line in process.stderr:
+        if " step " in line:
+            break
+    sent = time.monotonic()
+    process.send_signal(signal.SIGTERM)
+    output = process.stderr.read()
+    process.wait(timeout=60)
+    assert time.monotonic() - sent < 60
+    assert process.returncode == 128 + signal.SIGTERM
+    assert "stopped by SIGTERM at step" in output
+    step = int(output.split("stopped by SIGTERM at step ")[1].split(";")[0])
+    assert checkpoint.latest_step(tmp_path) == step
+
+
+def test_second_signal_exits_at_once(monkeypatch):
+    exits = []
+    monkeypatch.setattr(os, "_exit", lambda code: exits.append(code))
+    stop = train.StopSignal()
+    stop.handle(signal.SIGINT, None)
+    assert stop.signum == signal.SIGINT and exits == []
+    stop.handle(signal.SIGINT, None)
+    assert exits == [128 + signal.SIGINT]
+
+
+def test_killed_and_resumed_run_matches_uninterrupted_run_bitwise(tmp_path):
+    done = subprocess.run(
+        [
+            sys.executable,
+            "scripts/fault_injection.py",
+            "--kills=1",
+            "--seed=1",
+            f"--workdir={tmp_path}",
+            "--sigterm_fraction=0",
+            "--config.train.num_train_steps=12",
+            "--config.train.checkpoint_every_steps=3",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert "kill 1: SIGKILL" in done.stdout
+    assert done.stdout.strip().endswith("identical: true"), done.stdout + done.stderr[-2000:]
+    assert done.returncode == 0
+
+
+@pytest.mark.slow
+def test_many_kills_and_terms_leave_the_run_identical(tmp_path):
+    done = subprocess.run(
+        [
+            sys.executable,
+            "scripts/fault_injection.py",
+            "--kills=5",
+            "--seed=0",
+            f"--workdir={tmp_path}",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+    assert done.stdout.strip().endswith("identical: true"), done.stdout + done.stderr[-2000:]
+
+
+@pytest.fixture
+def trained(config, tmp_path):
+    """A finished tiny run with checkpoints at steps 3 and 6."""
+    train.train_and_evaluate(config, tmp_path)
+    return tmp_path
+
+
+def test_half_written_checkpoint_is_never_loaded(trained):
+    partial = trained / checkpoint.CHECKPOINT_DIR / "9.orbax-checkpoint-tmp-1234567"
+    partial.mkdir()
+    (partial / "garbage").write_text("half a checkpoint")
+    assert checkpoint.latest_step(trained) == 6
+    assert evaluate.load_model(trained)[4] == 6
+
+
+def test_corrupt_newest_checkpoint_falls_back_to_the_previous(trained, capsys):
+    newest = trained / checkpoint.CHECKPOINT_DIR / "6"
+    for path in newest.rglob("*"):
+        if path.is_file() and path.stat().st_size > 0 and "meta" not in str(path):
+            path.write_bytes(b"\0" * 7)
+    step = evaluate.load_model(trained)[4]
+    assert step == 3
+    assert "checkpoint at step 6" in capsys.readouterr().out
+
+
+def test_nonfinite_loss_stops_naming_the_step_and_keeps_the_checkpoint(config, tmp_path):
+    config.train.num_train_steps = 3
+    train.train_and_evaluate(config, tmp_path)
+    config.train.num_train_steps = 9
+    config.train.learning_rate_scale = 1e30  # the first update makes every later loss inf/NaN
+    with pytest.raises(FloatingPointError, match=r"non-finite loss or gradient at step \d+"):
+        train.train_and_evaluate(config, tmp_path)
+    assert checkpoint.latest_step(tmp_path) in (3, 6)
+    params = evaluate.load_model(tmp_path)[1]
+    assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(params))
+
+
+def test_skip_policy_counts_nonfinite_steps_and_finishes(config, tmp_path):
+    config.train.learning_rate_scale = 1e30
+    config.train.on_nonfinite = "skip"
+    train.train_and_evaluate(config, tmp_path)
+    lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert sum(x.get("train/skipped_steps", 0) for x in lines) > 0
+    params = evaluate.load_model(tmp_path)[1]
+    assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(params))
+
+
+def test_swapped_vocabulary_is_a_clear_error(trained, tmp_path_factory):
+    other = tmp_path_factory.mktemp("other") / "vocab.model"
+    texts = [s for pair in synthetic.generate_pairs(300, seed=9) for s in pair]
+    train_tokenizer(texts, 150, other)
+    shutil.copy(other, trained / "vocab.model")
+    with pytest.raises(ValueError, match="not the vocabulary the checkpoints"):
+        evaluate.load_model(trained)
+
+
+def test_workdir_with_a_different_model_is_refused_unless_forced(config, trained):
+    config.model.d_model = 64
+    with pytest.raises(ValueError, match=r"config.model .*--force"):
+        train.train_and_evaluate(config, trained)
+    assert checkpoint.latest_step(trained) == 6, "the refused run wrote nothing over"
+    config.train.num_train_steps = 2
+    train.train_and_evaluate(config, trained, force=True)
+    assert checkpoint.latest_step(trained) == 2
+
+
+def test_missing_data_directory_is_a_clear_error(config, tmp_path):
+    config.data.source = "files"
+    config.data.dir = str(tmp_path / "nowhere")
+    with pytest.raises(FileNotFoundError, match="--config.data.dir: .*nowhere"):
+        train.train_and_evaluate(config, tmp_path / "run")
+
+
+def test_bad_training_file_writes_nothing_over_an_existing_run(config, tmp_path):
+    data = tmp_path / "data"
+    synthetic.write_splits(data, 200, 8, 8, seed=0)
+    config.data.source, config.data.dir = "files", str(data)
+    config.data.dev_prefix, config.data.test_prefix = "dev", "test"
+    train.train_and_evaluate(config, tmp_path / "run")
+    before = {p: p.read_bytes() for p in (tmp_path / "run").rglob("*") if p.is_file()}
+    with open(data / "train.de", "a") as f:
+        f.write("Eine Zeile zu viel.\n")
+    config.train.num_train_steps = 12
+    with pytest.raises(ValueError, match="train.en has 200 lines"):
+        train.train_and_evaluate(config, tmp_path / "run")
+    after = {p: p.read_bytes() for p in (tmp_path / "run").rglob("*") if p.is_file()}
+    assert after == before
+
+
+def test_evaluate_without_a_checkpoint_is_a_clear_error(config, tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(config.to_dict()))
+    texts = [s for pair in synthetic.generate_pairs(100, seed=0) for s in pair]
+    train_tokenizer(texts, 100, tmp_path / "vocab.model")
+    with pytest.raises(FileNotFoundError, match="no checkpoint"):
+        evaluate.load_model(tmp_path)
