@@ -457,7 +457,8 @@ def train_and_evaluate(
             window.append(metrics)
             step += 1
             last = step == t.num_train_steps
-            save = step % t.checkpoint_every_steps == 0 or last or stop.signum is not None
+            stopping = stop.signum is not None  # read once: a signal may land at any moment
+            save = step % t.checkpoint_every_steps == 0 or last or stopping
             if step % t.log_every_steps == 0 or save:
                 window = jax.device_get(window)  # the one host sync of the window
                 check_finite(window, window_step, t.on_nonfinite, manager.latest_step())
@@ -474,7 +475,7 @@ def train_and_evaluate(
                     "vocab_sha256": data.tokenizer.sha256,
                 }
                 checkpoint.save(manager, step, params, opt_state, meta)
-            if stop.signum is not None:
+            if stopping:
                 manager.wait_until_finished()
                 writer.close()
                 raise Interrupted(stop.signum, step)
