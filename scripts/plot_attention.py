@@ -22,6 +22,7 @@ import sys
 import jax.numpy as jnp
 import matplotlib
 import numpy as np
+from absl import logging as absl_logging
 
 matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
@@ -102,14 +103,15 @@ def main(argv: list[str]) -> None:
             'usage: python scripts/plot_attention.py --workdir=DIR --src="a sentence" '
             "[--output=DIR] [--layer=L] [--head=H]"
         )
+    absl_logging.set_verbosity(absl_logging.ERROR)  # Orbax's read-only manager warnings
     graphdef, params, tokenizer, config, step = load_model(flags["workdir"])
     num_layers, num_heads = config.model.num_layers, config.model.num_heads
     layer = flags["layer"] % num_layers if flags["layer"] < 0 else flags["layer"]
     head = flags["head"]
-    if not (0 <= layer < num_layers and 0 <= head < num_heads):
-        raise SystemExit(
-            f"--layer must be in [0, {num_layers}) and --head in [0, {num_heads}) for this model"
-        )
+    if not 0 <= layer < num_layers:
+        raise SystemExit(f"--layer={flags['layer']}: this model has layers 0 to {num_layers - 1}")
+    if not 0 <= head < num_heads:
+        raise SystemExit(f"--head={head}: this model has heads 0 to {num_heads - 1}")
     out_dir = pathlib.Path(flags["output"] or pathlib.Path(flags["workdir"]) / "attention")
     out_dir.mkdir(parents=True, exist_ok=True)
 

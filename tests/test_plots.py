@@ -111,7 +111,7 @@ def test_plot_attention_writes_pictures_of_the_expected_size(workdir, tmp_path):
         [f"--workdir={workdir}", "--src=a man .", f"--output={tmp_path}", "--layer=0", "--head=3"]
     )
     assert png_size(tmp_path / "cross_layer0_head3.png") == expected
-    with pytest.raises(SystemExit, match="--head must be in"):
+    with pytest.raises(SystemExit, match="--head=4: this model has heads 0 to 3"):
         script.main([f"--workdir={workdir}", "--src=a man .", "--head=4"])
 
 

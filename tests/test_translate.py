@@ -7,10 +7,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import tiny_config
+from flax import nnx
 
 from translate import evaluate, translate
 from translate.data import source_batches
 from translate.decode import beam_search, greedy_search
+from translate.model import Transformer
 from translate.tokenizer import VOCAB_FILENAME, train_tokenizer
 from translate.train import train_and_evaluate
 
@@ -33,6 +35,25 @@ def workdir(tmp_path_factory):
     return path
 
 
+@pytest.fixture
+def varied_outputs(monkeypatch):
+    """Makes `evaluate.load_model` give an untrained model with peaked distributions.
+
+    Six steps teach the tiny model to end every sentence at once, so its translations are all
+    empty and their order cannot be seen; an untrained model with a larger embedding (as in
+    test_decode.py) writes outputs that differ with the source.
+    """
+    load = evaluate.load_model
+
+    def load_untrained(workdir, step=None):
+        _, _, tokenizer, config, step = load(workdir, step)
+        model = Transformer(config.model, tokenizer.vocab_size, rngs=nnx.Rngs(0))
+        model.embed.embedding[...] = model.embed.embedding[...] * 8.0
+        return *nnx.split(model, nnx.Param), tokenizer, config, step
+
+    monkeypatch.setattr(evaluate, "load_model", load_untrained)
+
+
 def run(tmp_path, lines, *flags, name="out.txt"):
     source = tmp_path / "in.txt"
     source.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
@@ -41,7 +62,7 @@ def run(tmp_path, lines, *flags, name="out.txt"):
     return target.read_text(encoding="utf-8").split("\n")[:-1]
 
 
-def test_translate_keeps_input_order_and_line_count(workdir, tmp_path, monkeypatch):
+def test_translate_keeps_input_order_and_line_count(workdir, tmp_path, monkeypatch, varied_outputs):
     # Chunks of 3 lines: the order must survive chunking as well as length-sorted batches.
     monkeypatch.setattr(translate, "LINES_PER_CHUNK", 3)
     out = run(tmp_path, LINES, f"--workdir={workdir}", "--beam_size=1", "--batch_size=2")
@@ -56,6 +77,7 @@ def test_translate_keeps_input_order_and_line_count(workdir, tmp_path, monkeypat
                 graphdef, params, tokenizer, [line], config.decode, config.data.max_len
             )
             assert translation == alone[0]
+    assert len({translation for translation in out if translation}) > 2
 
 
 def test_nbest_gives_n_distinct_hypotheses_in_score_order(workdir, tmp_path):

@@ -11,6 +11,8 @@ decoded in length-sorted batches, so memory stays bounded and output streams how
 input. With `--nbest=N` every non-empty line gives N lines `LINE<TAB>SCORE<TAB>TRANSLATION`
 (LINE counts input lines from 0; SCORE is the length-normalised log-probability that beam
 search ranks by), best first; an empty line gives the single line `LINE<TAB>0.0000<TAB>`.
+The N are distinct texts from the beam's hypotheses; fewer come out when pieces that spell
+the same text fill the beam (a wider --beam_size helps).
 Several --workdir flags decode with their ensemble (one shared vocabulary); --checkpoint is
 given once for all of them or once per workdir. Decoding options left unset come from the
 first workdir's config. Writing to --output shows progress and sentences/s on stderr.
@@ -120,6 +122,24 @@ class Progress:
         sys.stderr.write("\n")
 
 
+def distinct_translations(
+    tokenizer: Tokenizer, tokens: np.ndarray, scores: np.ndarray
+) -> list[tuple[float, str]]:
+    """(score, text) of hypotheses [W, L] sorted best first, each text once, at its best score.
+
+    Different pieces can spell one text ("▁" then EOS, or EOS alone, both give ""); an n-best
+    list of the same sentence twice would tell its reader nothing.
+    """
+    seen, out = set(), []
+    for row, score in zip(tokens, scores):
+        text = tokenizer.decode(row)
+        # A hypothesis still at NEG_INF was never finished; there is nothing to show.
+        if score > NEG_INF / 2 and text not in seen:
+            seen.add(text)
+            out.append((float(score), text))
+    return out
+
+
 def translate_lines(
     graphdef,
     params,
@@ -133,8 +153,9 @@ def translate_lines(
     """Translations of each line as (score, text), best first, in input order.
 
     Without `nbest` each line gets its single best translation with score 0 (greedy or beam
-    search, as `decode.beam_size` says); with `nbest` the best `nbest` finished hypotheses of
-    beam search and their length-normalised scores. An empty line gets [(0.0, "")].
+    search, as `decode.beam_size` says); with `nbest` the distinct translations among the
+    finished hypotheses of beam search, at most `nbest`, with their length-normalised scores.
+    An empty line gets [(0.0, "")].
     `graphdef` and `params` may be tuples: an ensemble (translate.decode). `on_batch` is called
     with the number of sentences after every batch.
     """
@@ -151,7 +172,7 @@ def translate_lines(
                 alpha=decode.length_penalty,
                 max_extra_len=decode.max_extra_len,
             )  # [B, W, L], [B, W]
-            tokens, scores = np.asarray(tokens)[:, :nbest], np.asarray(scores)[:, :nbest]
+            tokens, scores = np.asarray(tokens), np.asarray(scores)
         else:
             best = translate_tokens(
                 graphdef,
@@ -164,12 +185,8 @@ def translate_lines(
             tokens, scores = np.asarray(best)[:, None], np.zeros((len(indices), 1))
         for row, i in enumerate(indices):
             if i >= 0:
-                # A hypothesis still at NEG_INF was never finished; there is nothing to show.
-                results[todo[i]] = [
-                    (float(s), tokenizer.decode(t))
-                    for t, s in zip(tokens[row], scores[row])
-                    if s > NEG_INF / 2
-                ]
+                found = distinct_translations(tokenizer, tokens[row], scores[row])
+                results[todo[i]] = found[: max(nbest, 1)]
         if on_batch is not None:
             on_batch(int(np.sum(indices >= 0)))
     if on_batch is not None and len(todo) < len(lines):
