@@ -2,6 +2,10 @@
 
 The encoder runs once per sentence; each step feeds one token per hypothesis through
 `Transformer.decode_step`, which writes its keys and values into a preallocated cache.
+
+Every search also takes an ensemble: `graphdef` a tuple of graph definitions and `params` a
+tuple of their parameters, models that share one vocabulary. Each step then scores tokens by
+the mean of the models' log-probabilities; an ensemble of one computes what the model alone does.
 """
 
 from __future__ import annotations
@@ -22,38 +26,59 @@ def length_penalty(length: jax.Array, alpha: float) -> jax.Array:
     return ((5.0 + jnp.asarray(length, jnp.float32)) / 6.0) ** alpha
 
 
-def _encode_for_decoding(model, src, max_extra_len, copies):
-    """Runs the encoder once; returns cache, per-sentence output limit and decode length L."""
+def merge_models(graphdef, params) -> list[nnx.Module]:
+    """The models of a single (graphdef, params) or an ensemble (tuple, tuple), as a list."""
+    if isinstance(graphdef, tuple):
+        return [nnx.merge(g, p) for g, p in zip(graphdef, params, strict=True)]
+    return [nnx.merge(graphdef, params)]
+
+
+def _encode_for_decoding(models, src, max_extra_len, copies):
+    """Runs each encoder once; returns the caches, per-sentence output limit and length L."""
     src_segments = (src != PAD_ID).astype(jnp.int32)  # [B, S]
     positions = jnp.broadcast_to(jnp.arange(src.shape[1]), src.shape)
-    memory = model.encode(src, src_segments, positions)  # [B, S, D]
     # Output tokens before EOS may number at most (source tokens before EOS) + max_extra_len.
     limit = jnp.maximum(jnp.sum(src_segments, axis=1) - 1, 0) + max_extra_len  # [B]
     limit = jnp.where(src_segments[:, 0] > 0, limit, 0)  # batch-filler rows end at once
     max_len = src.shape[1] + max_extra_len + 1
-    memory = jnp.repeat(memory, copies, axis=0)  # [B * W, S, D]
-    cache = model.init_cache(memory, jnp.repeat(src_segments, copies, axis=0), max_len)
-    return cache, limit, max_len
+    caches = []
+    for model in models:
+        memory = model.encode(src, src_segments, positions)  # [B, S, D]
+        memory = jnp.repeat(memory, copies, axis=0)  # [B * W, S, D]
+        caches.append(model.init_cache(memory, jnp.repeat(src_segments, copies, axis=0), max_len))
+    return caches, limit, max_len
+
+
+def _next_log_probs(models, tokens, index, caches):
+    """Mean over the models of log P(next token) [B, V], and the updated caches."""
+    total, new_caches = 0.0, []
+    for model, cache in zip(models, caches):
+        logits, cache = model.decode_step(tokens, index, cache)  # [B, V]
+        total = total + jax.nn.log_softmax(logits)
+        new_caches.append(cache)
+    return total / len(models), new_caches
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "max_extra_len"))
 def greedy_search(graphdef, params, src: jax.Array, max_extra_len: int = 50):
-    """Arg-max decoding: tokens [B, L] (PAD after EOS) and their log-probabilities [B]."""
-    model = nnx.merge(graphdef, params)
+    """Arg-max decoding: tokens [B, L] (PAD after EOS) and their log-probabilities [B].
+
+    `graphdef` and `params` are one model's, or tuples of an ensemble's (module docstring).
+    """
+    models = merge_models(graphdef, params)
     batch = src.shape[0]
-    cache, limit, max_len = _encode_for_decoding(model, src, max_extra_len, 1)
+    cache, limit, max_len = _encode_for_decoding(models, src, max_extra_len, 1)
     state = {
         "t": jnp.array(0),
         "tokens": jnp.full((batch, max_len), PAD_ID, jnp.int32),  # [B, L]
         "last": jnp.full((batch,), BOS_ID, jnp.int32),  # [B]
         "score": jnp.zeros((batch,), jnp.float32),  # [B]
         "done": jnp.zeros((batch,), bool),  # [B]
-        "cache": cache,
+        "cache": cache,  # one per model
     }
 
     def step(s):
-        logits, cache = model.decode_step(s["last"], s["t"], s["cache"])  # [B, V]
-        log_probs = jax.nn.log_softmax(logits)
+        log_probs, cache = _next_log_probs(models, s["last"], s["t"], s["cache"])  # [B, V]
         at_limit = (s["t"] >= limit)[:, None]
         log_probs = jnp.where(
             at_limit & (jnp.arange(log_probs.shape[1]) != EOS_ID), NEG_INF, log_probs
@@ -83,7 +108,7 @@ def beam_search(
     alpha: float = 0.6,
     max_extra_len: int = 50,
 ):
-    """Beam search with the GNMT length penalty.
+    """Beam search with the GNMT length penalty, of one model or an ensemble (module docstring).
 
     Each step keeps the 2W best extensions of the W live beams: those ending in EOS become
     finished hypotheses scored log P / lp(length), the best W others stay live. A sentence stops
@@ -94,9 +119,9 @@ def beam_search(
       tokens [B, W, L] of the finished hypotheses, best first (PAD after EOS), and their
       length-normalised scores [B, W].
     """
-    model = nnx.merge(graphdef, params)
+    models = merge_models(graphdef, params)
     batch, width = src.shape[0], beam_size
-    cache, limit, max_len = _encode_for_decoding(model, src, max_extra_len, width)
+    cache, limit, max_len = _encode_for_decoding(models, src, max_extra_len, width)
     state = {
         "t": jnp.array(0),
         "live_tokens": jnp.full((batch, width, max_len), PAD_ID, jnp.int32),  # [B, W, L]
@@ -104,7 +129,7 @@ def beam_search(
         "live_lp": jnp.tile(jnp.array([0.0] + [NEG_INF] * (width - 1)), (batch, 1)),  # [B, W]
         "fin_tokens": jnp.full((batch, width, max_len), PAD_ID, jnp.int32),  # [B, W, L]
         "fin_scores": jnp.full((batch, width), NEG_INF, jnp.float32),  # [B, W]
-        "cache": cache,  # batch B * W
+        "cache": cache,  # one per model, batch B * W
     }
 
     def is_done(s):
@@ -114,9 +139,9 @@ def beam_search(
     def step(s):
         t = s["t"]
         last = jnp.where(t == 0, BOS_ID, s["live_tokens"][:, :, jnp.maximum(t - 1, 0)])
-        logits, cache = model.decode_step(last.reshape(-1), t, s["cache"])  # [B * W, V]
-        vocab = logits.shape[-1]
-        log_probs = jax.nn.log_softmax(logits).reshape(batch, width, vocab)  # [B, W, V]
+        log_probs, cache = _next_log_probs(models, last.reshape(-1), t, s["cache"])
+        vocab = log_probs.shape[-1]
+        log_probs = log_probs.reshape(batch, width, vocab)  # [B, W, V]
         at_limit = (t >= limit)[:, None, None]
         log_probs = jnp.where(at_limit & (jnp.arange(vocab) != EOS_ID), NEG_INF, log_probs)
         candidates = (s["live_lp"][:, :, None] + log_probs).reshape(batch, width * vocab)
@@ -139,7 +164,7 @@ def beam_search(
         live_parent = jnp.take_along_axis(parent, live_pick, axis=1)  # [B, W]
         rows = (jnp.arange(batch)[:, None] * width + live_parent).reshape(-1)  # [B * W]
         # Self-attention keys and values follow their beams; the encoder side is per sentence.
-        cache = [{**c, "k": c["k"][rows], "v": c["v"][rows]} for c in cache]
+        cache = [[{**c, "k": c["k"][rows], "v": c["v"][rows]} for c in m] for m in cache]
         return {
             "t": t + 1,
             "live_tokens": live_tokens,

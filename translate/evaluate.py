@@ -1,9 +1,10 @@
-"""Decode a test set with a trained workdir and write the sacreBLEU report.
+"""Decode a test set with a trained workdir (or an ensemble) and write the sacreBLEU report.
 
     python -m translate.evaluate --workdir=DIR --src=test.en --ref=test.de [--output=OUT]
 
 writes OUT/report.json, OUT/report.txt and OUT/hypotheses.txt (OUT defaults to DIR). BLEU is
 sacreBLEU's default: cased, 13a tokenization, on detokenized output against the raw reference.
+Repeating --workdir decodes with the ensemble of those models (they must share a vocabulary).
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ from translate.model import Transformer
 from translate.tokenizer import VOCAB_FILENAME, Tokenizer
 
 CONFIG_FILENAME = "config.json"
+# Training-curve pictures drawn by scripts/plot_metrics.py; report.txt lists those it finds.
+METRIC_PLOTS_GLOB = "metrics_*.png"
 
 
 def abstract_model(config: Config, vocab_size: int) -> tuple[nnx.GraphDef, nnx.State]:
@@ -85,6 +88,27 @@ def load_model(workdir: str | pathlib.Path, step: int | None = None):
     return graphdef, params, tokenizer, config, step
 
 
+def check_shared_vocabulary(workdirs: Sequence[str | pathlib.Path]) -> None:
+    """Raises ValueError naming two workdirs whose vocabularies differ.
+
+    An ensemble averages log-probabilities token id by token id, which means nothing unless
+    every model reads and writes the same pieces.
+    """
+    paths = [pathlib.Path(w) / VOCAB_FILENAME for w in workdirs]
+    for path in paths:
+        if not path.is_file():
+            raise FileNotFoundError(
+                f"--workdir: {path} is missing; is it a translate.train workdir?"
+            )
+    first, expected = pathlib.Path(workdirs[0]), paths[0].read_bytes()
+    for other, path in zip(map(pathlib.Path, workdirs[1:]), paths[1:]):
+        if path.read_bytes() != expected:
+            raise ValueError(
+                f"--workdir {first} and --workdir {other} have different vocabularies "
+                f"({VOCAB_FILENAME} differs); an ensemble needs models trained on one vocabulary"
+            )
+
+
 def local_copy(params):
     """This host's full copy of replicated parameters, on its first device (for decoding)."""
     return jax.tree.map(lambda x: x.addressable_data(0), params)
@@ -98,7 +122,10 @@ def translate_sentences(
     decode: DecodeConfig,
     max_len: int,
 ) -> list[str]:
-    """Translates sentences in length-sorted batches; the output keeps the input order."""
+    """Translates sentences in length-sorted batches; the output keeps the input order.
+
+    `graphdef` and `params` may be tuples: an ensemble (see translate.decode).
+    """
     out = [""] * len(sentences)
     for indices, tokens in source_batches(tokenizer, sentences, decode.batch_size, max_len):
         best = translate_tokens(
@@ -156,6 +183,13 @@ def evaluate(
     return report, hypotheses
 
 
+def example_indices(num_sentences: int, num_examples: int) -> list[int]:
+    """Evenly spaced line indices, so the examples are not all from the start of the test set."""
+    if num_sentences <= num_examples:
+        return list(range(num_sentences))
+    return [i * num_sentences // num_examples for i in range(num_examples)]
+
+
 def write_report(
     out_dir: str | pathlib.Path,
     report: dict[str, Any],
@@ -163,38 +197,59 @@ def write_report(
     references: Sequence[str],
     hypotheses: Sequence[str],
     num_examples: int = 5,
+    plots_dir: str | pathlib.Path | None = None,
 ) -> None:
-    """Writes report.json, report.txt (a summary and examples) and hypotheses.txt."""
+    """Writes report.json, report.txt (for a person to read first) and hypotheses.txt.
+
+    report.txt gives the scores with their signatures, how the test set was decoded and how
+    fast, the training-curve pictures found in `plots_dir` (default `out_dir`; drawn by
+    scripts/plot_metrics.py), and a few translations beside their references.
+    """
     out_dir = pathlib.Path(out_dir)
+    plots_dir = out_dir if plots_dir is None else pathlib.Path(plots_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "hypotheses.txt").write_text("".join(h + "\n" for h in hypotheses), encoding="utf-8")
     (out_dir / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+    models = report.get("ensemble") or [f"checkpoint step {report['step']}"]
     lines = [
-        f"sacreBLEU {report['bleu']:.2f}  ({report['signature']})",
-        f"  {report['bleu_detail']}",
-        f"chrF {report['chrf']:.2f}  ({report['chrf_signature']})",
-        f"{report['num_sentences']} sentences in {report['decode_seconds']:.1f} s "
-        f"({report['sentences_per_second']:.1f} sentences/s) on {report['device']}",
-        f"beam {report['beam_size']}, length penalty {report['length_penalty']}, "
-        f"max length source + {report['max_extra_len']}, checkpoint step {report['step']}",
+        f"BLEU      {report['bleu']:.2f}   {report['signature']}",
+        f"          {report['bleu_detail']}",
+        f"chrF      {report['chrf']:.2f}   {report['chrf_signature']}",
         "",
-        "Examples:",
+        f"model     {models[0]}",
+        *(f"          {m}" for m in models[1:]),
+        f"decoding  beam {report['beam_size']}, length penalty {report['length_penalty']}, "
+        f"at most source length + {report['max_extra_len']} tokens",
+        f"speed     {report['sentences_per_second']:.1f} sentences/s: "
+        f"{report['num_sentences']} sentences in {report['decode_seconds']:.1f} s on "
+        f"{report['device']}, compilation included",
     ]
-    for src, ref, hyp in list(zip(sources, references, hypotheses))[:num_examples]:
-        lines += [f"  SRC {src}", f"  REF {ref}", f"  HYP {hyp}", ""]
+    plots = sorted(p.name for p in plots_dir.glob(METRIC_PLOTS_GLOB))
+    if plots:
+        lines.append(f"curves    {plots_dir}: {', '.join(plots)}")
+    indices = example_indices(len(sources), num_examples)
+    if indices:
+        lines += ["", "Examples (line: source, reference, hypothesis)"]
+    for i in indices:
+        lines += ["", f"{i + 1:>6}  SRC {sources[i]}", f"        REF {references[i]}"]
+        lines += [f"        HYP {hypotheses[i]}"]
     (out_dir / "report.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
 def main(argv: Sequence[str]) -> None:
     absl_logging.set_verbosity(absl_logging.ERROR)  # Orbax's read-only manager warnings
     flags, overrides = parse_flags(
-        list(argv), {"workdir": "", "src": "", "ref": "", "output": "", "step": -1}
+        list(argv), {"workdir": [], "src": "", "ref": "", "output": "", "step": -1}
     )
     for name in ("workdir", "src", "ref"):
         if not flags[name]:
             raise SystemExit(f"--{name} is required")
+    workdirs = flags["workdir"]
+    check_shared_vocabulary(workdirs)
     step = None if flags["step"] < 0 else flags["step"]
-    graphdef, params, tokenizer, config, step = load_model(flags["workdir"], step)
+    members = [load_model(workdir, step) for workdir in workdirs]
+    _, _, tokenizer, config, step = members[0]
+    graphdef, params = tuple(m[0] for m in members), tuple(m[1] for m in members)
     for dotted, text in overrides.items():
         if not dotted.startswith("decode."):
             raise SystemExit(f"--config.{dotted}: only decode.* can be changed at evaluation")
@@ -207,8 +262,10 @@ def main(argv: Sequence[str]) -> None:
             f"{flags['ref']} has {len(references)}"
         )
     report, hypotheses = evaluate(graphdef, params, tokenizer, config, sources, references, step)
-    out_dir = flags["output"] or flags["workdir"]
-    write_report(out_dir, report, sources, references, hypotheses)
+    if len(members) > 1:
+        report["ensemble"] = [f"{w} step {m[4]}" for w, m in zip(workdirs, members)]
+    out_dir = flags["output"] or workdirs[0]
+    write_report(out_dir, report, sources, references, hypotheses, plots_dir=workdirs[0])
     print((pathlib.Path(out_dir) / "report.txt").read_text(), end="")
 
 

@@ -86,6 +86,8 @@ class MultiHeadAttention(nnx.Module):
         self.key = xavier_linear(d, d, dtype, rngs)
         self.value = xavier_linear(d, d, dtype, rngs)
         self.out = xavier_linear(d, d, dtype, rngs)
+        # Set only by Transformer.attention_weights: the fused kernel never forms the weights.
+        self.keep_weights = False
 
     def split_heads(self, x: jax.Array) -> jax.Array:
         b, t, d = x.shape
@@ -96,8 +98,15 @@ class MultiHeadAttention(nnx.Module):
 
     def attend(self, x: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
         q = self.split_heads(self.query(x))  # [B, Tq, H, K]
-        # softmax(QK^T / sqrt(K)) V; the fused kernel scales by 1/sqrt(K) itself.
-        y = jax.nn.dot_product_attention(q, k, v, mask=mask)  # [B, Tq, H, K]
+        if self.keep_weights:
+            scores = jnp.einsum("bqhk,bshk->bhqs", q, k).astype(jnp.float32)  # [B, H, Tq, Tk]
+            scores = jnp.where(mask, scores / math.sqrt(q.shape[-1]), -1e9)
+            weights = jax.nn.softmax(scores, axis=-1)
+            self.sow(nnx.Intermediate, "weights", weights)
+            y = jnp.einsum("bhqs,bshk->bqhk", weights.astype(v.dtype), v)  # [B, Tq, H, K]
+        else:
+            # softmax(QK^T / sqrt(K)) V; the fused kernel scales by 1/sqrt(K) itself.
+            y = jax.nn.dot_product_attention(q, k, v, mask=mask)  # [B, Tq, H, K]
         return self.out(y.reshape(*x.shape[:2], -1))  # [B, Tq, D]
 
     def __call__(self, x: jax.Array, context: jax.Array, mask: jax.Array) -> jax.Array:
@@ -221,6 +230,22 @@ class Transformer(nnx.Module):
             dropout_key=dropout_key,
         )
         return self.logits(y).astype(jnp.float32)
+
+    def attention_weights(self, batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
+        """Teacher-forced attention weights [B, H, Tq, Tk] by module path, for inspection.
+
+        Keys look like "encoder.0.self_attention" or "decoder.1.cross_attention". The weights
+        are formed explicitly on a copy of the model, so the normal path stays fused.
+        """
+        model = nnx.clone(self)
+        for _, module in nnx.iter_modules(model):
+            if isinstance(module, MultiHeadAttention):
+                module.keep_weights = True
+        _, found = nnx.capture(model, nnx.Intermediate)(batch)
+        return {
+            ".".join(map(str, path[:-1])): value.get_value()[0]
+            for path, value in nnx.to_flat_state(found)
+        }
 
     def init_cache(self, memory: jax.Array, src_segments: jax.Array, max_len: int) -> Cache:
         """Projects the memory once per layer; allocates empty self-attention K/V [B, L, H, K]."""

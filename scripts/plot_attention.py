@@ -1,0 +1,155 @@
+"""Draw where a trained model attends while it translates one sentence, as PNG heatmaps.
+
+    python scripts/plot_attention.py --workdir=/tmp/quickstart \
+        --src="the small dog sees the old man ." [--output=DIR] [--layer=L] [--head=H]
+
+writes into DIR (default WORKDIR/attention):
+  cross_layerL_headH.png     encoder-decoder attention of one head: target x source pieces
+  cross_layerL_mean.png      the same, averaged over the heads
+  encoder_layerL_headH.png   encoder self-attention of that layer and head: source x source
+  encoder_layerL_mean.png    the same, averaged over the heads
+  positions.png              the sinusoidal position encodings (Sec. 3.5)
+Layers and heads count from 0; the default is the last layer's head 0. The sentence is
+translated with the workdir's decode settings; the pictures come from a teacher-forced pass
+over that translation, where the row of each target piece is the query that predicted it.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import sys
+
+import jax.numpy as jnp
+import matplotlib
+import numpy as np
+from absl import logging as absl_logging
+
+matplotlib.use("Agg")  # files only, no display
+import matplotlib.pyplot as plt  # noqa: E402
+from flax import nnx  # noqa: E402
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
+
+from translate.config import parse_flags  # noqa: E402
+from translate.data import source_batches  # noqa: E402
+from translate.decode import translate_tokens  # noqa: E402
+from translate.evaluate import load_model  # noqa: E402
+from translate.model import sinusoidal_positions  # noqa: E402
+from translate.tokenizer import BOS_ID, EOS_ID, PAD_ID  # noqa: E402
+
+# Every picture has this size (inches) and resolution, so it is FIGSIZE * DPI pixels.
+FIGSIZE = (8.0, 8.0)
+DPI = 120
+
+
+def translate_one(graphdef, params, tokenizer, config, text: str) -> tuple[list[int], list[int]]:
+    """Source ids and output ids of one sentence, each ending in EOS."""
+    _, tokens = next(source_batches(tokenizer, [text], 1, config.data.max_len))  # [1, S]
+    d = config.decode
+    best = translate_tokens(
+        graphdef, params, jnp.asarray(tokens), d.beam_size, d.length_penalty, d.max_extra_len
+    )
+    src = [int(t) for t in tokens[0] if t != PAD_ID]
+    out = [int(t) for t in np.asarray(best[0])]
+    return src, out[: out.index(EOS_ID) + 1] if EOS_ID in out else out
+
+
+def attention_maps(graphdef, params, src: list[int], out: list[int]) -> dict[str, np.ndarray]:
+    """Every attention's weights [H, Tq, Tk] for a teacher-forced pass, by module path."""
+    tgt_in = [BOS_ID] + out[:-1]
+    batch = {
+        "src": jnp.array([src]),
+        "src_segments": jnp.ones((1, len(src)), jnp.int32),
+        "src_positions": jnp.arange(len(src))[None],
+        "tgt_in": jnp.array([tgt_in]),
+        "tgt_segments": jnp.ones((1, len(tgt_in)), jnp.int32),
+        "tgt_positions": jnp.arange(len(tgt_in))[None],
+    }
+    weights = nnx.merge(graphdef, params).attention_weights(batch)
+    return {name: np.asarray(w[0]) for name, w in weights.items()}
+
+
+def draw_heatmap(
+    values: np.ndarray,
+    row_labels: list[str],
+    col_labels: list[str],
+    title: str,
+    axis_names: tuple[str, str],
+    path: pathlib.Path,
+    cmap: str = "viridis",
+) -> None:
+    fig, ax = plt.subplots(figsize=FIGSIZE, dpi=DPI)
+    image = ax.imshow(values, cmap=cmap, aspect="auto", interpolation="nearest")
+    # Labels shrink as the sentence grows, so every piece keeps its own tick.
+    size = float(np.clip(300 / max(len(row_labels), len(col_labels), 1), 4, 10))
+    if col_labels:
+        ax.set_xticks(range(len(col_labels)), col_labels, rotation=90, fontsize=size)
+    if row_labels:
+        ax.set_yticks(range(len(row_labels)), row_labels, fontsize=size)
+    ax.set_xlabel(axis_names[0])
+    ax.set_ylabel(axis_names[1])
+    ax.set_title(title)
+    fig.colorbar(image, ax=ax)
+    fig.tight_layout()
+    # No bbox_inches="tight": the file keeps exactly FIGSIZE * DPI pixels.
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def main(argv: list[str]) -> None:
+    flags, _ = parse_flags(argv, {"workdir": "", "src": "", "output": "", "layer": -1, "head": 0})
+    if not flags["workdir"] or not flags["src"].strip():
+        raise SystemExit(
+            'usage: python scripts/plot_attention.py --workdir=DIR --src="a sentence" '
+            "[--output=DIR] [--layer=L] [--head=H]"
+        )
+    absl_logging.set_verbosity(absl_logging.ERROR)  # Orbax's read-only manager warnings
+    graphdef, params, tokenizer, config, step = load_model(flags["workdir"])
+    num_layers, num_heads = config.model.num_layers, config.model.num_heads
+    layer = flags["layer"] % num_layers if flags["layer"] < 0 else flags["layer"]
+    head = flags["head"]
+    if not 0 <= layer < num_layers:
+        raise SystemExit(f"--layer={flags['layer']}: this model has layers 0 to {num_layers - 1}")
+    if not 0 <= head < num_heads:
+        raise SystemExit(f"--head={head}: this model has heads 0 to {num_heads - 1}")
+    out_dir = pathlib.Path(flags["output"] or pathlib.Path(flags["workdir"]) / "attention")
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+    src, out = translate_one(graphdef, params, tokenizer, config, flags["src"])
+    src_pieces, out_pieces = tokenizer.pieces(src), tokenizer.pieces(out)
+    print(f"step {step}: {flags['src']}  ->  {tokenizer.decode(out)}")
+    maps = attention_maps(graphdef, params, src, out)
+    cross = maps[f"decoder.{layer}.cross_attention"]  # [H, T, S]
+    encoder = maps[f"encoder.{layer}.self_attention"]  # [H, S, S]
+    pictures = [
+        (cross[head], out_pieces, src_pieces, "cross", f"head{head}", ("source", "target")),
+        (cross.mean(0), out_pieces, src_pieces, "cross", "mean", ("source", "target")),
+        (encoder[head], src_pieces, src_pieces, "encoder", f"head{head}", ("key", "query")),
+        (encoder.mean(0), src_pieces, src_pieces, "encoder", "mean", ("key", "query")),
+    ]
+    for values, rows, cols, kind, which, axis_names in pictures:
+        name = "encoder-decoder " if kind == "cross" else "encoder self-"
+        heads = f"head {head}" if which != "mean" else f"mean of {num_heads} heads"
+        path = out_dir / f"{kind}_layer{layer}_{which}.png"
+        title = f"{name}attention, layer {layer}, {heads} (step {step})"
+        draw_heatmap(values, rows, cols, title, axis_names, path)
+        print(path)
+
+    positions = np.asarray(
+        sinusoidal_positions(jnp.arange(config.data.max_len), config.model.d_model)
+    )
+    path = out_dir / "positions.png"
+    draw_heatmap(
+        positions,
+        [],
+        [],
+        f"sinusoidal position encodings, d_model {config.model.d_model}",
+        ("channel (even: sin, odd: cos)", "position"),
+        path,
+        cmap="RdBu",
+    )
+    print(path)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

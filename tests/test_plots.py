@@ -1,0 +1,144 @@
+"""Attention weights (translate/model.py), the plotting scripts and the report that lists them."""
+
+import importlib.util
+import json
+import pathlib
+import struct
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import tiny_config
+from flax import nnx
+
+from translate import evaluate
+from translate.config import ModelConfig
+from translate.model import Transformer
+from translate.train import train_and_evaluate
+
+SCRIPTS = pathlib.Path(__file__).resolve().parent.parent / "scripts"
+
+
+def load_script(name):
+    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def png_size(path):
+    """(width, height) in pixels, read from the PNG header."""
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", f"{path} is not a PNG file"
+    return struct.unpack(">II", data[16:24])
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    """A tiny model trained for 6 steps, with its metrics.jsonl and report."""
+    path = tmp_path_factory.mktemp("trained")
+    train_and_evaluate(tiny_config(), path)
+    return path
+
+
+def test_attention_weights_are_distributions_and_leave_the_model_unchanged():
+    config = ModelConfig(num_layers=2, d_model=32, num_heads=4, d_ff=64, compute_dtype="float32")
+    model = Transformer(config, 24, rngs=nnx.Rngs(0))
+    # Two sentences packed in one row: weights must stay inside each sentence.
+    batch = {
+        "src": jnp.array([[5, 6, 3, 7, 8, 9, 3]]),
+        "src_segments": jnp.array([[1, 1, 1, 2, 2, 2, 2]]),
+        "src_positions": jnp.array([[0, 1, 2, 0, 1, 2, 3]]),
+        "tgt_in": jnp.array([[2, 10, 2, 11, 12]]),
+        "tgt_segments": jnp.array([[1, 1, 2, 2, 2]]),
+        "tgt_positions": jnp.array([[0, 1, 0, 1, 2]]),
+    }
+    before = model(batch)
+    weights = model.attention_weights(batch)
+    assert set(weights) == {
+        f"{stack}.{i}.{kind}_attention"
+        for stack, kind in [("encoder", "self"), ("decoder", "self"), ("decoder", "cross")]
+        for i in range(2)
+    }
+    for w in map(np.asarray, weights.values()):
+        np.testing.assert_allclose(w.sum(-1), 1.0, rtol=1e-5)
+        assert w.shape[:2] == (1, 4)
+    cross = np.asarray(weights["decoder.0.cross_attention"])[0]  # [H, T, S]
+    assert np.all(cross[:, :2, 3:] == 0) and np.all(cross[:, 2:, :3] == 0)
+    decoder_self = np.asarray(weights["decoder.1.self_attention"])[0]  # [H, T, T]
+    assert np.all(np.triu(decoder_self[0], k=1) == 0), "the decoder attends only to the past"
+    np.testing.assert_array_equal(np.asarray(model(batch)), np.asarray(before))
+    assert not any(m.keep_weights for _, m in nnx.iter_modules(model) if hasattr(m, "keep_weights"))
+
+
+def test_explicit_attention_weights_give_the_fused_attention_output():
+    config = ModelConfig(num_layers=2, d_model=32, num_heads=4, d_ff=64, compute_dtype="float32")
+    model = Transformer(config, 24, rngs=nnx.Rngs(1))
+    batch = {
+        "src": jnp.array([[5, 6, 7, 3]]),
+        "src_segments": jnp.ones((1, 4), jnp.int32),
+        "src_positions": jnp.arange(4)[None],
+        "tgt_in": jnp.array([[2, 8, 9]]),
+        "tgt_segments": jnp.ones((1, 3), jnp.int32),
+        "tgt_positions": jnp.arange(3)[None],
+    }
+    explicit = nnx.clone(model)
+    for _, module in nnx.iter_modules(explicit):
+        if hasattr(module, "keep_weights"):
+            module.keep_weights = True
+    logits, _ = nnx.capture(explicit, nnx.Intermediate)(batch)
+    np.testing.assert_allclose(np.asarray(logits), np.asarray(model(batch)), rtol=1e-5, atol=1e-5)
+
+
+def test_plot_attention_writes_pictures_of_the_expected_size(workdir, tmp_path):
+    script = load_script("plot_attention")
+    script.main(
+        [f"--workdir={workdir}", "--src=the small dog sees the cat .", f"--output={tmp_path}"]
+    )
+    expected = (round(script.FIGSIZE[0] * script.DPI), round(script.FIGSIZE[1] * script.DPI))
+    names = [
+        "cross_layer1_head0.png",
+        "cross_layer1_mean.png",
+        "encoder_layer1_head0.png",
+        "encoder_layer1_mean.png",
+        "positions.png",
+    ]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(names)
+    for name in names:
+        assert (tmp_path / name).stat().st_size > 1000
+        assert png_size(tmp_path / name) == expected
+    script.main(
+        [f"--workdir={workdir}", "--src=a man .", f"--output={tmp_path}", "--layer=0", "--head=3"]
+    )
+    assert png_size(tmp_path / "cross_layer0_head3.png") == expected
+    with pytest.raises(SystemExit, match="--head=4: this model has heads 0 to 3"):
+        script.main([f"--workdir={workdir}", "--src=a man .", "--head=4"])
+
+
+def test_plot_metrics_writes_pictures_of_the_expected_size(workdir, tmp_path):
+    script = load_script("plot_metrics")
+    written = script.main([f"--workdir={workdir}", f"--output={tmp_path}"])
+    expected = (round(script.FIGSIZE[0] * script.DPI), round(script.FIGSIZE[1] * script.DPI))
+    names = ["metrics_bleu.png", "metrics_learning_rate.png", "metrics_loss.png"]
+    names.append("metrics_tokens_per_sec.png")
+    assert sorted(p.name for p in written) == sorted(names)
+    for path in written:
+        assert path.stat().st_size > 1000
+        assert png_size(path) == expected
+
+
+def test_report_lists_the_training_curves_in_the_workdir(workdir, tmp_path):
+    report = json.loads((workdir / "report.json").read_text())
+    lines = ["a b c ."] * 12
+
+    def write():
+        evaluate.write_report(tmp_path, report, lines, lines, lines, plots_dir=workdir)
+
+    write()
+    assert "metrics_loss.png" not in (tmp_path / "report.txt").read_text()
+    load_script("plot_metrics").main([f"--workdir={workdir}"])
+    write()
+    text = (tmp_path / "report.txt").read_text()
+    assert "metrics_loss.png" in text and "metrics_bleu.png" in text
+    assert report["signature"] in text and report["chrf_signature"] in text
+    assert text.count("REF a b c .") == 5

@@ -1,0 +1,160 @@
+"""The translate command (translate/translate.py) and ensembles in translate/decode.py."""
+
+import shutil
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import tiny_config
+from flax import nnx
+
+from translate import evaluate, translate
+from translate.data import source_batches
+from translate.decode import beam_search, greedy_search
+from translate.model import Transformer
+from translate.tokenizer import VOCAB_FILENAME, train_tokenizer
+from translate.train import train_and_evaluate
+
+LINES = [
+    "the small dog sees the cat .",
+    "",
+    "a man reads .",
+    "   ",
+    "the old woman who lives in the house gives the child a red apple .",
+    "the cat sleeps .",
+    "",
+]
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    """A tiny model trained for 6 steps, with checkpoints at steps 3 and 6."""
+    path = tmp_path_factory.mktemp("trained")
+    train_and_evaluate(tiny_config(), path)
+    return path
+
+
+@pytest.fixture
+def varied_outputs(monkeypatch):
+    """Makes `evaluate.load_model` give an untrained model with peaked distributions.
+
+    Six steps teach the tiny model to end every sentence at once, so its translations are all
+    empty and their order cannot be seen; an untrained model with a larger embedding (as in
+    test_decode.py) writes outputs that differ with the source.
+    """
+    load = evaluate.load_model
+
+    def load_untrained(workdir, step=None):
+        _, _, tokenizer, config, step = load(workdir, step)
+        model = Transformer(config.model, tokenizer.vocab_size, rngs=nnx.Rngs(0))
+        model.embed.embedding[...] = model.embed.embedding[...] * 8.0
+        return *nnx.split(model, nnx.Param), tokenizer, config, step
+
+    monkeypatch.setattr(evaluate, "load_model", load_untrained)
+
+
+def run(tmp_path, lines, *flags, name="out.txt"):
+    source = tmp_path / "in.txt"
+    source.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    target = tmp_path / name
+    translate.main([f"--input={source}", f"--output={target}", *flags])
+    return target.read_text(encoding="utf-8").split("\n")[:-1]
+
+
+def test_translate_keeps_input_order_and_line_count(workdir, tmp_path, monkeypatch, varied_outputs):
+    # Chunks of 3 lines: the order must survive chunking as well as length-sorted batches.
+    monkeypatch.setattr(translate, "LINES_PER_CHUNK", 3)
+    out = run(tmp_path, LINES, f"--workdir={workdir}", "--beam_size=1", "--batch_size=2")
+    assert len(out) == len(LINES)
+    graphdef, params, tokenizer, config, _ = evaluate.load_model(workdir)
+    config.decode.beam_size, config.decode.batch_size = 1, 1
+    for line, translation in zip(LINES, out):
+        if not line.strip():
+            assert translation == ""
+        else:
+            alone = evaluate.translate_sentences(
+                graphdef, params, tokenizer, [line], config.decode, config.data.max_len
+            )
+            assert translation == alone[0]
+    assert len({translation for translation in out if translation}) > 2
+
+
+def test_nbest_gives_n_distinct_hypotheses_in_score_order(workdir, tmp_path):
+    out = run(tmp_path, LINES, f"--workdir={workdir}", "--beam_size=4", "--nbest=3")
+    by_line = {}
+    for row in out:
+        index, score, text = row.split("\t")
+        by_line.setdefault(int(index), []).append((float(score), text))
+    assert sorted(by_line) == list(range(len(LINES)))
+    for index, hypotheses in by_line.items():
+        if not LINES[index].strip():
+            assert hypotheses == [(0.0, "")]
+            continue
+        assert len(hypotheses) == 3
+        scores = [score for score, _ in hypotheses]
+        assert scores == sorted(scores, reverse=True)
+        assert len({text for _, text in hypotheses}) == 3
+
+
+def test_nbest_matches_the_best_translation(workdir, tmp_path):
+    best = run(tmp_path, LINES, f"--workdir={workdir}", "--beam_size=4", name="best.txt")
+    nbest = run(tmp_path, LINES, f"--workdir={workdir}", "--beam_size=4", "--nbest=2")
+    firsts = {}
+    for row in nbest:
+        index, _, text = row.split("\t")
+        firsts.setdefault(int(index), text)
+    assert [firsts[i] for i in range(len(LINES))] == best
+
+
+def test_ensemble_of_one_model_equals_that_model(workdir):
+    graphdef, params, tokenizer, config, _ = evaluate.load_model(workdir)
+    src = jnp.asarray(next(source_batches(tokenizer, [s for s in LINES if s.strip()], 4, 32))[1])
+    single = greedy_search(graphdef, params, src, max_extra_len=8)
+    for ensemble in [((graphdef,), (params,)), ((graphdef, graphdef), (params, params))]:
+        # Two copies average to the same log-probabilities, through the ensemble's own caches.
+        ensembled = greedy_search(*ensemble, src, max_extra_len=8)
+        for a, b in zip(single, ensembled):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+        a = beam_search(graphdef, params, src, beam_size=3, alpha=0.6, max_extra_len=8)
+        b = beam_search(*ensemble, src, beam_size=3, alpha=0.6, max_extra_len=8)
+        for x, y in zip(a, b):
+            np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def test_ensemble_of_two_workdirs_translates_every_line(workdir, tmp_path):
+    out = run(tmp_path, LINES, f"--workdir={workdir}", f"--workdir={workdir}", "--checkpoint=3")
+    assert len(out) == len(LINES)
+    alone = run(tmp_path, LINES, f"--workdir={workdir}", "--checkpoint=3", name="alone.txt")
+    assert out == alone
+
+
+def test_ensemble_with_another_vocabulary_is_an_error_naming_both_workdirs(workdir, tmp_path):
+    other = tmp_path / "other"
+    shutil.copytree(workdir, other)
+    train_tokenizer(
+        (workdir / "data" / "train.en").read_text().splitlines(), 120, other / VOCAB_FILENAME
+    )
+    with pytest.raises(ValueError, match="different vocabularies") as error:
+        run(tmp_path, LINES, f"--workdir={workdir}", f"--workdir={other}")
+    assert str(workdir) in str(error.value) and str(other) in str(error.value)
+    with pytest.raises(ValueError, match="different vocabularies"):
+        evaluate.main([f"--workdir={workdir}", f"--workdir={other}", "--src=x", "--ref=y"])
+
+
+def test_average_of_two_checkpoints_is_their_parameter_mean(workdir):
+    params = {step: evaluate.load_model(workdir, step)[1] for step in (3, 6)}
+    _, averaged, _, _, steps = translate.average_last_checkpoints(workdir, 2)
+    assert steps == [3, 6]
+    for a, b, mean in zip(*(jax.tree.leaves(p) for p in (params[3], params[6], averaged))):
+        np.testing.assert_allclose(np.asarray(mean), (np.asarray(a) + np.asarray(b)) / 2, rtol=1e-6)
+    _, last, _, _, _ = translate.average_last_checkpoints(workdir, 1)
+    for a, b in zip(jax.tree.leaves(last), jax.tree.leaves(params[6])):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_checkpoint_flag_rejects_what_it_cannot_read(workdir):
+    with pytest.raises(ValueError, match="holds 2 checkpoints"):
+        translate.load_checkpoint(str(workdir), "average:3")
+    with pytest.raises(ValueError, match="expected latest, a step number or average:N"):
+        translate.load_checkpoint(str(workdir), "best")

@@ -1,0 +1,289 @@
+"""Translate text from the command line with a trained workdir, or an ensemble of workdirs.
+
+    python -m translate.translate --workdir=/tmp/quickstart < input.en > output.de
+    python -m translate.translate --workdir=A [--workdir=B ...] --input=in.en --output=out.de \
+        [--checkpoint=latest|STEP|average:N] [--beam_size=4] [--length_penalty=0.6] \
+        [--max_extra_len=50] [--batch_size=64] [--nbest=N]
+
+One sentence per input line gives one translation per output line, in input order; an empty
+line gives an empty line. Input is read `LINES_PER_CHUNK` lines at a time and each chunk is
+decoded in length-sorted batches, so memory stays bounded and output streams however long the
+input. With `--nbest=N` every non-empty line gives N lines `LINE<TAB>SCORE<TAB>TRANSLATION`
+(LINE counts input lines from 0; SCORE is the length-normalised log-probability that beam
+search ranks by), best first; an empty line gives the single line `LINE<TAB>0.0000<TAB>`.
+The N are distinct texts from the beam's hypotheses; fewer come out when pieces that spell
+the same text fill the beam (a wider --beam_size helps).
+Several --workdir flags decode with their ensemble (one shared vocabulary); --checkpoint is
+given once for all of them or once per workdir. Decoding options left unset come from the
+first workdir's config. Writing to --output shows progress and sentences/s on stderr.
+"""
+
+from __future__ import annotations
+
+import itertools
+import pathlib
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from typing import BinaryIO
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import logging as absl_logging
+
+from translate import checkpoint, evaluate
+from translate.config import DecodeConfig, parse_flags
+from translate.data import source_batches
+from translate.decode import NEG_INF, beam_search, translate_tokens
+from translate.tokenizer import Tokenizer
+
+# Lines read, decoded and written at a time: bounds memory on arbitrarily long input.
+LINES_PER_CHUNK = 10_000
+
+
+def average_last_checkpoints(workdir: str | pathlib.Path, num_checkpoints: int):
+    """`evaluate.load_model` with the element-wise mean of the newest N checkpoints' parameters.
+
+    Averaging the last checkpoints is how the paper decodes (Sec. 6.1: the last 5 for the base
+    model, written at 10-minute intervals).
+
+    Returns:
+      (graphdef, params, tokenizer, config, steps averaged).
+    """
+    steps = []
+    if (pathlib.Path(workdir) / checkpoint.CHECKPOINT_DIR).is_dir():
+        steps = sorted(checkpoint.make_manager(workdir, read_only=True).all_steps())
+    if num_checkpoints < 1 or len(steps) < num_checkpoints:
+        raise ValueError(
+            f"--checkpoint=average:{num_checkpoints}: {workdir} holds {len(steps)} checkpoints "
+            f"(steps {steps})"
+        )
+    steps = steps[-num_checkpoints:]
+    graphdef, total, tokenizer, config, _ = evaluate.load_model(workdir, steps[0])
+    for step in steps[1:]:
+        total = jax.tree.map(jnp.add, total, evaluate.load_model(workdir, step)[1])
+    params = jax.tree.map(lambda x: x / num_checkpoints, total)
+    return graphdef, params, tokenizer, config, steps
+
+
+def load_checkpoint(workdir: str, spec: str):
+    """Loads `latest`, a step number, or `average:N` of a workdir.
+
+    Returns:
+      (graphdef, params, tokenizer, config, description for messages).
+    """
+    kind, _, count = spec.partition(":")
+    if kind == "average" and count.isdigit():
+        graphdef, params, tokenizer, config, steps = average_last_checkpoints(workdir, int(count))
+        return graphdef, params, tokenizer, config, f"{workdir} mean of steps {steps}"
+    if spec != "latest" and not spec.isdigit():
+        raise ValueError(f"--checkpoint={spec}: expected latest, a step number or average:N")
+    step = None if spec == "latest" else int(spec)
+    graphdef, params, tokenizer, config, step = evaluate.load_model(workdir, step)
+    return graphdef, params, tokenizer, config, f"{workdir} step {step}"
+
+
+def read_chunks(stream: BinaryIO, name: str, size: int) -> Iterator[list[str]]:
+    """Lists of at most `size` lines without their line ends; only "\\n" ends a line."""
+    number = 0
+    while raw_lines := list(itertools.islice(stream, size)):
+        chunk = []
+        for raw in raw_lines:
+            number += 1
+            try:
+                chunk.append(raw.decode("utf-8").rstrip("\r\n"))
+            except UnicodeDecodeError as e:
+                raise ValueError(f"{name}:{number}: not valid UTF-8 ({e.reason})") from None
+        yield chunk
+
+
+class Progress:
+    """One self-overwriting stderr line: sentences done (of the total, if known) and speed."""
+
+    def __init__(self, total: int | None):
+        self.total, self.done, self.start = total, 0, time.perf_counter()
+
+    def update(self, count: int) -> None:
+        self.done += count
+        rate = self.done / max(time.perf_counter() - self.start, 1e-9)
+        line = f"{self.done} sentences  {rate:.1f} sentences/s"
+        if self.total:
+            filled = 30 * self.done // self.total
+            eta = (self.total - self.done) / max(rate, 1e-9)
+            line = (
+                f"[{'#' * filled}{'.' * (30 - filled)}] {self.done}/{self.total} sentences  "
+                f"{rate:.1f} sentences/s  ETA {time.strftime('%H:%M:%S', time.gmtime(eta))}"
+            )
+        sys.stderr.write("\r" + line)
+        sys.stderr.flush()
+
+    def close(self) -> None:
+        sys.stderr.write("\n")
+
+
+def distinct_translations(
+    tokenizer: Tokenizer, tokens: np.ndarray, scores: np.ndarray
+) -> list[tuple[float, str]]:
+    """(score, text) of hypotheses [W, L] sorted best first, each text once, at its best score.
+
+    Different pieces can spell one text ("▁" then EOS, or EOS alone, both give ""); an n-best
+    list of the same sentence twice would tell its reader nothing.
+    """
+    seen, out = set(), []
+    for row, score in zip(tokens, scores):
+        text = tokenizer.decode(row)
+        # A hypothesis still at NEG_INF was never finished; there is nothing to show.
+        if score > NEG_INF / 2 and text not in seen:
+            seen.add(text)
+            out.append((float(score), text))
+    return out
+
+
+def translate_lines(
+    graphdef,
+    params,
+    tokenizer: Tokenizer,
+    lines: Sequence[str],
+    decode: DecodeConfig,
+    max_len: int,
+    nbest: int = 0,
+    on_batch=None,
+) -> list[list[tuple[float, str]]]:
+    """Translations of each line as (score, text), best first, in input order.
+
+    Without `nbest` each line gets its single best translation with score 0 (greedy or beam
+    search, as `decode.beam_size` says); with `nbest` the distinct translations among the
+    finished hypotheses of beam search, at most `nbest`, with their length-normalised scores.
+    An empty line gets [(0.0, "")].
+    `graphdef` and `params` may be tuples: an ensemble (translate.decode). `on_batch` is called
+    with the number of sentences after every batch.
+    """
+    results = [[(0.0, "")] for _ in lines]
+    todo = [i for i, line in enumerate(lines) if line.strip()]
+    sources = [lines[i] for i in todo]
+    for indices, tokens in source_batches(tokenizer, sources, decode.batch_size, max_len):
+        if nbest:
+            tokens, scores = beam_search(
+                graphdef,
+                params,
+                tokens,
+                beam_size=decode.beam_size,
+                alpha=decode.length_penalty,
+                max_extra_len=decode.max_extra_len,
+            )  # [B, W, L], [B, W]
+            tokens, scores = np.asarray(tokens), np.asarray(scores)
+        else:
+            best = translate_tokens(
+                graphdef,
+                params,
+                tokens,
+                decode.beam_size,
+                decode.length_penalty,
+                decode.max_extra_len,
+            )
+            tokens, scores = np.asarray(best)[:, None], np.zeros((len(indices), 1))
+        for row, i in enumerate(indices):
+            if i >= 0:
+                found = distinct_translations(tokenizer, tokens[row], scores[row])
+                results[todo[i]] = found[: max(nbest, 1)]
+        if on_batch is not None:
+            on_batch(int(np.sum(indices >= 0)))
+    if on_batch is not None and len(todo) < len(lines):
+        on_batch(len(lines) - len(todo))  # the empty lines
+    return results
+
+
+def format_lines(first_index: int, results: list[list[tuple[float, str]]], nbest: int) -> str:
+    if not nbest:
+        return "".join(hypotheses[0][1] + "\n" for hypotheses in results)
+    return "".join(
+        f"{first_index + i}\t{score:.4f}\t{text}\n"
+        for i, hypotheses in enumerate(results)
+        for score, text in hypotheses
+    )
+
+
+def count_lines(path: pathlib.Path) -> int:
+    with open(path, "rb") as f:
+        return sum(1 for _ in f)
+
+
+def main(argv: Sequence[str]) -> None:
+    absl_logging.set_verbosity(absl_logging.ERROR)  # Orbax's read-only manager warnings
+    flags, overrides = parse_flags(
+        list(argv),
+        {
+            "workdir": [],
+            "checkpoint": [],
+            "input": "",
+            "output": "",
+            # Unset (0 or negative): the first workdir's config.decode value.
+            "beam_size": 0,
+            "length_penalty": -1.0,
+            "max_extra_len": -1,
+            "batch_size": 0,
+            "nbest": 0,
+        },
+    )
+    if overrides:
+        raise SystemExit("translate takes --beam_size and friends, not --config.* flags")
+    workdirs, specs = flags["workdir"], flags["checkpoint"] or ["latest"]
+    if not workdirs:
+        raise SystemExit("--workdir is required (repeat it for an ensemble)")
+    if len(specs) not in (1, len(workdirs)):
+        raise SystemExit(
+            f"{len(specs)} --checkpoint flags for {len(workdirs)} --workdir flags; "
+            "give one for all or one per workdir"
+        )
+    evaluate.check_shared_vocabulary(workdirs)
+    specs = specs * len(workdirs) if len(specs) == 1 else specs
+    members = [load_checkpoint(w, spec) for w, spec in zip(workdirs, specs)]
+    graphdef, params = tuple(m[0] for m in members), tuple(m[1] for m in members)
+    tokenizer, config = members[0][2], members[0][3]
+    decode = config.decode
+    given = {
+        "beam_size": flags["beam_size"] > 0,
+        "batch_size": flags["batch_size"] > 0,
+        "length_penalty": flags["length_penalty"] >= 0,
+        "max_extra_len": flags["max_extra_len"] >= 0,
+    }
+    for name in (name for name, is_given in given.items() if is_given):
+        setattr(decode, name, flags[name])
+    if flags["nbest"] > decode.beam_size:
+        raise SystemExit(
+            f"--nbest={flags['nbest']} needs --beam_size >= {flags['nbest']} (now "
+            f"{decode.beam_size}): beam search keeps beam_size hypotheses"
+        )
+
+    source = open(flags["input"], "rb") if flags["input"] else sys.stdin.buffer
+    target = open(flags["output"], "wb") if flags["output"] else sys.stdout.buffer
+    progress = None
+    if flags["output"]:
+        progress = Progress(count_lines(pathlib.Path(flags["input"])) if flags["input"] else None)
+    try:
+        first = 0
+        for chunk in read_chunks(source, flags["input"] or "<stdin>", LINES_PER_CHUNK):
+            results = translate_lines(
+                graphdef,
+                params,
+                tokenizer,
+                chunk,
+                decode,
+                config.data.max_len,
+                flags["nbest"],
+                on_batch=progress.update if progress else None,
+            )
+            target.write(format_lines(first, results, flags["nbest"]).encode("utf-8"))
+            target.flush()
+            first += len(chunk)
+    finally:
+        if progress:
+            progress.close()
+        for stream in (source, target):
+            if stream not in (sys.stdin.buffer, sys.stdout.buffer):
+                stream.close()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
