@@ -46,7 +46,7 @@ def tiny_batches(config, num_devices, count=3):
 def test_eight_device_train_step_matches_one_device(config):
     config.train.grad_accum_steps = 2
     assert jax.device_count() == 8
-    batches = tiny_batches(config, num_devices=8)
+    batches = tiny_batches(config, num_devices=8, count=1)
     one, one_metrics, _ = run_steps(config, Mesh(np.array(jax.devices()[:1]), ("data",)), batches)
     eight, eight_metrics, _ = run_steps(config, sharding.make_mesh(), batches)
     for a, b in zip(jax.tree.leaves(one), jax.tree.leaves(eight)):
@@ -57,7 +57,9 @@ def test_eight_device_train_step_matches_one_device(config):
 def test_gradient_accumulation_matches_one_large_batch(config):
     mesh = sharding.make_mesh()
     config.train.grad_accum_steps = 2
-    accumulated = tiny_batches(config, 8, count=2)
+    # Micro-batches draw their own dropout masks, so compare the deterministic computation.
+    config.model.dropout_rate = 0.0
+    accumulated = tiny_batches(config, 8, count=1)
     whole = [{k: v.reshape(1, -1, v.shape[-1]) for k, v in b.items()} for b in accumulated]
     a, _, _ = run_steps(config, mesh, accumulated)
     b, _, _ = run_steps(config, mesh, whole)

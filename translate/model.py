@@ -10,8 +10,9 @@ crosses sentences, so a packed row computes exactly what separate rows would.
 
 Deviations from the paper, all of them:
   - Padding and packing as above (an implementation detail with identical outputs).
-  - Linear layers have biases and Xavier-uniform initialisation, and embeddings are initialised
-    with N(0, d_model^-0.5); the paper does not state either.
+  - Linear layers have biases (except the key projection, whose bias cannot change any output)
+    and Xavier-uniform initialisation, and embeddings are initialised with N(0, d_model^-0.5);
+    the paper does not state either.
   - LayerNorm epsilon is 1e-6; the paper does not state it.
   - Compute may run in bfloat16 (config) while parameters, softmax and the loss stay float32.
 There is no final LayerNorm on either stack: with post-LayerNorm the last sub-layer already
@@ -70,9 +71,16 @@ def attention_mask(q_segments: jax.Array, k_segments: jax.Array, causal: bool) -
     return mask[:, None]  # [B, 1, Tq, Tk]
 
 
-def xavier_linear(d_in: int, d_out: int, dtype: Any, rngs: nnx.Rngs) -> nnx.Linear:
+def xavier_linear(
+    d_in: int, d_out: int, dtype: Any, rngs: nnx.Rngs, use_bias: bool = True
+) -> nnx.Linear:
     return nnx.Linear(
-        d_in, d_out, dtype=dtype, rngs=rngs, kernel_init=nnx.initializers.xavier_uniform()
+        d_in,
+        d_out,
+        use_bias=use_bias,
+        dtype=dtype,
+        rngs=rngs,
+        kernel_init=nnx.initializers.xavier_uniform(),
     )
 
 
@@ -83,7 +91,9 @@ class MultiHeadAttention(nnx.Module):
         d = config.d_model
         self.num_heads = config.num_heads
         self.query = xavier_linear(d, d, dtype, rngs)
-        self.key = xavier_linear(d, d, dtype, rngs)
+        # No key bias: it adds the same amount to every score of a query, which softmax ignores,
+        # so its true gradient is zero and Adam would only amplify rounding noise in it.
+        self.key = xavier_linear(d, d, dtype, rngs, use_bias=False)
         self.value = xavier_linear(d, d, dtype, rngs)
         self.out = xavier_linear(d, d, dtype, rngs)
         # Set only by Transformer.attention_weights: the fused kernel never forms the weights.
