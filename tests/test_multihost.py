@@ -1,8 +1,9 @@
 """Two JAX processes on one machine (a localhost coordinator, 2 CPU devices each) train together.
 
-Each test starts this file twice as a script (`python tests/test_multihost.py WORKER ...`), one
-per process; the workers write what they loaded and the parameters they hold to files that
-the tests compare.
+Each test starts this file twice as a script (`python tests/test_multihost.py MODE OUT_DIR`),
+one per process, joined by `sharding.initialize_distributed()` (which calls
+`jax.distributed.initialize`; CPU collectives go through gloo, JAX's default). The workers
+write what they loaded and the parameters they hold to files that the tests compare.
 """
 
 import json
@@ -39,12 +40,14 @@ def run_workers(mode: str, config, out_dir: pathlib.Path, timeout: float = 300) 
         "PYTHONPATH": str(REPO),
         "JAX_PLATFORMS": "cpu",
         "XLA_FLAGS": f"--xla_force_host_platform_device_count={DEVICES_PER_PROCESS}",
+        # What sharding.initialize_distributed() reads on hosts without SLURM.
+        "JAX_COORDINATOR_ADDRESS": f"localhost:{free_port()}",
+        "JAX_NUM_PROCESSES": str(NUM_PROCESSES),
     }
-    port = free_port()
     procs = [
         subprocess.Popen(
-            [sys.executable, __file__, mode, str(port), str(i), str(out_dir)],
-            env=env,
+            [sys.executable, __file__, mode, str(out_dir)],
+            env={**env, "JAX_PROCESS_ID": str(i)},
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
@@ -146,12 +149,10 @@ def worker_train_and_evaluate(config, out_dir: pathlib.Path) -> None:
     )
 
 
-def worker_main(mode: str, port: str, process_id: str, out_dir: str) -> None:
-    jax.distributed.initialize(
-        coordinator_address=f"localhost:{port}",
-        num_processes=NUM_PROCESSES,
-        process_id=int(process_id),
-    )
+def worker_main(mode: str, out_dir: str) -> None:
+    from translate import sharding
+
+    sharding.initialize_distributed()  # jax.distributed.initialize with the variables above
     assert jax.process_count() == NUM_PROCESSES
     assert jax.device_count() == NUM_PROCESSES * DEVICES_PER_PROCESS
 

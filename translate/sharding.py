@@ -17,12 +17,24 @@ DATA_AXIS = "data"
 def initialize_distributed() -> None:
     """Joins a multi-host job when the environment describes one (SLURM, or JAX's own variables).
 
-    On one host with no such environment this does nothing, so the same command runs anywhere.
+    Under SLURM, JAX reads everything from SLURM's variables (one process per GPU). Elsewhere,
+    start one process per host with `JAX_COORDINATOR_ADDRESS=host:port` (process 0's host),
+    `JAX_NUM_PROCESSES` and `JAX_PROCESS_ID`. On one host with no such environment this does
+    nothing, so the same command runs anywhere.
     """
     in_slurm = int(os.environ.get("SLURM_NTASKS", "1")) > 1
     explicit = "JAX_COORDINATOR_ADDRESS" in os.environ
     if in_slurm or explicit:
-        jax.distributed.initialize()
+        # JAX reads JAX_COORDINATOR_ADDRESS itself, but not the process count and id.
+        counts = {
+            arg: int(os.environ[name])
+            for arg, name in (
+                ("num_processes", "JAX_NUM_PROCESSES"),
+                ("process_id", "JAX_PROCESS_ID"),
+            )
+            if name in os.environ
+        }
+        jax.distributed.initialize(**counts)
 
 
 def sync_processes(name: str) -> None:
