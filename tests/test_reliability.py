@@ -111,7 +111,7 @@ def test_half_written_checkpoint_is_never_loaded(trained):
     partial.mkdir()
     (partial / "garbage").write_text("half a checkpoint")
     assert checkpoint.latest_step(trained) == 6
-    assert evaluate.load_model(trained)[4] == 6
+    assert evaluate.load_model(trained)[4] == [6]
 
 
 def test_corrupt_newest_checkpoint_falls_back_to_the_previous(trained, capsys):
@@ -120,7 +120,7 @@ def test_corrupt_newest_checkpoint_falls_back_to_the_previous(trained, capsys):
         if path.is_file() and path.stat().st_size > 0 and "meta" not in str(path):
             path.write_bytes(b"\0" * 7)
     step = evaluate.load_model(trained)[4]
-    assert step == 3
+    assert step == [3]
     assert "checkpoint at step 6" in capsys.readouterr().out
 
 

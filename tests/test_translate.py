@@ -2,7 +2,6 @@
 
 import shutil
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -142,19 +141,8 @@ def test_ensemble_with_another_vocabulary_is_an_error_naming_both_workdirs(workd
         evaluate.main([f"--workdir={workdir}", f"--workdir={other}", "--src=x", "--ref=y"])
 
 
-def test_average_of_two_checkpoints_is_their_parameter_mean(workdir):
-    params = {step: evaluate.load_model(workdir, step)[1] for step in (3, 6)}
-    _, averaged, _, _, steps = translate.average_last_checkpoints(workdir, 2)
-    assert steps == [3, 6]
-    for a, b, mean in zip(*(jax.tree.leaves(p) for p in (params[3], params[6], averaged))):
-        np.testing.assert_allclose(np.asarray(mean), (np.asarray(a) + np.asarray(b)) / 2, rtol=1e-6)
-    _, last, _, _, _ = translate.average_last_checkpoints(workdir, 1)
-    for a, b in zip(jax.tree.leaves(last), jax.tree.leaves(params[6])):
-        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-
-
 def test_checkpoint_flag_rejects_what_it_cannot_read(workdir):
-    with pytest.raises(ValueError, match="holds 2 checkpoints"):
+    with pytest.raises(ValueError, match="holds only 2"):
         translate.load_checkpoint(str(workdir), "average:3")
     with pytest.raises(ValueError, match="expected latest, a step number or average:N"):
         translate.load_checkpoint(str(workdir), "best")

@@ -1,4 +1,4 @@
-"""Orbax checkpoints in the workdir: save, restore the latest or a given step, resume."""
+"""Orbax checkpoints in the workdir: save, restore, resume, and average the last N (Sec. 6.1)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import orbax.checkpoint as ocp
 
 CHECKPOINT_DIR = "checkpoints"
@@ -127,7 +128,70 @@ def abstract_like(tree: Any, sharding: jax.sharding.Sharding) -> Any:
 
 
 def latest_step(workdir: str | pathlib.Path) -> int | None:
+    """The newest step saved in `workdir`, or None when it has no checkpoint."""
     directory = pathlib.Path(workdir) / CHECKPOINT_DIR
     if not directory.is_dir():
         return None
     return make_manager(workdir, read_only=True).latest_step()
+
+
+def steps_to_average(
+    manager: ocp.CheckpointManager, num: int, keep_checkpoints: int | None = None
+) -> list[int]:
+    """The newest `num` saved steps, oldest first, failing with what to change if there are fewer.
+
+    Args:
+      manager: the workdir's checkpoint manager.
+      num: how many checkpoints to average (Sec. 6.1: 5 for base, 20 for big).
+      keep_checkpoints: the run's `train.keep_checkpoints`; when given, a value below `num` is
+        an error even if enough steps happen to be on disk, since the run deletes the older ones.
+    """
+    if num < 1:
+        raise ValueError(f"the number of checkpoints to average must be >= 1, not {num}")
+    if keep_checkpoints is not None and keep_checkpoints < num:
+        raise ValueError(
+            f"averaging {num} checkpoints needs train.keep_checkpoints >= {num}, but this run "
+            f"keeps {keep_checkpoints}; train with --config.train.keep_checkpoints={num}"
+        )
+    steps = sorted(manager.all_steps())
+    if len(steps) < num:
+        raise ValueError(
+            f"averaging {num} checkpoints, but {manager.directory} holds only {len(steps)} "
+            f"(steps {steps})"
+        )
+    return steps[-num:]
+
+
+def average_params(manager: ocp.CheckpointManager, steps: list[int], abstract_params: Any) -> Any:
+    """The float32 mean of the parameters saved at `steps` (Sec. 6.1's checkpoint averaging).
+
+    Checkpoints are read one at a time into a running sum, so memory holds about two copies
+    of the parameters (the sum and the checkpoint being added), never all of them; optimizer
+    states are not read.
+
+    Args:
+      manager: the checkpoint manager to read from.
+      steps: the saved steps to average.
+      abstract_params: shapes, dtypes and shardings to restore into (see `abstract_like`).
+    """
+    if not steps:
+        raise ValueError("no steps to average")
+    total = None
+    for step in steps:
+        params, _, _ = restore(manager, step, abstract_params)
+        params = jax.tree.map(lambda x: x.astype(jnp.float32), params)
+        total = params if total is None else jax.tree.map(jnp.add, total, params)
+        del params
+    return jax.tree.map(lambda s, a: (s / len(steps)).astype(a.dtype), total, abstract_params)
+
+
+def save_params(
+    manager: ocp.CheckpointManager, step: int, params: Any, meta: dict[str, Any]
+) -> None:
+    """Saves parameters without optimizer state (an averaged model is for decoding only)."""
+    manager.save(
+        step,
+        args=ocp.args.Composite(params=ocp.args.StandardSave(params), meta=ocp.args.JsonSave(meta)),
+        force=True,
+    )
+    manager.wait_until_finished()

@@ -1,16 +1,25 @@
-"""Decode a test set with a trained workdir (or an ensemble) and write the sacreBLEU report.
+"""Decode a test set with a trained workdir (or an ensemble) and write the BLEU report.
 
-    python -m translate.evaluate --workdir=DIR --src=test.en --ref=test.de [--output=OUT]
+    python -m translate.evaluate --workdir=DIR --src=test.en --ref=test.de [--output=OUT] \
+        [--step=N | --average=5]
 
-writes OUT/report.json, OUT/report.txt and OUT/hypotheses.txt (OUT defaults to DIR). BLEU is
-sacreBLEU's default: cased, 13a tokenization, on detokenized output against the raw reference.
+writes OUT/report.json, OUT/report.txt and OUT/hypotheses.txt (OUT defaults to DIR).
 Repeating --workdir decodes with the ensemble of those models (they must share a vocabulary).
+`--average=N` decodes with the mean parameters of the newest N checkpoints (Sec. 6.1: 5 for
+base, 20 for big). The report holds two BLEU scores that must not be confused:
+- `bleu`: sacreBLEU's default, cased, 13a tokenization, on detokenized output against the raw
+  reference; comparable across papers that report sacreBLEU with the same signature.
+- `tokenized_bleu`: the recipe behind the paper's numbers (tensor2tensor's get_ende_bleu.sh):
+  Moses tokenization of hypotheses and references, hyphenated compounds split, BLEU on the
+  tokens. Compare it with the paper's Table 2 only.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import pathlib
+import re
 import sys
 import time
 from collections.abc import Sequence
@@ -21,6 +30,7 @@ import numpy as np
 import sacrebleu
 from absl import logging as absl_logging
 from flax import nnx
+from sacremoses import MosesTokenizer
 
 from translate import checkpoint
 from translate.config import (
@@ -47,10 +57,18 @@ def abstract_model(config: Config, vocab_size: int) -> tuple[nnx.GraphDef, nnx.S
     return graphdef, params
 
 
-def load_model(workdir: str | pathlib.Path, step: int | None = None):
-    """Loads (graphdef, params, tokenizer, config, step) from a training workdir.
+def load_model(workdir: str | pathlib.Path, step: int | None = None, average: int = 0):
+    """Loads (graphdef, params, tokenizer, config, steps) from a training workdir.
 
-    Parameters land on the first local device: decoding runs there.
+    Args:
+      workdir: a `translate.train` workdir, or one written by scripts/average_checkpoints.py.
+      step: the checkpoint to load; None for the newest.
+      average: if > 0, the parameters are the mean of the newest `average` checkpoints instead.
+
+    Returns:
+      The model's graph and parameters (on the first local device: decoding runs there), the
+      tokenizer, the config, and the training steps whose parameters these are: one step, or
+      the averaged ones (also when the checkpoint was written by average_checkpoints.py).
     """
     workdir = pathlib.Path(workdir)
     config_path = workdir / CONFIG_FILENAME
@@ -66,6 +84,15 @@ def load_model(workdir: str | pathlib.Path, step: int | None = None):
             "train first (python -m translate.train ...)"
         )
     manager = checkpoint.make_manager(workdir, read_only=True)
+    graphdef, shapes = abstract_model(config, tokenizer.vocab_size)
+    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    abstract = checkpoint.abstract_like(shapes, device)
+    if average > 0:
+        if step is not None:
+            raise ValueError("give a step or a number of checkpoints to average, not both")
+        steps = checkpoint.steps_to_average(manager, average, config.train.keep_checkpoints)
+        params = checkpoint.average_params(manager, steps, abstract)
+        return graphdef, params, tokenizer, config, steps
     requested = step is not None
     step = manager.latest_step() if step is None else step
     if step is None or step not in manager.all_steps():
@@ -73,19 +100,17 @@ def load_model(workdir: str | pathlib.Path, step: int | None = None):
             f"--workdir: no checkpoint{'' if step is None else f' at step {step}'} in "
             f"{workdir / checkpoint.CHECKPOINT_DIR} (steps there: {list(manager.all_steps())})"
         )
-    graphdef, shapes = abstract_model(config, tokenizer.vocab_size)
-    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-    target = checkpoint.abstract_like(shapes, device)
 
     def check(meta):
         checkpoint.check_vocabulary(meta, tokenizer, workdir)
 
     if requested:
-        check(checkpoint.read_meta(manager, step))
-        params, _, _ = checkpoint.restore(manager, step, target)
+        meta = checkpoint.read_meta(manager, step)
+        check(meta)
+        params, _, _ = checkpoint.restore(manager, step, abstract)
     else:
-        step, params, _, _ = checkpoint.restore_latest(manager, target, check_meta=check)
-    return graphdef, params, tokenizer, config, step
+        step, params, _, meta = checkpoint.restore_latest(manager, abstract, check_meta=check)
+    return graphdef, params, tokenizer, config, meta.get("averaged_steps", [step])
 
 
 def check_shared_vocabulary(workdirs: Sequence[str | pathlib.Path]) -> None:
@@ -137,8 +162,49 @@ def translate_sentences(
     return out
 
 
-def score(hypotheses: Sequence[str], references: Sequence[str]) -> dict[str, Any]:
-    """sacreBLEU (cased, 13a) and chrF with their signatures."""
+def split_compounds(text: str) -> str:
+    """Splits hyphenated compounds as get_ende_bleu.sh does: `a-b` -> `a ##AT##-##AT## b`.
+
+    This is the script's `perl -ple 's{(\\S)-(\\S)}{$1 ##AT##-##AT## $2}g'`. Its matches do
+    not overlap, so in `a-b-c` only the first hyphen is split; we keep that quirk, since the
+    point is to match the paper's numbers. ASCII whitespace, like perl on bytes.
+    """
+    return re.sub(r"(\S)-(\S)", r"\1 ##AT##-##AT## \2", text, flags=re.ASCII)
+
+
+def tokenize_for_bleu(lines: Sequence[str], lang: str) -> list[str]:
+    """Moses tokenization (tokenizer.perl -l lang, escaping on) and compound splitting."""
+    moses = MosesTokenizer(lang=lang)
+    return [split_compounds(moses.tokenize(line, return_str=True, escape=True)) for line in lines]
+
+
+def tokenized_bleu_recipe(lang: str) -> str:
+    return (
+        f"Moses tokenizer -l {lang} (sacremoses {importlib.metadata.version('sacremoses')}) on "
+        "hypotheses and references, compounds split a-b -> a ##AT##-##AT## b, BLEU on the tokens "
+        "(sacreBLEU tokenize=none, no smoothing, as multi-bleu.perl): tensor2tensor's "
+        "get_ende_bleu.sh, the paper's Table 2 metric; not comparable with sacreBLEU"
+    )
+
+
+def tokenized_bleu(hypotheses: Sequence[str], references: Sequence[str], lang: str) -> float:
+    """Corpus BLEU on Moses-tokenized, compound-split text: the recipe of the paper's numbers."""
+    # No smoothing: multi-bleu.perl scores 0 when an n-gram order has no match, and so does this.
+    bleu = sacrebleu.BLEU(tokenize="none", smooth_method="none")
+    result = bleu.corpus_score(
+        tokenize_for_bleu(hypotheses, lang), [tokenize_for_bleu(references, lang)]
+    )
+    return result.score
+
+
+def score(hypotheses: Sequence[str], references: Sequence[str], lang: str) -> dict[str, Any]:
+    """sacreBLEU (cased, 13a) and chrF with their signatures, and the paper's tokenized BLEU.
+
+    Args:
+      hypotheses: detokenized system output, one sentence each.
+      references: the raw references, aligned with `hypotheses`.
+      lang: the target language, for the Moses tokenizer of the tokenized BLEU.
+    """
     bleu = sacrebleu.BLEU()
     chrf = sacrebleu.CHRF()
     bleu_score = bleu.corpus_score(list(hypotheses), [list(references)])
@@ -149,6 +215,8 @@ def score(hypotheses: Sequence[str], references: Sequence[str]) -> dict[str, Any
         "bleu_detail": str(bleu_score),
         "chrf": round(chrf_score.score, 2),
         "chrf_signature": str(chrf.get_signature()),
+        "tokenized_bleu": round(tokenized_bleu(hypotheses, references, lang), 2),
+        "tokenized_bleu_recipe": tokenized_bleu_recipe(lang),
     }
 
 
@@ -160,14 +228,19 @@ def evaluate(
     sources: Sequence[str],
     references: Sequence[str],
     step: int,
+    averaged_steps: Sequence[int] = (),
 ) -> tuple[dict[str, Any], list[str]]:
-    """Decodes `sources` and scores against `references`; returns (report, hypotheses)."""
+    """Decodes `sources` and scores against `references`; returns (report, hypotheses).
+
+    `step` is the checkpoint's training step; `averaged_steps`, when the parameters are a
+    checkpoint average, the steps averaged (recorded in the report).
+    """
     start = time.perf_counter()
     hypotheses = translate_sentences(
         graphdef, params, tokenizer, sources, config.decode, config.data.max_len
     )
     seconds = time.perf_counter() - start
-    report = score(hypotheses, references)
+    report = score(hypotheses, references, config.data.tgt_lang)
     report.update(
         {
             "num_sentences": len(sources),
@@ -177,6 +250,7 @@ def evaluate(
             "length_penalty": config.decode.length_penalty,
             "max_extra_len": config.decode.max_extra_len,
             "step": int(step),
+            "checkpoint_steps": [int(s) for s in averaged_steps] or [int(step)],
             "device": jax.local_devices()[0].device_kind,
         }
     )
@@ -211,10 +285,17 @@ def write_report(
     (out_dir / "hypotheses.txt").write_text("".join(h + "\n" for h in hypotheses), encoding="utf-8")
     (out_dir / "report.json").write_text(json.dumps(report, indent=2) + "\n")
     models = report.get("ensemble") or [f"checkpoint step {report['step']}"]
+    steps = report["checkpoint_steps"]
+    if len(steps) > 1:
+        models = [f"mean parameters of the {len(steps)} checkpoints at steps {steps}"]
     lines = [
-        f"BLEU      {report['bleu']:.2f}   {report['signature']}",
-        f"          {report['bleu_detail']}",
-        f"chrF      {report['chrf']:.2f}   {report['chrf_signature']}",
+        f"sacreBLEU       {report['bleu']:.2f}   {report['signature']}",
+        "                (detokenized, against the raw references; report.json key `bleu`)",
+        f"                {report['bleu_detail']}",
+        f"tokenized BLEU  {report['tokenized_bleu']:.2f}   (the paper's metric; key "
+        "`tokenized_bleu`; not comparable with sacreBLEU)",
+        f"                {report['tokenized_bleu_recipe']}",
+        f"chrF            {report['chrf']:.2f}   {report['chrf_signature']}",
         "",
         f"model     {models[0]}",
         *(f"          {m}" for m in models[1:]),
@@ -239,7 +320,8 @@ def write_report(
 def main(argv: Sequence[str]) -> None:
     absl_logging.set_verbosity(absl_logging.ERROR)  # Orbax's read-only manager warnings
     flags, overrides = parse_flags(
-        list(argv), {"workdir": [], "src": "", "ref": "", "output": "", "step": -1}
+        list(argv),
+        {"workdir": [], "src": "", "ref": "", "output": "", "step": -1, "average": 0},
     )
     for name in ("workdir", "src", "ref"):
         if not flags[name]:
@@ -247,8 +329,11 @@ def main(argv: Sequence[str]) -> None:
     workdirs = flags["workdir"]
     check_shared_vocabulary(workdirs)
     step = None if flags["step"] < 0 else flags["step"]
-    members = [load_model(workdir, step) for workdir in workdirs]
-    _, _, tokenizer, config, step = members[0]
+    try:
+        members = [load_model(workdir, step, flags["average"]) for workdir in workdirs]
+    except ValueError as e:
+        raise SystemExit(f"--average={flags['average']}: {e}") from None
+    _, _, tokenizer, config, steps = members[0]
     graphdef, params = tuple(m[0] for m in members), tuple(m[1] for m in members)
     for dotted, text in overrides.items():
         if not dotted.startswith("decode."):
@@ -261,7 +346,9 @@ def main(argv: Sequence[str]) -> None:
             f"--src {flags['src']} has {len(sources)} lines but --ref "
             f"{flags['ref']} has {len(references)}"
         )
-    report, hypotheses = evaluate(graphdef, params, tokenizer, config, sources, references, step)
+    report, hypotheses = evaluate(
+        graphdef, params, tokenizer, config, sources, references, steps[-1], steps
+    )
     if len(members) > 1:
         report["ensemble"] = [f"{w} step {m[4]}" for w, m in zip(workdirs, members)]
     out_dir = flags["output"] or workdirs[0]

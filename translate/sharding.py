@@ -1,11 +1,14 @@
-"""The device mesh and the shardings of parameters (replicated) and batches (split on `data`)."""
+"""Hosts and devices: joining a multi-host job, the mesh, shardings of parameters and batches."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
+from typing import TypeVar
 
 import jax
 import numpy as np
+from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 DATA_AXIS = "data"
@@ -14,12 +17,45 @@ DATA_AXIS = "data"
 def initialize_distributed() -> None:
     """Joins a multi-host job when the environment describes one (SLURM, or JAX's own variables).
 
-    On one host with no such environment this does nothing, so the same command runs anywhere.
+    Under SLURM, JAX reads everything from SLURM's variables (one process per GPU). Elsewhere,
+    start one process per host with `JAX_COORDINATOR_ADDRESS=host:port` (process 0's host),
+    `JAX_NUM_PROCESSES` and `JAX_PROCESS_ID`. On one host with no such environment this does
+    nothing, so the same command runs anywhere.
     """
     in_slurm = int(os.environ.get("SLURM_NTASKS", "1")) > 1
     explicit = "JAX_COORDINATOR_ADDRESS" in os.environ
     if in_slurm or explicit:
-        jax.distributed.initialize()
+        # JAX reads JAX_COORDINATOR_ADDRESS itself, but not the process count and id.
+        counts = {
+            arg: int(os.environ[name])
+            for arg, name in (
+                ("num_processes", "JAX_NUM_PROCESSES"),
+                ("process_id", "JAX_PROCESS_ID"),
+            )
+            if name in os.environ
+        }
+        jax.distributed.initialize(**counts)
+
+
+def sync_processes(name: str) -> None:
+    """Waits until every process of a multi-host job reaches the barrier `name`."""
+    if jax.process_count() > 1:
+        multihost_utils.sync_global_devices(name)
+
+
+T = TypeVar("T")
+
+
+def on_process_zero_first(fn: Callable[[], T]) -> T:
+    """Runs `fn` on process 0, then on the other processes once it has finished.
+
+    For steps that write files to a shared workdir the first time and read them later (the
+    vocabulary, generated data): process 0 writes them, the others find and read them.
+    """
+    primary = jax.process_index() == 0
+    result = fn() if primary else None
+    sync_processes("process 0 done: " + getattr(fn, "__qualname__", "fn"))
+    return result if primary else fn()
 
 
 def make_mesh() -> Mesh:

@@ -129,11 +129,13 @@ GENERATED = ("checkpoints", "data", "tensorboard", "metrics.jsonl", VOCAB_FILENA
 def check_workdir_config(config: Config, workdir: pathlib.Path, force: bool) -> None:
     """Refuses to reuse a workdir trained with a different model or data vocabulary.
 
-    With `force`, everything an earlier run generated in the workdir is deleted instead.
+    With `force`, everything an earlier run generated in the workdir is deleted instead. On
+    several hosts sharing the workdir, process 0 alone deletes and writes.
     """
     path = workdir / evaluate.CONFIG_FILENAME
+    primary = jax.process_index() == 0
     if force:
-        for name in GENERATED:
+        for name in GENERATED if primary else ():
             target = workdir / name
             if target.is_dir():
                 shutil.rmtree(target)
@@ -151,13 +153,16 @@ def check_workdir_config(config: Config, workdir: pathlib.Path, force: bool) -> 
                     f"{'' if field is None else '.' + field} = {old}, now {new}; use a fresh "
                     "--workdir or pass --force to overwrite its checkpoints"
                 )
+    sharding.sync_processes("workdir checked")  # every host has read config.json before it changes
 
 
 def write_workdir_config(config: Config, workdir: pathlib.Path) -> None:
-    path = workdir / evaluate.CONFIG_FILENAME
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(config.to_dict(), indent=2) + "\n")
-    os.replace(tmp, path)  # whole or absent, even if the process is killed here
+    """Process 0 records the config, whole or absent even if the process is killed here."""
+    if jax.process_index() == 0:
+        path = workdir / evaluate.CONFIG_FILENAME
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(config.to_dict(), indent=2) + "\n")
+        os.replace(tmp, path)
 
 
 def make_init(config: Config, vocab_size: int, optimizer, mesh):
@@ -403,7 +408,7 @@ def train_and_evaluate(
         jax.process_count(),
     )
 
-    data = load_data(config, workdir)
+    data = sharding.on_process_zero_first(lambda: load_data(config, workdir))
     write_workdir_config(config, workdir)  # only once the data has loaded without error
     layout = BatchLayout.from_config(
         config.data.tokens_per_batch, config.data.row_len, t.grad_accum_steps, mesh.size
@@ -502,9 +507,11 @@ def train_and_evaluate(
     if jax.process_index() == 0:
         evaluate.write_report(workdir, report, sources, references, hypotheses)
         log.info(
-            "test: sacreBLEU %.2f (%s), chrF %.2f; report in %s",
+            "test: sacreBLEU %.2f (%s), tokenized BLEU %.2f (the paper's metric), chrF %.2f; "
+            "report in %s",
             report["bleu"],
             report["signature"],
+            report["tokenized_bleu"],
             report["chrf"],
             workdir / "report.json",
         )
@@ -519,7 +526,11 @@ def dev_bleu(graphdef, params, data: Data, config: Config, step: int) -> dict[st
     report, _ = evaluate.evaluate(
         graphdef, host_params, data.tokenizer, config, sources[:n], references[:n], step
     )
-    return {"eval/bleu": report["bleu"], "eval/chrf": report["chrf"]}
+    return {
+        "eval/bleu": report["bleu"],
+        "eval/tokenized_bleu": report["tokenized_bleu"],
+        "eval/chrf": report["chrf"],
+    }
 
 
 def setup_logging() -> None:

@@ -27,12 +27,10 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import BinaryIO
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 from absl import logging as absl_logging
 
-from translate import checkpoint, evaluate
+from translate import evaluate
 from translate.config import DecodeConfig, parse_flags
 from translate.data import source_batches
 from translate.decode import NEG_INF, beam_search, translate_tokens
@@ -40,31 +38,6 @@ from translate.tokenizer import Tokenizer
 
 # Lines read, decoded and written at a time: bounds memory on arbitrarily long input.
 LINES_PER_CHUNK = 10_000
-
-
-def average_last_checkpoints(workdir: str | pathlib.Path, num_checkpoints: int):
-    """`evaluate.load_model` with the element-wise mean of the newest N checkpoints' parameters.
-
-    Averaging the last checkpoints is how the paper decodes (Sec. 6.1: the last 5 for the base
-    model, written at 10-minute intervals).
-
-    Returns:
-      (graphdef, params, tokenizer, config, steps averaged).
-    """
-    steps = []
-    if (pathlib.Path(workdir) / checkpoint.CHECKPOINT_DIR).is_dir():
-        steps = sorted(checkpoint.make_manager(workdir, read_only=True).all_steps())
-    if num_checkpoints < 1 or len(steps) < num_checkpoints:
-        raise ValueError(
-            f"--checkpoint=average:{num_checkpoints}: {workdir} holds {len(steps)} checkpoints "
-            f"(steps {steps})"
-        )
-    steps = steps[-num_checkpoints:]
-    graphdef, total, tokenizer, config, _ = evaluate.load_model(workdir, steps[0])
-    for step in steps[1:]:
-        total = jax.tree.map(jnp.add, total, evaluate.load_model(workdir, step)[1])
-    params = jax.tree.map(lambda x: x / num_checkpoints, total)
-    return graphdef, params, tokenizer, config, steps
 
 
 def load_checkpoint(workdir: str, spec: str):
@@ -75,7 +48,12 @@ def load_checkpoint(workdir: str, spec: str):
     """
     kind, _, count = spec.partition(":")
     if kind == "average" and count.isdigit():
-        graphdef, params, tokenizer, config, steps = average_last_checkpoints(workdir, int(count))
+        try:
+            graphdef, params, tokenizer, config, steps = evaluate.load_model(
+                workdir, average=int(count)
+            )
+        except ValueError as e:
+            raise ValueError(f"--checkpoint={spec}: {e}") from None
         return graphdef, params, tokenizer, config, f"{workdir} mean of steps {steps}"
     if spec != "latest" and not spec.isdigit():
         raise ValueError(f"--checkpoint={spec}: expected latest, a step number or average:N")

@@ -1,0 +1,113 @@
+"""Checkpoint averaging (paper Sec. 6.1): translate/checkpoint.py, scripts/average_checkpoints.py
+and `translate.evaluate --average`."""
+
+import importlib.util
+import json
+import pathlib
+
+import jax
+import numpy as np
+import pytest
+
+from translate import checkpoint, evaluate, synthetic
+from translate.tokenizer import VOCAB_FILENAME, train_tokenizer
+
+STEPS = (1, 2, 3, 4)
+
+
+def load_script(name: str):
+    path = pathlib.Path(__file__).resolve().parent.parent / "scripts" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture
+def run(config, tmp_path):
+    """A workdir whose checkpoint at step s holds parameters `base + s`; returns (dir, base)."""
+    workdir = tmp_path / "run"
+    pairs = synthetic.generate_pairs(200, seed=0)
+    tokenizer = train_tokenizer(
+        [s for pair in pairs for s in pair], config.data.vocab_size, workdir / VOCAB_FILENAME
+    )
+    (workdir / evaluate.CONFIG_FILENAME).write_text(json.dumps(config.to_dict()))
+    _, shapes = evaluate.abstract_model(config, tokenizer.vocab_size)
+    rng = np.random.default_rng(0)
+    base = jax.tree.map(lambda s: rng.normal(size=s.shape).astype(s.dtype), shapes)
+    manager = checkpoint.make_manager(workdir, keep=config.train.keep_checkpoints)
+    for step in STEPS:
+        params = jax.tree.map(lambda x, s=step: jax.numpy.asarray(x + s), base)
+        checkpoint.save(manager, step, params, {"count": jax.numpy.asarray(step)}, {"step": step})
+    manager.wait_until_finished()
+    return workdir, base
+
+
+def assert_params_equal_base_plus(params, base, offset):
+    for got, b in zip(jax.tree.leaves(params), jax.tree.leaves(base)):
+        np.testing.assert_allclose(np.asarray(got), b + offset, rtol=1e-6, atol=1e-6)
+
+
+def test_steps_to_average_are_the_newest_oldest_first(run):
+    manager = checkpoint.make_manager(run[0], read_only=True)
+    assert checkpoint.steps_to_average(manager, 3) == [2, 3, 4]
+
+
+def test_averaging_more_checkpoints_than_the_run_keeps_is_an_error(run):
+    manager = checkpoint.make_manager(run[0], read_only=True)
+    with pytest.raises(ValueError, match=r"needs train.keep_checkpoints >= 3.*keeps 2"):
+        checkpoint.steps_to_average(manager, 3, keep_checkpoints=2)
+    with pytest.raises(ValueError, match="holds only 4"):
+        checkpoint.steps_to_average(manager, 5, keep_checkpoints=5)
+
+
+def test_average_params_is_the_mean_of_the_given_steps(run):
+    workdir, base = run
+    manager = checkpoint.make_manager(workdir, read_only=True)
+    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    abstract = checkpoint.abstract_like(jax.tree.map(jax.numpy.asarray, base), device)
+    averaged = checkpoint.average_params(manager, [1, 2, 4], abstract)
+    assert_params_equal_base_plus(averaged, base, 7 / 3)
+
+
+def test_evaluate_average_option_loads_the_mean_of_the_last_checkpoints(run):
+    workdir, base = run
+    _, params, _, _, steps = evaluate.load_model(workdir, average=3)
+    assert steps == [2, 3, 4]
+    assert_params_equal_base_plus(params, base, 3.0)
+
+
+def test_averaged_workdir_loads_in_evaluate_with_the_averaged_steps(run, tmp_path):
+    workdir, base = run
+    script = load_script("average_checkpoints")
+    assert script.average_workdir(workdir, tmp_path / "avg", num=2) == [3, 4]
+    _, params, _, _, steps = evaluate.load_model(tmp_path / "avg")
+    assert steps == [3, 4]
+    assert_params_equal_base_plus(params, base, 3.5)
+    assert checkpoint.latest_step(tmp_path / "avg") == 4
+    with pytest.raises(ValueError, match="not be the training workdir"):
+        script.average_workdir(workdir, workdir, num=2)
+
+
+def test_evaluate_report_names_the_averaged_steps(run, tmp_path):
+    workdir, _ = run
+    pairs = synthetic.generate_pairs(4, seed=1)
+    (tmp_path / "test.en").write_text("".join(en + "\n" for en, _ in pairs))
+    (tmp_path / "test.de").write_text("".join(de + "\n" for _, de in pairs))
+    evaluate.main(
+        [
+            f"--workdir={workdir}",
+            f"--src={tmp_path / 'test.en'}",
+            f"--ref={tmp_path / 'test.de'}",
+            f"--output={tmp_path / 'out'}",
+            "--average=3",
+            "--config.decode.beam_size=1",
+            "--config.decode.max_extra_len=2",
+        ]
+    )
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert report["checkpoint_steps"] == [2, 3, 4] and report["step"] == 4
+    assert {"bleu", "tokenized_bleu", "tokenized_bleu_recipe"} <= set(report)
+    text = (tmp_path / "out" / "report.txt").read_text()
+    assert "mean parameters of the 3 checkpoints at steps [2, 3, 4]" in text
+    assert "tokenized BLEU" in text and "sacreBLEU" in text

@@ -1,0 +1,47 @@
+"""The two BLEU scores of translate/evaluate.py: sacreBLEU and the paper's tokenized BLEU."""
+
+import pytest
+
+from translate.evaluate import score, split_compounds, tokenize_for_bleu, tokenized_bleu
+
+
+def test_split_compounds_marks_hyphens_between_words_like_get_ende_bleu():
+    assert split_compounds("rich-text format") == "rich ##AT##-##AT## text format"
+    assert split_compounds("Nord-Süd") == "Nord ##AT##-##AT## Süd"
+    # A free-standing dash is no compound.
+    assert split_compounds("ja - nein") == "ja - nein"
+    # perl's s///g does not re-scan what a match consumed: only the first hyphen of a-b-c.
+    assert split_compounds("a-b-c") == "a ##AT##-##AT## b-c"
+
+
+def test_tokenize_for_bleu_applies_moses_escaping_then_compound_splitting():
+    assert tokenize_for_bleu(['Sie sagte: "E-Mail & Co."'], "de") == [
+        # "Co." is on Moses's German list of non-breaking prefixes, so its period stays.
+        "Sie sagte : &quot; E ##AT##-##AT## Mail &amp; Co. &quot;"
+    ]
+
+
+def test_tokenized_bleu_matches_hand_computed_value():
+    hypothesis = ["Wir hören gern Pop-Musik am Abend."]
+    reference = ["Wir hören gern Rock-Musik am Abend."]
+    # Tokens: Wir hören gern {Pop|Rock} ##AT##-##AT## Musik am Abend .  (9 each, BP = 1).
+    # Matches: 1-grams 8/9, 2-grams 6/8, 3-grams 4/7, 4-grams 2/6; their product is 8/63.
+    expected = 100 * (8 / 9 * 6 / 8 * 4 / 7 * 2 / 6) ** 0.25  # 59.69
+    assert tokenized_bleu(hypothesis, reference, "de") == pytest.approx(expected, rel=1e-9)
+
+
+def test_tokenized_bleu_is_zero_when_an_ngram_order_has_no_match_like_multi_bleu():
+    assert tokenized_bleu(["ein zwei drei"], ["ein zwei vier"], "de") == 0.0
+
+
+def test_report_keeps_sacrebleu_and_tokenized_bleu_apart():
+    report = score(
+        ["Wir hören gern Pop-Musik am Abend."], ["Wir hören gern Rock-Musik am Abend."], "de"
+    )
+    # sacreBLEU's 13a keeps Pop-Musik one token: 7 tokens, matches 6/7, 4/6, 2/5 and 0/4, which
+    # its default exponential smoothing counts as 1/(2 * 4).
+    expected = 100 * (6 / 7 * 4 / 6 * 2 / 5 * 1 / 8) ** 0.25  # 41.11
+    assert report["bleu"] == pytest.approx(expected, abs=0.005)
+    assert report["tokenized_bleu"] == pytest.approx(59.69, abs=0.01)
+    assert report["signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a")
+    assert "##AT##" in report["tokenized_bleu_recipe"]
