@@ -120,7 +120,10 @@ def test_fake_wmt14_archives_prepare_through_the_real_builder_into_batches(fake_
     }
     data = load_data(tfds_config(fake_wmt14), tmp_path / "work")
     assert len(data.train) == 60 and isinstance(data.train.src_tokens, np.memmap)
-    assert (tmp_path / "work" / "tokens" / "manifest.json").is_file()
+    cached = [(tmp_path / "work" / n).stat().st_mtime_ns for n in ("vocab.model", "tokens")]
+    resumed = load_data(tfds_config(fake_wmt14), tmp_path / "work")
+    assert [(tmp_path / "work" / n).stat().st_mtime_ns for n in ("vocab.model", "tokens")] == cached
+    np.testing.assert_array_equal(resumed.train.src_tokens, data.train.src_tokens)
     sources, references = data.test_text
     # The raw TFDS strings, as the builder parsed them from the .sgm files, English first.
     assert sorted(sources) == sorted(f"newstest en {i} &amp; a house" for i in range(5))

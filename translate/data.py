@@ -88,9 +88,9 @@ class ParallelText:
             src, tgt = load()
             return [src[i] for i in indices], [tgt[i] for i in indices]
 
-        stats = [pathlib.Path(p).resolve() for p in (src_path, tgt_path)]
+        paths = [pathlib.Path(p).resolve() for p in (src_path, tgt_path)]
         identity = "files:" + ";".join(
-            f"{p}:{p.stat().st_size}:{p.stat().st_mtime_ns}" for p in stats
+            f"{p}:{p.stat().st_size}:{p.stat().st_mtime_ns}" for p in paths
         )
         with open(src_path, "rb") as f:
             num_pairs = sum(1 for _ in f)
@@ -100,24 +100,24 @@ class ParallelText:
 def sample_sentences(text: ParallelText, sample_size: int, seed: int) -> list[str]:
     """A seeded random sample of `sample_size` sentences drawn from both sides of `text`.
 
-    Only the sampled pairs are read, so the vocabulary of a 4.5M-pair corpus is trained from
-    about a million sentences without holding the rest.
+    Only the sampled pairs are read, a chunk at a time, and only the sampled side of each is
+    kept, so a 4.5M-pair corpus is never held as text to train its vocabulary.
     """
     n = text.num_pairs
     if 2 * n <= sample_size:
         picks = np.arange(2 * n)
     else:
-        picks = np.sort(np.random.default_rng(seed).choice(2 * n, sample_size, replace=False))
+        picks = np.random.default_rng(seed).choice(2 * n, sample_size, replace=False)
     src_pairs, tgt_pairs = picks[picks < n], picks[picks >= n] - n
     needed = np.union1d(src_pairs, tgt_pairs)
-    src, tgt = [], []
+    use_src, use_tgt = np.isin(needed, src_pairs), np.isin(needed, tgt_pairs)
+    sample = []
     for start in range(0, len(needed), ENCODE_CHUNK):
-        chunk_src, chunk_tgt = text.read(needed[start : start + ENCODE_CHUNK].tolist())
-        src += chunk_src
-        tgt += chunk_tgt
-    return [src[i] for i in np.searchsorted(needed, src_pairs)] + [
-        tgt[i] for i in np.searchsorted(needed, tgt_pairs)
-    ]
+        chunk = slice(start, start + ENCODE_CHUNK)
+        src, tgt = text.read(needed[chunk].tolist())
+        sample += [s for s, use in zip(src, use_src[chunk]) if use]
+        sample += [t for t, use in zip(tgt, use_tgt[chunk]) if use]
+    return sample
 
 
 @dataclasses.dataclass
@@ -326,7 +326,7 @@ def fill_rows(
     pairs: np.ndarray,
     counts: np.ndarray,
     row_len: int,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+) -> tuple[np.ndarray, ...]:
     """Lays out one side of packed rows, each sentence followed by one special slot.
 
     Args:

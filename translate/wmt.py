@@ -84,7 +84,8 @@ def required_archives(builder) -> dict[str, str]:
         for names in builder.subsets.values():
             for name in names:
                 dataset = wmt.DATASET_MAP[name]
-                urls += dataset.get_url(source)
+                if not dataset.get_manual_dl_files(source):  # TFDS asks for those by name
+                    urls += dataset.get_url(source)
     infos = builder.url_infos or {}
     urls = urls or list(infos)
     return {
@@ -109,12 +110,13 @@ def fetch_archives(builder, manual_dir: pathlib.Path) -> None:
         return
     if not network_reachable(list(missing)):
         listing = "\n".join(f"  {url}  ->  {manual_dir / name}" for url, name in missing.items())
+        root = builder.data_dir_root
         raise FileNotFoundError(
-            f"{builder.info.full_name} is not prepared under {manual_dir.parent.parent} and the "
-            f"network is unreachable. Download these archives on a machine with network access "
-            f"and put them in {manual_dir}:\n{listing}\nor copy an already prepared "
-            f"{builder.name}/ directory there (set --config.data.tfds_data_dir or "
-            "$TFDS_DATA_DIR to choose another root)."
+            f"{builder.info.full_name} is not prepared in {root} and the network is "
+            f"unreachable. Download these archives on a machine with network access and put "
+            f"them in {manual_dir}:\n{listing}\nor copy an already prepared {builder.name}/ "
+            f"directory into {root} (--config.data.tfds_data_dir or $TFDS_DATA_DIR choose "
+            "another root)."
         )
     manual_dir.mkdir(parents=True, exist_ok=True)
     infos = builder.url_infos or {}
