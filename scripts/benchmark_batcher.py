@@ -66,6 +66,17 @@ def build_corpus(data_dir: pathlib.Path, num_pairs: int, workdir: pathlib.Path) 
     return TokenizedCorpus(*arrays)
 
 
+def cpu_name() -> str:
+    """platform.processor(), which is often empty on Linux, else /proc/cpuinfo's model name."""
+    if platform.processor():
+        return platform.processor()
+    cpuinfo = pathlib.Path("/proc/cpuinfo")
+    for line in cpuinfo.read_text().splitlines() if cpuinfo.is_file() else []:
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.machine()
+
+
 def main(argv: list[str]) -> None:
     flags, _ = parse_flags(
         argv,
@@ -106,7 +117,7 @@ def main(argv: list[str]) -> None:
         f"median {np.median(tokens):.0f} real tokens (source + target) per batch"
     )
     print(
-        f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs "
+        f"machine: {cpu_name()} ({platform.machine()}), {os.cpu_count()} CPUs "
         f"(pinned to one), Python {platform.python_version()}, numpy {np.__version__}"
     )
     print(f"batcher: {np.median(rates) / 1e6:.2f}M real tokens/s on one core (median)")

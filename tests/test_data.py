@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from translate import synthetic
+from translate import data, synthetic
 from translate.data import (
     BatchLayout,
     DataPosition,
@@ -148,6 +148,17 @@ def test_token_cache_is_reused_on_a_second_load(tokenizer, tmp_path):
     np.testing.assert_array_equal(again.tgt_tokens, first.tgt_tokens)
     np.testing.assert_array_equal(again.src_offsets, first.src_offsets)
     assert (tmp_path / "manifest.json").read_text() == manifest
+
+
+def test_worker_processes_tokenize_like_one_process(tokenizer, tmp_path, monkeypatch):
+    monkeypatch.setattr(data, "ENCODE_CHUNK", 64)  # 300 pairs: five jobs over two workers
+    src, tgt = pairs_text()
+    text = ParallelText.from_lists(src, tgt, "a")
+    one, one_dropped = tokenize_once(text, tokenizer, 48, tmp_path / "one", num_workers=1)
+    two, two_dropped = tokenize_once(text, tokenizer, 48, tmp_path / "two", num_workers=2)
+    assert one_dropped == two_dropped > 0
+    for name in ("src_tokens", "src_offsets", "tgt_tokens", "tgt_offsets"):
+        np.testing.assert_array_equal(getattr(two, name), getattr(one, name), err_msg=name)
 
 
 def test_token_cache_is_rebuilt_when_the_vocabulary_changes(tokenizer, tmp_path):

@@ -9,6 +9,7 @@ import time
 import numpy as np
 import pytest
 import tensorflow_datasets as tfds
+from tensorflow_datasets.core.data_sources import array_record
 from tensorflow_datasets.core.download import checksums
 
 from translate import wmt
@@ -151,8 +152,11 @@ def test_a_language_outside_the_dataset_is_an_error(fake_wmt14):
 
 def test_mocked_tfds_examples_flow_through_the_loader_into_batches(tmp_path, monkeypatch):
     # mock_data replaces preparation and reading; the builder counts as prepared, so nothing
-    # is fetched.
+    # is fetched. Its mocked reader serves single records only (the batched `__getitems__` it
+    # installs lacks `self`), so batched reads go record by record here.
     monkeypatch.setattr(tfds.core.DatasetBuilder, "is_prepared", lambda self: True)
+    one_by_one = lambda self, keys: [self[k] for k in keys]  # noqa: E731
+    monkeypatch.setattr(array_record.ArrayRecordDataSource, "__getitems__", one_by_one)
     monkeypatch.setattr(wmt, "network_reachable", no_network)
     with tfds.testing.mock_data(num_examples=40):
         config = tfds_config(tmp_path / "tfds")

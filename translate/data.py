@@ -11,22 +11,28 @@ function of (seed, epoch); the data position saved in checkpoints is (epoch, bat
 
 from __future__ import annotations
 
+import collections
+import concurrent.futures
 import dataclasses
 import functools
 import hashlib
 import itertools
 import json
+import multiprocessing
 import os
 import pathlib
 from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
+import sentencepiece as spm
 
 from translate.tokenizer import BOS_ID, EOS_ID, Tokenizer
 
 TOKENS_DIRNAME = "tokens"
-# Pairs encoded per step of `tokenize_once`; bounds the text and token lists held at once.
-ENCODE_CHUNK = 100_000
+# Pairs read at once when sampling the vocabulary's sentences.
+READ_CHUNK = 100_000
+# Pairs per encoding job of `tokenize_once`; each worker process holds a few jobs at a time.
+ENCODE_CHUNK = 10_000
 
 
 def read_lines(path: str | pathlib.Path, allow_empty: bool = False) -> list[str]:
@@ -112,8 +118,8 @@ def sample_sentences(text: ParallelText, sample_size: int, seed: int) -> list[st
     needed = np.union1d(src_pairs, tgt_pairs)
     use_src, use_tgt = np.isin(needed, src_pairs), np.isin(needed, tgt_pairs)
     sample = []
-    for start in range(0, len(needed), ENCODE_CHUNK):
-        chunk = slice(start, start + ENCODE_CHUNK)
+    for start in range(0, len(needed), READ_CHUNK):
+        chunk = slice(start, start + READ_CHUNK)
         src, tgt = text.read(needed[chunk].tolist())
         sample += [s for s, use in zip(src, use_src[chunk]) if use]
         sample += [t for t, use in zip(tgt, use_tgt[chunk]) if use]
@@ -187,15 +193,26 @@ def write_atomically(path: pathlib.Path, write: Callable[[pathlib.Path], None]) 
 
 
 def tokenize_once(
-    text: ParallelText, tokenizer: Tokenizer, max_len: int, cache_dir: str | os.PathLike
+    text: ParallelText,
+    tokenizer: Tokenizer,
+    max_len: int,
+    cache_dir: str | os.PathLike,
+    num_workers: int | None = None,
 ) -> tuple[TokenizedCorpus, int]:
     """Tokenizes `text` into `cache_dir` once, then memory-maps the stored tokens.
 
     The cache holds `{src,tgt}.tokens` (flat token ids, uint16 when the vocabulary fits, else
     int32), `{src,tgt}.offsets.npy` (int64, N + 1) and `manifest.json`. The manifest records the
     vocabulary's sha256, the text's identity and `max_len`; if any differs, the cache is rebuilt.
-    Encoding uses SentencePiece's threads on every core; pairs longer than `max_len` tokens
-    (EOS included) on either side are dropped.
+    Pairs longer than `max_len` tokens (EOS included) on either side are dropped.
+
+    Args:
+      text: the pairs to tokenize.
+      tokenizer: the shared vocabulary.
+      max_len: longest kept side, EOS included.
+      cache_dir: where the cache lives (created if needed).
+      num_workers: encoding processes; default one per CPU core (one, in-process, for a
+        corpus of a single job).
 
     Returns:
       The kept pairs (memory-mapped) and the number dropped.
@@ -211,7 +228,8 @@ def tokenize_once(
     if {k: manifest.get(k) for k in expected} != expected:
         cache_dir.mkdir(parents=True, exist_ok=True)
         manifest_path.unlink(missing_ok=True)  # a half-rebuilt cache must never look valid
-        manifest = {**expected, **write_token_cache(text, tokenizer, max_len, cache_dir)}
+        counts = write_token_cache(text, tokenizer, max_len, cache_dir, num_workers)
+        manifest = {**expected, **counts}
         write_atomically(manifest_path, lambda p: p.write_text(json.dumps(manifest, indent=2)))
     arrays = []
     for side in ("src", "tgt"):
@@ -224,27 +242,75 @@ def tokenize_once(
     return TokenizedCorpus(*arrays), manifest["num_dropped"]
 
 
+@functools.cache
+def load_processor(model_path: str) -> spm.SentencePieceProcessor:
+    """One SentencePiece processor per (worker) process."""
+    return spm.SentencePieceProcessor(model_file=model_path)
+
+
+def encode_job(job: tuple[str, list[str], list[str], str]) -> tuple[np.ndarray, ...]:
+    """(model path, sources, targets, dtype) -> flat tokens and lengths, source then target.
+
+    Runs in a worker process, so turning SentencePiece's lists into arrays is parallel too.
+    """
+    model_path, src, tgt, dtype = job
+    out = []
+    for texts in (src, tgt):
+        ids = load_processor(model_path).encode(texts, out_type=int)
+        lengths = np.fromiter(map(len, ids), np.int64, len(ids))
+        out += [np.fromiter(itertools.chain.from_iterable(ids), dtype, int(lengths.sum())), lengths]
+    return tuple(out)
+
+
+def encode_in_order(jobs: Iterator[tuple], num_workers: int) -> Iterator[tuple[np.ndarray, ...]]:
+    """`encode_job` over `jobs`, in order, on `num_workers` processes.
+
+    At most two jobs per worker are in flight, so the text read ahead stays small.
+    """
+    if num_workers <= 1:
+        yield from map(encode_job, jobs)
+        return
+    # "spawn": forking a process that has started JAX's threads can deadlock.
+    context = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(num_workers, mp_context=context) as pool:
+        pending = collections.deque()
+        for job in jobs:
+            pending.append(pool.submit(encode_job, job))
+            if len(pending) > 2 * num_workers:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+
+
 def write_token_cache(
-    text: ParallelText, tokenizer: Tokenizer, max_len: int, cache_dir: pathlib.Path
+    text: ParallelText,
+    tokenizer: Tokenizer,
+    max_len: int,
+    cache_dir: pathlib.Path,
+    num_workers: int | None,
 ) -> dict:
-    """Encodes `text` chunk by chunk into the cache files; returns the manifest's counts."""
+    """Encodes `text` in jobs over worker processes into the cache files; returns counts."""
     dtype = np.uint16 if tokenizer.vocab_size <= np.iinfo(np.uint16).max + 1 else np.int32
+    dtype_name = np.dtype(dtype).name
+    num_jobs = -(-text.num_pairs // ENCODE_CHUNK)
+    num_workers = min(num_workers or os.cpu_count() or 1, num_jobs)
+
+    def jobs():  # read lazily, while the workers encode the jobs before
+        for start in range(0, text.num_pairs, ENCODE_CHUNK):
+            src, tgt = text.read(range(start, min(start + ENCODE_CHUNK, text.num_pairs)))
+            yield str(tokenizer.path), src, tgt, dtype_name
+
     lengths = {"src": [], "tgt": []}
     tmp = {side: cache_dir / f"{side}.tokens.tmp{os.getpid()}" for side in lengths}
     num_dropped = 0
     with open(tmp["src"], "wb") as src_file, open(tmp["tgt"], "wb") as tgt_file:
-        for start in range(0, text.num_pairs, ENCODE_CHUNK):
-            src, tgt = text.read(range(start, min(start + ENCODE_CHUNK, text.num_pairs)))
-            ids = {"src": tokenizer.encode(src), "tgt": tokenizer.encode(tgt)}
-            del src, tgt
-            n = {side: np.fromiter(map(len, v), np.int64, len(v)) for side, v in ids.items()}
-            keep = np.flatnonzero((n["src"] < max_len) & (n["tgt"] < max_len))  # + EOS <= max_len
-            num_dropped += len(n["src"]) - len(keep)
-            for side, f in (("src", src_file), ("tgt", tgt_file)):
-                kept = [ids[side][i] for i in keep]
-                flat = np.fromiter(itertools.chain.from_iterable(kept), dtype, n[side][keep].sum())
-                f.write(flat.tobytes())
-                lengths[side].append(n[side][keep])
+        files = {"src": src_file, "tgt": tgt_file}
+        for src_flat, src_len, tgt_flat, tgt_len in encode_in_order(jobs(), num_workers):
+            keep = (src_len < max_len) & (tgt_len < max_len)  # + EOS <= max_len
+            num_dropped += int((~keep).sum())
+            for side, flat, n in (("src", src_flat, src_len), ("tgt", tgt_flat, tgt_len)):
+                files[side].write(flat[np.repeat(keep, n)].tobytes())
+                lengths[side].append(n[keep])
     if text.num_pairs == num_dropped:
         raise ValueError(f"{text.identity}: no pair is at most {max_len} tokens long")
     for side in lengths:
@@ -257,11 +323,8 @@ def write_token_cache(
 
         write_atomically(cache_dir / f"{side}.offsets.npy", save)
         os.replace(tmp[side], cache_dir / f"{side}.tokens")
-    return {
-        "dtype": np.dtype(dtype).name,
-        "num_pairs": text.num_pairs - num_dropped,
-        "num_dropped": num_dropped,
-    }
+    num_pairs = text.num_pairs - num_dropped
+    return {"dtype": dtype_name, "num_pairs": num_pairs, "num_dropped": num_dropped}
 
 
 @dataclasses.dataclass(frozen=True)
