@@ -1,18 +1,24 @@
 """Reading, tokenizing and batching parallel text (translate/data.py, translate/tokenizer.py)."""
 
+import json
+
 import numpy as np
 import pytest
 
-from translate import synthetic
+from translate import data, synthetic
 from translate.data import (
     BatchLayout,
     DataPosition,
+    ParallelText,
     TokenizedCorpus,
+    file_sha256,
     iterate_batches,
     make_batch,
     plan_epoch,
     read_parallel,
+    sample_sentences,
     source_batches,
+    tokenize_once,
     tokenize_parallel,
 )
 from translate.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, train_tokenizer
@@ -122,3 +128,121 @@ def test_source_batches_cover_every_sentence_sorted_by_length(tokenizer):
         seen += [int(i) for i in indices if i >= 0]
         widths.append(tokens.shape[1])
     assert sorted(seen) == list(range(21)) and widths == sorted(widths)
+
+
+def pairs_text(n=300, seed=3):
+    src, tgt = zip(*synthetic.generate_pairs(n, seed=seed))
+    return list(src), list(tgt)
+
+
+def unreadable(indices):
+    raise AssertionError("the cached tokens should have been reused")
+
+
+def test_token_cache_is_reused_on_a_second_load(tokenizer, tmp_path):
+    src, tgt = pairs_text()
+    first, _ = tokenize_once(ParallelText.from_lists(src, tgt, "a"), tokenizer, 64, tmp_path)
+    manifest = (tmp_path / "manifest.json").read_text()
+    again, _ = tokenize_once(ParallelText(len(src), unreadable, "a"), tokenizer, 64, tmp_path)
+    assert isinstance(again.src_tokens, np.memmap) and again.src_tokens.dtype == np.uint16
+    np.testing.assert_array_equal(again.tgt_tokens, first.tgt_tokens)
+    np.testing.assert_array_equal(again.src_offsets, first.src_offsets)
+    assert (tmp_path / "manifest.json").read_text() == manifest
+
+
+def test_worker_processes_tokenize_like_one_process(tokenizer, tmp_path, monkeypatch):
+    monkeypatch.setattr(data, "ENCODE_CHUNK", 64)  # 300 pairs: five jobs over two workers
+    src, tgt = pairs_text()
+    text = ParallelText.from_lists(src, tgt, "a")
+    one, one_dropped = tokenize_once(text, tokenizer, 48, tmp_path / "one", num_workers=1)
+    two, two_dropped = tokenize_once(text, tokenizer, 48, tmp_path / "two", num_workers=2)
+    assert one_dropped == two_dropped > 0
+    for name in ("src_tokens", "src_offsets", "tgt_tokens", "tgt_offsets"):
+        np.testing.assert_array_equal(getattr(two, name), getattr(one, name), err_msg=name)
+
+
+def test_token_cache_is_rebuilt_when_the_vocabulary_changes(tokenizer, tmp_path):
+    src, tgt = pairs_text()
+    text = ParallelText.from_lists(src, tgt, "a")
+    tokenize_once(text, tokenizer, 256, tmp_path / "cache")
+    other = train_tokenizer(src + tgt, 120, tmp_path / "other.model")
+    corpus, _ = tokenize_once(text, other, 256, tmp_path / "cache")
+    assert corpus.src(0).tolist() == other.encode([src[0]])[0] != tokenizer.encode([src[0]])[0]
+    manifest = json.loads((tmp_path / "cache" / "manifest.json").read_text())
+    assert manifest["vocab_sha256"] == file_sha256(other.path)
+    assert manifest["num_pairs"] == len(corpus) == len(src)
+
+
+def test_token_cache_is_rebuilt_when_the_training_files_change(tokenizer, tmp_path):
+    (tmp_path / "t.en").write_text("The dog sees the man.\n")
+    (tmp_path / "t.de").write_text("Der Hund sieht den Mann.\n")
+    text = ParallelText.from_files(tmp_path / "t.en", tmp_path / "t.de")
+    assert len(tokenize_once(text, tokenizer, 64, tmp_path / "cache")[0]) == 1
+    (tmp_path / "t.en").write_text("The dog sees the man.\nThe man.\n")
+    (tmp_path / "t.de").write_text("Der Hund sieht den Mann.\nDer Mann.\n")
+    text = ParallelText.from_files(tmp_path / "t.en", tmp_path / "t.de")
+    assert len(tokenize_once(text, tokenizer, 64, tmp_path / "cache")[0]) == 2
+
+
+def test_memmapped_corpus_batches_equal_in_memory_ones(tokenizer, tmp_path):
+    src, tgt = pairs_text(n=400)
+    src[5] = " ".join(["the old man sees the dog"] * 20)  # too long: dropped by both paths
+    in_memory, dropped = tokenize_parallel(tokenizer, src, tgt, max_len=64)
+    mapped, mapped_dropped = tokenize_once(
+        ParallelText.from_lists(src, tgt, "a"), tokenizer, 64, tmp_path
+    )
+    assert dropped == mapped_dropped >= 1
+    layout = BatchLayout.from_config(64 * 8, 64, grad_accum_steps=2, num_devices=2)
+    plan = plan_epoch(in_memory, layout, seed=1, epoch=0)
+    assert plan == plan_epoch(mapped, layout, seed=1, epoch=0)
+    for rows in plan:
+        expected, got = make_batch(in_memory, rows, layout), make_batch(mapped, rows, layout)
+        for key in expected:
+            np.testing.assert_array_equal(got[key], expected[key], err_msg=key)
+
+
+def reference_batch(corpus, rows, layout, row_slice):
+    """make_batch written row by row, sentence by sentence."""
+    micro = [rows[m * layout.rows : (m + 1) * layout.rows][row_slice] for m in range(2)]
+    shape = (layout.num_micro, len(micro[0]), layout.row_len)
+    out = {k: np.zeros(shape, np.int32) for k in ("src", "tgt_in", "tgt_out")}
+    for k in ("src_segments", "src_positions", "tgt_segments", "tgt_positions"):
+        out[k] = np.zeros(shape, np.int32)
+    for m, micro_rows in enumerate(micro):
+        for r, row in enumerate(micro_rows):
+            s = t = 0
+            for n, i in enumerate(row, start=1):
+                src = list(corpus.src(i)) + [EOS_ID]
+                tgt = list(corpus.tgt(i))
+                out["src"][m, r, s : s + len(src)] = src
+                out["src_segments"][m, r, s : s + len(src)] = n
+                out["src_positions"][m, r, s : s + len(src)] = range(len(src))
+                out["tgt_in"][m, r, t : t + len(tgt) + 1] = [BOS_ID] + tgt
+                out["tgt_out"][m, r, t : t + len(tgt) + 1] = tgt + [EOS_ID]
+                out["tgt_segments"][m, r, t : t + len(tgt) + 1] = n
+                out["tgt_positions"][m, r, t : t + len(tgt) + 1] = range(len(tgt) + 1)
+                s, t = s + len(src), t + len(tgt) + 1
+    return out
+
+
+@pytest.mark.parametrize("row_slice", [slice(None), slice(2, 4)])
+def test_vectorised_batch_matches_a_row_by_row_reference(row_slice):
+    corpus = random_corpus(n=500, seed=4)
+    layout = BatchLayout.from_config(32 * 16, 32, grad_accum_steps=2, num_devices=4)
+    for rows in plan_epoch(corpus, layout, seed=0, epoch=0):  # the last batch has empty rows
+        expected = reference_batch(corpus, rows, layout, row_slice)
+        got = make_batch(corpus, rows, layout, row_slice)
+        assert got.keys() == expected.keys()
+        for key in expected:
+            np.testing.assert_array_equal(got[key], expected[key], err_msg=key)
+
+
+def test_vocab_sample_is_seeded_and_drawn_from_both_languages():
+    src = [f"en {i}" for i in range(1000)]
+    tgt = [f"de {i}" for i in range(1000)]
+    text = ParallelText.from_lists(src, tgt, "a")
+    sample = sample_sentences(text, 300, seed=0)
+    assert sample == sample_sentences(text, 300, seed=0) != sample_sentences(text, 300, seed=1)
+    assert len(set(sample)) == 300
+    assert 100 < sum(s.startswith("en") for s in sample) < 200
+    assert sorted(sample_sentences(text, 5000, seed=0)) == sorted(src + tgt)

@@ -77,7 +77,7 @@ def train_tokenizer(
     sample_size: int = 1_000_000,
     seed: int = 0,
 ) -> Tokenizer:
-    """Trains a BPE model on a random sample of `texts` (both languages) and saves it.
+    """Trains a BPE model on a seeded random sample of `texts` (both languages) and saves it.
 
     The vocabulary may come out smaller than `vocab_size` on a small corpus (SentencePiece
     stops when no merge is left); the model's vocabulary size is read from the saved file.
@@ -85,12 +85,13 @@ def train_tokenizer(
     """
     out_path = pathlib.Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    sample = list(texts)
-    if len(sample) > sample_size:
-        sample = random.Random(seed).sample(sample, sample_size)
+    # Sample indices, not texts, so a large corpus is not copied to draw the sample.
+    picks = range(len(texts))
+    if len(texts) > sample_size:
+        picks = sorted(random.Random(seed).sample(picks, sample_size))
     model = io.BytesIO()
     spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(sample),
+        sentence_iterator=(texts[i] for i in picks),
         model_writer=model,
         model_type="bpe",
         vocab_size=vocab_size,

@@ -30,16 +30,20 @@ import optax
 from absl import logging as absl_logging
 from flax import nnx
 
-from translate import checkpoint, evaluate, sharding, synthetic
+from translate import checkpoint, evaluate, sharding, synthetic, wmt
 from translate.config import Config, load_config, parse_flags
 from translate.data import (
+    TOKENS_DIRNAME,
     BatchLayout,
     DataPosition,
+    ParallelText,
     TokenizedCorpus,
     iterate_batches,
     make_batch,
     plan_epoch,
     read_parallel,
+    sample_sentences,
+    tokenize_once,
     tokenize_parallel,
 )
 from translate.losses import correct_tokens, smoothed_cross_entropy
@@ -86,44 +90,62 @@ def data_paths(config: Config, workdir: pathlib.Path) -> dict[str, tuple[pathlib
     }
 
 
-def load_data(config: Config, workdir: pathlib.Path) -> Data:
-    """Reads the text, trains (or reuses) the shared BPE vocabulary and tokenizes training data."""
+def open_text(
+    config: Config, workdir: pathlib.Path
+) -> tuple[ParallelText, tuple[list[str], list[str]] | None, tuple[list[str], list[str]] | None]:
+    """Training pairs (read on demand) and raw dev and test text from the configured source."""
+    d = config.data
+    if d.source == "tfds":
+        data_dir = wmt.resolve_data_dir(d.tfds_data_dir)
+        builder = wmt.prepare(d.tfds_name, data_dir)
+        train = wmt.open_split(builder, d.tfds_train_split, d.src_lang, d.tgt_lang, data_dir)
+        dev, test = (
+            wmt.read_split(builder, split, d.src_lang, d.tgt_lang, data_dir) if split else None
+            for split in (d.tfds_dev_split, d.tfds_test_split)
+        )
+        return train, dev, test
     paths = data_paths(config, workdir)
-    src, tgt = read_parallel(*paths["train"])
+    dev, test = (
+        read_parallel(*paths[split]) if paths[split][0].is_file() else None
+        for split in ("dev", "test")
+    )
+    return ParallelText.from_files(*paths["train"]), dev, test
+
+
+def load_data(config: Config, workdir: pathlib.Path) -> Data:
+    """Opens the text, trains (or reuses) the shared BPE vocabulary and tokenizes training data.
+
+    The vocabulary and the training tokens are kept in the workdir, so a resumed run reads
+    neither the training text nor re-tokenizes it.
+    """
+    d = config.data
+    train_text, dev_text, test_text = open_text(config, workdir)
     vocab_path = workdir / VOCAB_FILENAME
     if vocab_path.is_file():
         tokenizer = Tokenizer(vocab_path)
     else:
+        sample = sample_sentences(train_text, d.vocab_sample_size, config.train.seed)
         log.info(
-            "training a %d-piece BPE vocabulary on %d sentences",
-            config.data.vocab_size,
-            2 * len(src),
+            "training a %d-piece BPE vocabulary on %d sentences sampled from %d pairs",
+            d.vocab_size,
+            len(sample),
+            train_text.num_pairs,
         )
-        tokenizer = train_tokenizer(
-            src + tgt,
-            config.data.vocab_size,
-            vocab_path,
-            config.data.vocab_sample_size,
-            config.train.seed,
-        )
-    train, dropped = tokenize_parallel(tokenizer, src, tgt, config.data.max_len)
+        tokenizer = train_tokenizer(sample, d.vocab_size, vocab_path, len(sample))
+        del sample
+    train, dropped = tokenize_once(train_text, tokenizer, d.max_len, workdir / TOKENS_DIRNAME)
     log.info(
         "train: %d pairs kept, %d longer than data.max_len=%d dropped; vocabulary %d",
         len(train),
         dropped,
-        config.data.max_len,
+        d.max_len,
         tokenizer.vocab_size,
     )
-    optional = {
-        s: read_parallel(*paths[s]) if paths[s][0].is_file() else None for s in ("dev", "test")
-    }
-    dev = None
-    if optional["dev"]:
-        dev, _ = tokenize_parallel(tokenizer, *optional["dev"], config.data.max_len)
-    return Data(tokenizer, train, dev, optional["dev"], optional["test"])
+    dev = tokenize_parallel(tokenizer, *dev_text, d.max_len)[0] if dev_text else None
+    return Data(tokenizer, train, dev, dev_text, test_text)
 
 
-GENERATED = ("checkpoints", "data", "tensorboard", "metrics.jsonl", VOCAB_FILENAME)
+GENERATED = ("checkpoints", "data", TOKENS_DIRNAME, "tensorboard", "metrics.jsonl", VOCAB_FILENAME)
 
 
 def check_workdir_config(config: Config, workdir: pathlib.Path, force: bool) -> None:
