@@ -44,8 +44,8 @@ def varied_outputs(monkeypatch):
     """
     load = evaluate.load_model
 
-    def load_untrained(workdir, step=None):
-        _, _, tokenizer, config, step = load(workdir, step)
+    def load_untrained(workdir, step=None, average=0):
+        _, _, tokenizer, config, step = load(workdir, step, average)
         model = Transformer(config.model, tokenizer.vocab_size, rngs=nnx.Rngs(0))
         model.embed.embedding[...] = model.embed.embedding[...] * 8.0
         return *nnx.split(model, nnx.Param), tokenizer, config, step
@@ -79,7 +79,7 @@ def test_translate_keeps_input_order_and_line_count(workdir, tmp_path, monkeypat
     assert len({translation for translation in out if translation}) > 2
 
 
-def test_nbest_gives_n_distinct_hypotheses_in_score_order(workdir, tmp_path):
+def test_nbest_gives_n_distinct_hypotheses_in_score_order(workdir, tmp_path, varied_outputs):
     out = run(tmp_path, LINES, f"--workdir={workdir}", "--beam_size=4", "--nbest=3")
     by_line = {}
     for row in out:

@@ -21,6 +21,7 @@ import json
 import multiprocessing
 import os
 import pathlib
+import shutil
 from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
@@ -226,11 +227,23 @@ def tokenize_once(
     }
     manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else {}
     if {k: manifest.get(k) for k in expected} != expected:
-        cache_dir.mkdir(parents=True, exist_ok=True)
-        manifest_path.unlink(missing_ok=True)  # a half-rebuilt cache must never look valid
-        counts = write_token_cache(text, tokenizer, max_len, cache_dir, num_workers)
-        manifest = {**expected, **counts}
-        write_atomically(manifest_path, lambda p: p.write_text(json.dumps(manifest, indent=2)))
+        # Build the new cache beside the old one and swap it in only when complete, so bad
+        # input or a kill mid-way leaves the old cache (or none) but never a mixture.
+        building = cache_dir.with_name(f"{cache_dir.name}.building{os.getpid()}")
+        shutil.rmtree(building, ignore_errors=True)
+        building.mkdir(parents=True)
+        try:
+            counts = write_token_cache(text, tokenizer, max_len, building, num_workers)
+            manifest = {**expected, **counts}
+            (building / "manifest.json").write_text(json.dumps(manifest, indent=2))
+        except BaseException:
+            shutil.rmtree(building, ignore_errors=True)
+            raise
+        retired = cache_dir.with_name(f"{cache_dir.name}.retired{os.getpid()}")
+        if cache_dir.exists():
+            os.replace(cache_dir, retired)
+        os.replace(building, cache_dir)
+        shutil.rmtree(retired, ignore_errors=True)
     arrays = []
     for side in ("src", "tgt"):
         offsets = np.load(cache_dir / f"{side}.offsets.npy", mmap_mode="r")
