@@ -21,4 +21,6 @@ def get_config() -> Config:
     config.model.num_heads = 16
     config.model.dropout_rate = 0.3
     config.train.num_train_steps = 300_000
+    # Sec. 6.1: the big model is evaluated with the average of its last 20 checkpoints.
+    config.train.keep_checkpoints = 20
     return config
