@@ -104,7 +104,8 @@ def main(argv: list[str]) -> None:
             "[--output=DIR] [--layer=L] [--head=H]"
         )
     absl_logging.set_verbosity(absl_logging.ERROR)  # Orbax's read-only manager warnings
-    graphdef, params, tokenizer, config, step = load_model(flags["workdir"])
+    graphdef, params, tokenizer, config, steps = load_model(flags["workdir"])
+    step = steps[0] if len(steps) == 1 else f"mean of {steps}"
     num_layers, num_heads = config.model.num_layers, config.model.num_heads
     layer = flags["layer"] % num_layers if flags["layer"] < 0 else flags["layer"]
     head = flags["head"]

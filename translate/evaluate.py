@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+import logging
 import pathlib
 import re
 import sys
@@ -191,9 +192,16 @@ def tokenized_bleu(hypotheses: Sequence[str], references: Sequence[str], lang: s
     """Corpus BLEU on Moses-tokenized, compound-split text: the recipe of the paper's numbers."""
     # No smoothing: multi-bleu.perl scores 0 when an n-gram order has no match, and so does this.
     bleu = sacrebleu.BLEU(tokenize="none", smooth_method="none")
-    result = bleu.corpus_score(
-        tokenize_for_bleu(hypotheses, lang), [tokenize_for_bleu(references, lang)]
-    )
+    # sacreBLEU warns that the input looks tokenized: here that is the point.
+    sacrebleu_log = logging.getLogger("sacrebleu")
+    level = sacrebleu_log.level
+    sacrebleu_log.setLevel(logging.ERROR)
+    try:
+        result = bleu.corpus_score(
+            tokenize_for_bleu(hypotheses, lang), [tokenize_for_bleu(references, lang)]
+        )
+    finally:
+        sacrebleu_log.setLevel(level)
     return result.score
 
 
