@@ -3,6 +3,8 @@
     python -m translate.train --config=configs/quickstart.py --workdir=/tmp/quickstart
 
 Generates the corpus into the workdir, trains, and writes /tmp/quickstart/report.json.
+Expect about 8 minutes on 2 CPU cores and sacreBLEU about 93 on the 1,000 held-out sentences
+(93.20 measured at commit eab1a64).
 """
 
 from translate.config import Config
