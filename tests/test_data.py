@@ -246,3 +246,15 @@ def test_vocab_sample_is_seeded_and_drawn_from_both_languages():
     assert len(set(sample)) == 300
     assert 100 < sum(s.startswith("en") for s in sample) < 200
     assert sorted(sample_sentences(text, 5000, seed=0)) == sorted(src + tgt)
+
+
+def test_packing_fills_gaps_with_short_pairs():
+    # Pairs of 40 tokens (+ EOS) fill a 64-slot row only once; packing puts short pairs in
+    # the gap instead of wasting 23 slots per row.
+    src = [[5] * 40] * 10 + [[6] * 10] * 20
+    corpus = TokenizedCorpus.from_lists(src, src)
+    rows = data.pack_rows(corpus, np.argsort([len(s) for s in src], kind="stable"), 64)
+    assert sorted(i for row in rows for i in row) == list(range(30))
+    for row in rows:
+        assert sum(len(src[i]) + 1 for i in row) <= 64
+    assert len(rows) == 10  # each long pair with two short ones: 41 + 11 + 11 = 63

@@ -2,10 +2,11 @@
 
 import math
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
-from translate.losses import correct_tokens, smoothed_cross_entropy
+from translate.losses import correct_tokens, projected_cross_entropy, smoothed_cross_entropy
 from translate.optim import inverse_sqrt_schedule
 
 
@@ -28,6 +29,29 @@ def test_accuracy_counts_only_real_tokens():
     targets = jnp.array([[0, 1, 1]])
     weights = jnp.array([[1.0, 1.0, 0.0]])
     assert correct_tokens(logits, targets, weights) == 1.0
+
+
+def test_fused_projection_and_loss_match_the_unfused_loss_and_its_gradients():
+    keys = jax.random.split(jax.random.key(0), 4)
+    y = jax.random.normal(keys[0], (3, 5, 16))  # [B, T, D]
+    embedding = 0.3 * jax.random.normal(keys[1], (50, 16))  # [V, D]
+    targets = jax.random.randint(keys[2], (3, 5), 0, 50)
+    weights = (jax.random.uniform(keys[3], (3, 5)) > 0.3).astype(jnp.float32)
+
+    def unfused(y, embedding):
+        logits = jnp.einsum("btd,vd->btv", y, embedding)
+        loss, nll, count = smoothed_cross_entropy(logits, targets, weights, 0.1)
+        return loss, nll, count, correct_tokens(logits, targets, weights)
+
+    def fused(y, embedding):
+        return projected_cross_entropy(y, embedding, targets, weights, 0.1)
+
+    np.testing.assert_allclose(fused(y, embedding), unfused(y, embedding), rtol=1e-6)
+    for output in (0, 1):  # the smoothed loss and the NLL are both differentiable
+        expected = jax.grad(lambda *a, i=output: unfused(*a)[i], argnums=(0, 1))(y, embedding)
+        got = jax.grad(lambda *a, i=output: fused(*a)[i], argnums=(0, 1))(y, embedding)
+        for a, b in zip(got, expected):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
 def test_schedule_matches_formula():

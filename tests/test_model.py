@@ -7,7 +7,7 @@ from flax import nnx
 
 from translate.config import Config, ModelConfig
 from translate.evaluate import abstract_model
-from translate.model import Transformer, sinusoidal_positions
+from translate.model import Transformer, dropout, sinusoidal_positions
 
 VOCAB = 64
 
@@ -96,6 +96,16 @@ def test_dropout_is_active_only_with_a_key():
     batch = unpacked_batch(random_tokens(0, (2, 6)), random_tokens(1, (2, 5)))
     np.testing.assert_array_equal(model(batch), model(batch))
     assert not np.allclose(model(batch), model(batch, dropout_key=jax.random.key(0)))
+
+
+def test_dropout_zeroes_the_rate_and_keeps_the_mean():
+    x = jnp.ones((64, 128, 256))
+    y = dropout(x, 0.1, jax.random.key(0))
+    dropped = float(jnp.mean(y == 0))
+    # 2M draws: the standard error of the dropped fraction is 2e-4.
+    assert abs(dropped - 0.1) < 1e-3
+    np.testing.assert_allclose(float(jnp.mean(y)), 1.0, rtol=2e-3)
+    assert dropout(x[:, :, :7], 0.1, jax.random.key(0)).shape == (64, 128, 7)  # odd width
 
 
 def test_sinusoidal_positions_follow_the_paper_formula():

@@ -364,19 +364,30 @@ class BatchLayout:
 
 
 def pack_rows(corpus: TokenizedCorpus, order: np.ndarray, row_len: int) -> list[list[int]]:
-    """Next-fit packing of pairs (in `order`) into rows where both sides fit in `row_len`."""
+    """Packs pairs into rows where both sides fit in `row_len`; `order` is shortest first.
+
+    Each row takes the longest pairs left while they fit, then fills its gap with the shortest
+    pairs left: rows of similar long sentences would otherwise waste up to a sentence's length
+    each. Two pointers walk `order` from both ends, so every pair is packed exactly once.
+    """
     # Python ints from lists: the loop runs once per pair per epoch, and numpy scalars are slow.
     src_len = (np.diff(corpus.src_offsets)[order] + 1).tolist()  # + EOS
     tgt_len = (np.diff(corpus.tgt_offsets)[order] + 1).tolist()  # + BOS (input) / EOS (output)
-    rows, row, used_src, used_tgt = [], [], 0, 0
-    for i, s, t in zip(order.tolist(), src_len, tgt_len):
-        if row and (used_src + s > row_len or used_tgt + t > row_len):
-            rows.append(row)
-            row, used_src, used_tgt = [], 0, 0
-        row.append(i)
-        used_src += s
-        used_tgt += t
-    if row:
+    pairs = order.tolist()
+    rows, lo, hi = [], 0, len(pairs) - 1
+    while lo <= hi:
+        row, used_src, used_tgt = [pairs[hi]], src_len[hi], tgt_len[hi]
+        hi -= 1
+        while lo <= hi and used_src + src_len[hi] <= row_len and used_tgt + tgt_len[hi] <= row_len:
+            row.append(pairs[hi])
+            used_src += src_len[hi]
+            used_tgt += tgt_len[hi]
+            hi -= 1
+        while lo <= hi and used_src + src_len[lo] <= row_len and used_tgt + tgt_len[lo] <= row_len:
+            row.append(pairs[lo])
+            used_src += src_len[lo]
+            used_tgt += tgt_len[lo]
+            lo += 1
         rows.append(row)
     return rows
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
@@ -31,3 +33,86 @@ def smoothed_cross_entropy(
 def correct_tokens(logits: jax.Array, targets: jax.Array, weights: jax.Array) -> jax.Array:
     """Number of real target tokens whose arg-max prediction is right."""
     return jnp.sum((jnp.argmax(logits, axis=-1) == targets) * weights)
+
+
+def projected_cross_entropy(
+    y: jax.Array,
+    embedding: jax.Array,
+    targets: jax.Array,
+    weights: jax.Array,
+    label_smoothing: float,
+) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+    """The pre-softmax projection (Sec. 3.4) and the loss above in one step, for training.
+
+    Computes what `smoothed_cross_entropy(y @ embedding.T, ...)` and `correct_tokens` compute,
+    with a hand-written gradient. Differentiating the two separately costs several passes over
+    the [N, V] logits, the largest tensor of the step, and a transposed copy of their gradient
+    for the embedding's gradient; here the backward pass makes one elementwise pass and feeds
+    both products in the layout they want.
+
+    Args:
+      y: [..., D] decoder output in the compute dtype.
+      embedding: [V, D] shared embedding (float32 parameters; cast to y's dtype).
+      targets: [...] token ids; weights: [...] 1.0 on real tokens, 0.0 on padding.
+      label_smoothing: eps.
+
+    Returns:
+      (smoothed loss sum, NLL sum, token count, correct arg-max count), float32 scalars. The two
+      sums are differentiable; the counts are constants.
+    """
+    d = y.shape[-1]
+    y2, t, w = y.reshape(-1, d), targets.reshape(-1), weights.reshape(-1).astype(jnp.float32)
+    loss, nll, correct = _projected_loss(y2, embedding, t, w, label_smoothing)
+    return loss, nll, jnp.sum(w), correct
+
+
+def _logit_stats(y, embedding, targets):
+    logits = jnp.einsum(
+        "nd,vd->nv", y, embedding.astype(y.dtype), preferred_element_type=jnp.float32
+    )  # [N, V]
+    top = jnp.max(logits, axis=-1)  # [N]
+    lse = top + jnp.log(jnp.sum(jnp.exp(logits - top[:, None]), axis=-1))  # [N]
+    target_logit = jnp.take_along_axis(logits, targets[:, None], axis=-1)[:, 0]  # [N]
+    return logits, lse, target_logit, jnp.mean(logits, axis=-1), top
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def _projected_loss(y, embedding, targets, weights, label_smoothing):
+    return _projected_loss_fwd(y, embedding, targets, weights, label_smoothing)[0]
+
+
+def _projected_loss_fwd(y, embedding, targets, weights, label_smoothing):
+    logits, lse, target_logit, mean_logit, top = _logit_stats(y, embedding, targets)
+    nll = lse - target_logit  # [N]
+    uniform = lse - mean_logit  # [N]: cross-entropy against 1/V
+    loss = (1.0 - label_smoothing) * nll + label_smoothing * uniform
+    # The target is the arg-max when its logit is the largest (exact ties count as correct).
+    correct = jnp.sum((target_logit >= top) * weights)
+    out = (jnp.sum(loss * weights), jnp.sum(nll * weights), correct)
+    return out, (y, embedding, targets, weights, logits, lse)
+
+
+def _projected_loss_bwd(label_smoothing, residuals, cotangents):
+    y, embedding, targets, weights, logits, lse = residuals
+    g_loss, g_nll, _ = cotangents
+    vocab = logits.shape[-1]
+    # d(sum_n w_n * CE_n(q)) / d logits = w_n * (softmax - q) for a target distribution q;
+    # the loss uses q = (1 - eps) one_hot + eps / V and the NLL q = one_hot.
+    scale = (weights * (g_loss + g_nll))[:, None]
+    hot = (weights * (g_loss * (1.0 - label_smoothing) + g_nll))[:, None]
+    flat = (weights * g_loss * label_smoothing / vocab)[:, None]
+    is_target = jnp.arange(vocab)[None, :] == targets[:, None]  # [N, V]
+    d_logits = scale * jnp.exp(logits - lse[:, None]) - jnp.where(is_target, hot, 0.0) - flat
+    d_logits = d_logits.astype(y.dtype)  # [N, V]
+    d_y = jnp.einsum("nv,vd->nd", d_logits, embedding.astype(y.dtype))  # [N, D]
+    # [D, V] then transposed: only the small result moves, not the [N, V] gradient.
+    d_embedding = jnp.einsum("nd,nv->dv", y, d_logits, preferred_element_type=jnp.float32).T
+    return (
+        d_y,
+        d_embedding.astype(embedding.dtype),
+        None,
+        jnp.zeros_like(weights),
+    )
+
+
+_projected_loss.defvjp(_projected_loss_fwd, _projected_loss_bwd)

@@ -46,7 +46,7 @@ from translate.data import (
     tokenize_once,
     tokenize_parallel,
 )
-from translate.losses import correct_tokens, smoothed_cross_entropy
+from translate.losses import projected_cross_entropy
 from translate.model import Transformer
 from translate.optim import make_optimizer
 from translate.tokenizer import VOCAB_FILENAME, Tokenizer, train_tokenizer
@@ -205,12 +205,12 @@ def make_train_step(graphdef, optimizer, label_smoothing: float, mesh):
 
     def loss_fn(params, micro, key):
         model = nnx.merge(graphdef, params)
-        logits = model(micro, dropout_key=key)  # [R, T, V]
+        y = model.hidden(micro, dropout_key=key)  # [R, T, D]
         weights = (micro["tgt_segments"] > 0).astype(jnp.float32)
-        loss_sum, nll_sum, count = smoothed_cross_entropy(
-            logits, micro["tgt_out"], weights, label_smoothing
+        loss_sum, nll_sum, count, correct = projected_cross_entropy(
+            y, model.embed.embedding[...], micro["tgt_out"], weights, label_smoothing
         )
-        return loss_sum, (nll_sum, count, correct_tokens(logits, micro["tgt_out"], weights))
+        return loss_sum, (nll_sum, count, correct)
 
     def train_step(params, opt_state, batch, step, base_key):
         key = jax.random.fold_in(base_key, step)
@@ -264,10 +264,13 @@ def make_eval_step(graphdef, label_smoothing: float, mesh):
     def eval_step(params, batch):
         model = nnx.merge(graphdef, params)
         micro = jax.tree.map(lambda x: x[0], batch)
-        logits = model(micro)
         weights = (micro["tgt_segments"] > 0).astype(jnp.float32)
-        loss_sum, nll_sum, count = smoothed_cross_entropy(
-            logits, micro["tgt_out"], weights, label_smoothing
+        loss_sum, nll_sum, count, _ = projected_cross_entropy(
+            model.hidden(micro),
+            model.embed.embedding[...],
+            micro["tgt_out"],
+            weights,
+            label_smoothing,
         )
         return jnp.stack([loss_sum, nll_sum, count])
 

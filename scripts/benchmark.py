@@ -1,0 +1,327 @@
+"""Training and decoding speed of a config on this machine's devices, with utilisation.
+
+    python scripts/benchmark.py --config=configs/small.py \
+        --src=../shared/data/opennmt_toy_ende/train.en \
+        --tgt=../shared/data/opennmt_toy_ende/train.de \
+        --batch_tokens=2048 [--vocab=SPM_MODEL] [--steps=30] [--warmup=3] \
+        [--decode_src=FILE] [--decode_workdir=DIR] [--json=PATH] [--config.a.b=value ...]
+
+Training: batches of `batch_tokens` target token slots (and as many source slots) are packed
+from the given parallel files exactly as the trainer packs them (`data.row_len` slots per row),
+and the trainer's own jitted step (`translate.train.make_train_step`) runs on a mesh of every
+device. After `warmup` steps, each of `steps` steps is timed from handing its batch to the
+devices until its results are ready; the figures are medians. The model's vocabulary is the
+config's `data.vocab_size` even when the BPE model learned from the files came out smaller, so
+the softmax costs what it would at that size.
+
+Utilisation: model FLOPs per step are counted from the batch's shapes (translate.flops), with
+padding excluded ("real") and included ("padded"); MFU is real model FLOPs per second over the
+peak this script measures itself: the median of a jitted square matrix product in the config's
+compute dtype (2048 on CPU, 8192 on GPU).
+
+Decoding (with --decode_src): beam 4 and greedy over the file's sentences, in the evaluator's
+length-sorted batches of `decode.batch_size`. Every shape is compiled by a first pass; the
+second pass is timed. With --decode_workdir the trained model (and its vocabulary) there is
+used; otherwise the freshly initialised model, which seldom emits EOS, so each sentence runs
+to its length limit: a worst case, said so in the output.
+
+The JSON (--json) holds every printed figure; keys are listed in BENCHMARKS.md.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import pathlib
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
+
+from translate import evaluate, flops, sharding  # noqa: E402
+from translate.config import Config, load_config, parse_flags  # noqa: E402
+from translate.data import (  # noqa: E402
+    BatchLayout,
+    make_batch,
+    plan_epoch,
+    read_lines,
+    read_parallel,
+    tokenize_parallel,
+)
+from translate.model import resolve_dtype  # noqa: E402
+from translate.optim import make_optimizer  # noqa: E402
+from translate.tokenizer import Tokenizer, train_tokenizer  # noqa: E402
+from translate.train import make_init, make_train_step  # noqa: E402
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+FLAGS = {
+    "config": "",
+    "src": "",
+    "tgt": "",
+    "batch_tokens": 2048,
+    "vocab": "",
+    "steps": 30,
+    "warmup": 3,
+    "decode_src": "",
+    "decode_workdir": "",
+    "decode_num": 0,
+    "json": "",
+}
+
+
+def matmul_peak(dtype) -> tuple[float, int]:
+    """Median FLOP/s of a jitted n x n matrix product on the first device, and n."""
+    n = 2048 if jax.default_backend() == "cpu" else 8192
+    a, b = (jax.random.normal(k, (n, n), dtype) for k in jax.random.split(jax.random.key(0)))
+    product = jax.jit(jnp.matmul)
+    product(a, b).block_until_ready()
+    times = []
+    for _ in range(10 if jax.default_backend() == "cpu" else 50):
+        start = time.perf_counter()
+        product(a, b).block_until_ready()
+        times.append(time.perf_counter() - start)
+    return 2.0 * n**3 / statistics.median(times), n
+
+
+def peak_memory() -> tuple[int, str]:
+    """Peak bytes on device 0 where the backend reports it, else the process's peak RSS."""
+    stats = jax.devices()[0].memory_stats() or {}
+    if "peak_bytes_in_use" in stats:
+        return int(stats["peak_bytes_in_use"]), "device peak_bytes_in_use"
+    # Linux reports ru_maxrss in KiB: on the CPU, device memory is host memory.
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "process peak RSS"
+
+
+def get_tokenizer(flags: dict, config: Config, src: list[str], tgt: list[str], tmp: pathlib.Path):
+    if flags["vocab"]:
+        return Tokenizer(flags["vocab"])
+    print(f"training a {config.data.vocab_size}-piece BPE model on {len(src)} pairs ...")
+    return train_tokenizer(src + tgt, config.data.vocab_size, tmp / "vocab.model")
+
+
+def benchmark_training(flags: dict, config: Config, tokenizer: Tokenizer) -> dict:
+    src, tgt = read_parallel(flags["src"], flags["tgt"])
+    corpus, dropped = tokenize_parallel(tokenizer, src, tgt, config.data.max_len)
+    mesh = sharding.make_mesh()
+    layout = BatchLayout.from_config(
+        flags["batch_tokens"], config.data.row_len, config.train.grad_accum_steps, mesh.size
+    )
+    vocab_size = max(config.data.vocab_size, tokenizer.vocab_size)
+    plan = plan_epoch(corpus, layout, seed=0, epoch=0)
+    needed = flags["warmup"] + flags["steps"]
+    plan = (plan * -(-needed // len(plan)))[:needed]
+    batches = [make_batch(corpus, rows, layout) for rows in plan]
+
+    graphdef, _ = evaluate.abstract_model(config, vocab_size)
+    optimizer, _ = make_optimizer(config)
+    params, opt_state = make_init(config, vocab_size, optimizer, mesh)(jax.random.key(0))
+    train_step = make_train_step(graphdef, optimizer, config.train.label_smoothing, mesh)
+    dropout_key = jax.random.key(1)
+
+    times = []
+    for step, batch in enumerate(batches):
+        start = time.perf_counter()
+        params, opt_state, metrics = train_step(
+            params, opt_state, sharding.put_batch(batch, mesh), step, dropout_key
+        )
+        jax.block_until_ready(metrics)
+        if step >= flags["warmup"]:
+            times.append(time.perf_counter() - start)
+        if step == 0:
+            print(f"first step (compilation included): {time.perf_counter() - start:.1f} s")
+
+    timed = batches[flags["warmup"] :]
+    slots = layout.num_micro * layout.rows * layout.row_len  # per side
+    real_src = np.array([(b["src_segments"] > 0).sum() for b in timed])
+    real_tgt = np.array([(b["tgt_segments"] > 0).sum() for b in timed])
+    real_flops, padded_flops = [], []
+    for b in timed:
+        s, t = flops.batch_lengths(b)
+        real_flops.append(flops.train_flops(config.model, vocab_size, s, t))
+        rows = layout.num_micro * layout.rows
+        full = np.full(rows, layout.row_len)
+        padded_flops.append(flops.train_flops(config.model, vocab_size, full, full))
+    step_s = statistics.median(times)
+    return {
+        "train_pairs": len(corpus),
+        "train_pairs_dropped_over_max_len": dropped,
+        "vocab_size_model": vocab_size,
+        "vocab_size_tokenizer": tokenizer.vocab_size,
+        "batch_layout": f"{layout.num_micro} x {layout.rows} rows x {layout.row_len} slots",
+        "batch_tgt_slots": slots,
+        "batch_tgt_tokens_median": float(np.median(real_tgt)),
+        "batch_src_tokens_median": float(np.median(real_src)),
+        "timed_steps": len(times),
+        "step_seconds_median": step_s,
+        "step_seconds_min": min(times),
+        "step_seconds_max": max(times),
+        "train_steps_per_sec": 1.0 / step_s,
+        # Per-step medians of tokens over the median step time.
+        "train_tgt_tokens_per_sec": float(np.median(real_tgt)) / step_s,
+        "train_src_tokens_per_sec": float(np.median(real_src)) / step_s,
+        "padding_fraction": 1.0 - float(real_tgt.sum()) / (slots * len(timed)),
+        "padding_fraction_src": 1.0 - float(real_src.sum()) / (slots * len(timed)),
+        "model_flops_per_step": float(np.median(real_flops)),
+        "model_flops_per_step_padded": float(np.median(padded_flops)),
+        "_params": (graphdef, params),
+    }
+
+
+def benchmark_decoding(flags: dict, config: Config, graphdef, params, tokenizer) -> dict:
+    sentences = read_lines(flags["decode_src"])
+    if flags["decode_num"]:
+        sentences = sentences[: flags["decode_num"]]
+    out = {"decode_sentences": len(sentences), "decode_batch_size": config.decode.batch_size}
+    for name, beam in (("beam4", 4), ("greedy", 1)):
+        decode = Config().decode
+        for field in ("batch_size", "length_penalty", "max_extra_len"):
+            setattr(decode, field, getattr(config.decode, field))
+        decode.beam_size = beam
+        passes = []
+        for _ in range(2):  # the first pass compiles every batch shape
+            start = time.perf_counter()
+            hypotheses = evaluate.translate_sentences(
+                graphdef, params, tokenizer, sentences, decode, config.data.max_len
+            )
+            passes.append(time.perf_counter() - start)
+        compile_s, seconds = passes
+        tokens = sum(len(ids) + 1 for ids in tokenizer.encode(hypotheses))  # + EOS
+        out[f"decode_seconds_{name}"] = seconds
+        out[f"decode_first_pass_seconds_{name}"] = compile_s
+        out[f"decode_sentences_per_sec_{name}"] = len(sentences) / seconds
+        out[f"decode_tokens_per_sec_{name}"] = tokens / seconds
+    return out
+
+
+def environment() -> dict:
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+        ).stdout.strip()
+    except OSError:
+        commit = ""
+    import flax
+    import optax
+
+    device = jax.devices()[0]
+    return {
+        "date": datetime.date.today().isoformat(),
+        "commit": commit,
+        "device": f"{len(jax.devices())} x {device.device_kind} ({jax.default_backend()})",
+        "cpu_count": os.cpu_count(),
+        "python": platform.python_version(),
+        "jax": jax.__version__,
+        "flax": flax.__version__,
+        "optax": optax.__version__,
+    }
+
+
+def main(argv: list[str]) -> None:
+    flags, overrides = parse_flags(argv, FLAGS)
+    for name in ("config", "src", "tgt"):
+        if not flags[name]:
+            raise SystemExit(f"--{name} is required")
+    config = load_config(flags["config"], overrides)
+    dtype = resolve_dtype(config.model.compute_dtype)
+    result = {"config": flags["config"], "overrides": overrides, **environment()}
+    result["compute_dtype"] = jnp.dtype(dtype).name
+    peak, n = matmul_peak(dtype)
+    result["peak_flops_per_sec"], result["peak_matmul_size"] = peak, n
+    print(
+        f"{result['device']}, JAX {result['jax']}; matmul peak {peak / 1e9:.1f} GFLOP/s "
+        f"({n}x{n} {result['compute_dtype']})"
+    )
+
+    with tempfile.TemporaryDirectory() as tmp:
+        src, tgt = read_parallel(flags["src"], flags["tgt"])
+        tokenizer = get_tokenizer(flags, config, src, tgt, pathlib.Path(tmp))
+        train = benchmark_training(flags, config, tokenizer)
+    graphdef, params = train.pop("_params")
+    result.update(train)
+    step_flops = result["model_flops_per_step"]
+    result["model_flops_per_sec"] = step_flops / result["step_seconds_median"]
+    result["mfu"] = result["model_flops_per_sec"] / peak
+    result["mfu_padded"] = (
+        result["model_flops_per_step_padded"] / result["step_seconds_median"] / peak
+    )
+    result["peak_memory_bytes"], result["peak_memory_source"] = peak_memory()
+
+    if flags["decode_src"]:
+        if flags["decode_workdir"]:
+            graphdef, params, tokenizer, config, _ = evaluate.load_model(flags["decode_workdir"])
+            result["decode_model"] = f"trained: {flags['decode_workdir']}"
+        else:
+            params = evaluate.local_copy(params)
+            result["decode_model"] = "untrained (outputs run to the length limit)"
+        result.update(benchmark_decoding(flags, config, graphdef, params, tokenizer))
+
+    print_table(result)
+    if flags["json"]:
+        pathlib.Path(flags["json"]).write_text(json.dumps(result, indent=2) + "\n")
+        print(f"wrote {flags['json']}")
+
+
+def print_table(r: dict) -> None:
+    rows = [
+        (
+            "batch",
+            f"{r['batch_layout']}; median {r['batch_tgt_tokens_median']:.0f} target and "
+            f"{r['batch_src_tokens_median']:.0f} source tokens",
+        ),
+        (
+            "padding fraction",
+            f"{r['padding_fraction']:.3f} target, {r['padding_fraction_src']:.3f} source",
+        ),
+        (
+            "vocabulary",
+            f"{r['vocab_size_model']} in the model ({r['vocab_size_tokenizer']} pieces learned)",
+        ),
+        (
+            "step time",
+            f"median {r['step_seconds_median'] * 1e3:.1f} ms over {r['timed_steps']} "
+            f"steps (min {r['step_seconds_min'] * 1e3:.1f}, max {r['step_seconds_max'] * 1e3:.1f})",
+        ),
+        ("train steps/s", f"{r['train_steps_per_sec']:.3f}"),
+        ("target tokens/s", f"{r['train_tgt_tokens_per_sec']:.0f} (non-pad)"),
+        ("source tokens/s", f"{r['train_src_tokens_per_sec']:.0f} (non-pad)"),
+        (
+            "model FLOPs/step",
+            f"{r['model_flops_per_step'] / 1e9:.1f} G real, "
+            f"{r['model_flops_per_step_padded'] / 1e9:.1f} G with padding",
+        ),
+        (
+            "MFU",
+            f"{100 * r['mfu']:.1f}% (with padding {100 * r['mfu_padded']:.1f}%) of "
+            f"{r['peak_flops_per_sec'] / 1e9:.0f} GFLOP/s",
+        ),
+        ("peak memory", f"{r['peak_memory_bytes'] / 2**20:.0f} MiB ({r['peak_memory_source']})"),
+    ]
+    if "decode_sentences" in r:
+        for name in ("beam4", "greedy"):
+            rows.append(
+                (
+                    f"decode {name}",
+                    f"{r[f'decode_sentences_per_sec_{name}']:.1f} sentences/s, "
+                    f"{r[f'decode_tokens_per_sec_{name}']:.0f} tokens/s "
+                    f"({r['decode_sentences']} sentences in {r[f'decode_seconds_{name}']:.2f} s)",
+                )
+            )
+        rows.append(("decode model", r["decode_model"]))
+    width = max(len(k) for k, _ in rows)
+    for k, v in rows:
+        print(f"{k:<{width}}  {v}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,80 @@
+"""Model FLOPs of the Transformer counted from shapes, for utilisation figures.
+
+A multiply-add counts as 2 FLOPs. Only matrix products are counted (projections, feed-forward,
+attention scores and mixing, the vocabulary projection); norms, softmax, dropout and the
+optimizer are left out, as is usual for model-FLOPs utilisation. A training step costs 3x the
+forward pass (the backward pass computes two products for each forward one).
+
+Attention within a packed row is counted per sentence for the "real" figure (what the model
+needs) and over the whole row for the "padded" figure (what the masked kernel computes).
+Causal self-attention is counted as the full square in both, as the kernel computes it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from translate.config import ModelConfig
+
+
+def forward_flops(
+    model: ModelConfig,
+    vocab_size: int,
+    src_lengths: Sequence[int] | np.ndarray,
+    tgt_lengths: Sequence[int] | np.ndarray,
+) -> float:
+    """Forward FLOPs for sentence pairs with these lengths (tokens incl. EOS / BOS).
+
+    Pass the packed rows' full lengths (row_len for every row) to count the padded cost.
+    """
+    src = np.asarray(src_lengths, np.float64)
+    tgt = np.asarray(tgt_lengths, np.float64)
+    if src.shape != tgt.shape:
+        raise ValueError(f"{src.shape} source lengths but {tgt.shape} target lengths")
+    n, d, f = model.num_layers, float(model.d_model), float(model.d_ff)
+    src_tokens, tgt_tokens = src.sum(), tgt.sum()
+    # Encoder (Sec. 3.1): Q, K, V, O projections [D, D] and the feed-forward [D, F], [F, D];
+    # attention scores QK^T and the weighted sum of V each cost 2 * s * s * D per sentence.
+    encoder = n * (src_tokens * (8 * d * d + 4 * d * f) + 4 * d * (src * src).sum())
+    # Decoder: self-attention Q, K, V, O, cross-attention Q and O on target tokens, cross K and V
+    # on source tokens, the feed-forward, and the two attentions.
+    decoder = n * (
+        tgt_tokens * (12 * d * d + 4 * d * f)
+        + src_tokens * 4 * d * d
+        + 4 * d * (tgt * tgt).sum()
+        + 4 * d * (tgt * src).sum()
+    )
+    # Pre-softmax projection onto the shared embedding (Sec. 3.4): [D, V] per target token.
+    softmax = tgt_tokens * 2 * d * vocab_size
+    return float(encoder + decoder + softmax)
+
+
+def train_flops(
+    model: ModelConfig,
+    vocab_size: int,
+    src_lengths: Sequence[int] | np.ndarray,
+    tgt_lengths: Sequence[int] | np.ndarray,
+) -> float:
+    """FLOPs of one training step (forward + backward) on these sentence pairs."""
+    return 3.0 * forward_flops(model, vocab_size, src_lengths, tgt_lengths)
+
+
+def batch_lengths(batch: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Per-sentence (source, target) lengths of a packed batch from the data pipeline.
+
+    Sentence k of a row on one side is sentence k of that row on the other, so counting the
+    tokens of each (row, segment id) on both sides pairs them up.
+    """
+    lengths = []
+    for key in ("src_segments", "tgt_segments"):
+        seg = np.asarray(batch[key]).reshape(-1, batch[key].shape[-1])  # [rows, row_len]
+        rows = np.repeat(np.arange(seg.shape[0]), seg.shape[1])
+        ids = rows * (seg.shape[1] + 1) + seg.reshape(-1)
+        lengths.append(np.bincount(ids[seg.reshape(-1) > 0]))
+    src, tgt = lengths
+    size = max(len(src), len(tgt))
+    src, tgt = np.pad(src, (0, size - len(src))), np.pad(tgt, (0, size - len(tgt)))
+    used = (src > 0) | (tgt > 0)
+    return src[used], tgt[used]
