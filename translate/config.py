@@ -30,6 +30,9 @@ class ModelConfig:
     dropout_rate: float = 0.1
     # "auto": bfloat16 on GPU/TPU, float32 on CPU. Parameters are always float32.
     compute_dtype: str = "auto"
+    # Attention kernel of jax.nn.dot_product_attention: "xla", "cudnn" (fused, GPU only, bf16 or
+    # fp16) or "auto": cuDNN on GPU when the compute dtype and head size allow, else XLA.
+    attention: str = "auto"
 
 
 @dataclasses.dataclass
@@ -132,6 +135,10 @@ class Config:
                 "model.compute_dtype must be auto, float32, bfloat16 or float16",
             ),
             (0.0 <= m.dropout_rate < 1.0, "model.dropout_rate must be in [0, 1)"),
+            (
+                m.attention in ("auto", "xla", "cudnn"),
+                "model.attention must be auto, xla or cudnn",
+            ),
             (
                 d.source in ("files", "synthetic", "tfds"),
                 "data.source must be 'files', 'synthetic' or 'tfds'",

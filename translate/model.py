@@ -15,6 +15,8 @@ Deviations from the paper, all of them:
     the paper does not state either.
   - LayerNorm epsilon is 1e-6; the paper does not state it.
   - Compute may run in bfloat16 (config) while parameters, softmax and the loss stay float32.
+  - Dropout draws 16 random bits per element, so its rate is rounded to a multiple of 2^-16
+    (0.1 becomes 0.100006); see `dropout`.
 There is no final LayerNorm on either stack: with post-LayerNorm the last sub-layer already
 ends in one (Sec. 3.1). Dropout on attention probabilities is not used, as in the paper.
 """
@@ -38,6 +40,18 @@ def resolve_dtype(name: str) -> Any:
     if name == "auto":
         return jnp.float32 if jax.default_backend() == "cpu" else jnp.bfloat16
     return jnp.dtype(name)
+
+
+def resolve_attention(name: str, dtype: Any, head_dim: int) -> str:
+    """The attention kernel for `model.attention`; "auto" picks cuDNN's fused kernel on GPU.
+
+    cuDNN's flash attention needs bfloat16 or float16 and a head size that is a multiple of 8 up
+    to 128; elsewhere (CPUs, float32) XLA's implementation is used.
+    """
+    if name != "auto":
+        return name
+    fits = jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16) and head_dim % 8 == 0
+    return "cudnn" if jax.default_backend() == "gpu" and fits and head_dim <= 128 else "xla"
 
 
 def sinusoidal_positions(positions: jax.Array, d_model: int) -> jax.Array:
@@ -100,6 +114,9 @@ class MultiHeadAttention(nnx.Module):
     def __init__(self, config: ModelConfig, dtype: Any, rngs: nnx.Rngs):
         d = config.d_model
         self.num_heads = config.num_heads
+        self.implementation = resolve_attention(
+            config.attention, dtype, config.d_model // config.num_heads
+        )
         self.query = xavier_linear(d, d, dtype, rngs)
         # No key bias: it adds the same amount to every score of a query, which softmax ignores,
         # so its true gradient is zero and Adam would only amplify rounding noise in it.
@@ -116,7 +133,13 @@ class MultiHeadAttention(nnx.Module):
     def project_kv(self, x: jax.Array) -> tuple[jax.Array, jax.Array]:
         return self.split_heads(self.key(x)), self.split_heads(self.value(x))
 
-    def attend(self, x: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
+    def attend(
+        self, x: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, fused: bool = True
+    ) -> jax.Array:
+        """Attention of x's queries over keys and values [B, Tk, H, K] under mask [B, 1, Tq, Tk].
+
+        `fused=False` keeps XLA's kernel (cached decoding attends one query at a time).
+        """
         q = self.split_heads(self.query(x))  # [B, Tq, H, K]
         if self.keep_weights:
             scores = jnp.einsum("bqhk,bshk->bhqs", q, k).astype(jnp.float32)  # [B, H, Tq, Tk]
@@ -126,7 +149,9 @@ class MultiHeadAttention(nnx.Module):
             y = jnp.einsum("bhqs,bshk->bqhk", weights.astype(v.dtype), v)  # [B, Tq, H, K]
         else:
             # softmax(QK^T / sqrt(K)) V; the fused kernel scales by 1/sqrt(K) itself.
-            y = jax.nn.dot_product_attention(q, k, v, mask=mask)  # [B, Tq, H, K]
+            y = jax.nn.dot_product_attention(
+                q, k, v, mask=mask, implementation=self.implementation if fused else "xla"
+            )  # [B, Tq, H, K]
         return self.out(y.reshape(*x.shape[:2], -1))  # [B, Tq, D]
 
     def __call__(self, x: jax.Array, context: jax.Array, mask: jax.Array) -> jax.Array:
@@ -172,10 +197,10 @@ class DecoderLayer(nnx.Module):
         self.feed_forward = FeedForward(config, dtype, rngs)
         self.norm3 = nnx.LayerNorm(config.d_model, epsilon=1e-6, dtype=dtype, rngs=rngs)
 
-    def finish(self, x, self_out, memory_kv, cross_mask, key):
+    def finish(self, x, self_out, memory_kv, cross_mask, key, fused=True):
         """Everything after self-attention, shared by full and cached decoding."""
         x = self.norm1(x + dropout(self_out, self.rate, fold(key, 0)))
-        cross = self.cross_attention.attend(x, *memory_kv, cross_mask)
+        cross = self.cross_attention.attend(x, *memory_kv, cross_mask, fused)
         x = self.norm2(x + dropout(cross, self.rate, fold(key, 1)))
         return self.norm3(x + dropout(self.feed_forward(x), self.rate, fold(key, 2)))
 
@@ -304,8 +329,10 @@ class Transformer(nnx.Module):
             k = jax.lax.dynamic_update_slice_in_dim(c["k"], k_new.astype(c["k"].dtype), index, 1)
             v = jax.lax.dynamic_update_slice_in_dim(c["v"], v_new.astype(c["v"].dtype), index, 1)
             self_mask = (jnp.arange(k.shape[1]) <= index)[None, None, None, :]  # [1, 1, 1, L]
-            self_out = attn.attend(y, k, v, self_mask)
+            self_out = attn.attend(y, k, v, self_mask, fused=False)
             cross_mask = c["src_valid"][:, None, None, :]  # [B, 1, 1, S]
-            y = layer.finish(y, self_out, (c["cross_k"], c["cross_v"]), cross_mask, None)
+            y = layer.finish(
+                y, self_out, (c["cross_k"], c["cross_v"]), cross_mask, None, fused=False
+            )
             new_cache.append({**c, "k": k, "v": v})
         return self.logits(y[:, 0]).astype(jnp.float32), new_cache

@@ -31,7 +31,7 @@ from absl import logging as absl_logging
 from flax import nnx
 
 from translate import checkpoint, evaluate, sharding, synthetic, wmt
-from translate.config import Config, load_config, parse_flags
+from translate.config import Config, config_from_dict, load_config, parse_flags
 from translate.data import (
     TOKENS_DIRNAME,
     BatchLayout,
@@ -164,8 +164,11 @@ def check_workdir_config(config: Config, workdir: pathlib.Path, force: bool) -> 
             elif target.exists():
                 target.unlink()
     elif path.is_file():
-        saved = json.loads(path.read_text())
+        # Through the Config, so fields added since the workdir was made take their defaults.
+        saved = config_from_dict(json.loads(path.read_text())).to_dict()
         now = config.to_dict()
+        for conf in (saved, now):
+            del conf["model"]["attention"]  # a kernel choice; the parameters do not depend on it
         for section, field in [("model", None), ("data", "vocab_size"), ("data", "source")]:
             old = saved[section] if field is None else saved[section][field]
             new = now[section] if field is None else now[section][field]
