@@ -23,6 +23,7 @@ ends in one (Sec. 3.1). Dropout on attention probabilities is not used, as in th
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -133,13 +134,8 @@ class MultiHeadAttention(nnx.Module):
     def project_kv(self, x: jax.Array) -> tuple[jax.Array, jax.Array]:
         return self.split_heads(self.key(x)), self.split_heads(self.value(x))
 
-    def attend(
-        self, x: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, fused: bool = True
-    ) -> jax.Array:
-        """Attention of x's queries over keys and values [B, Tk, H, K] under mask [B, 1, Tq, Tk].
-
-        `fused=False` keeps XLA's kernel (cached decoding attends one query at a time).
-        """
+    def attend(self, x: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
+        """Attention of x's queries over keys and values [B, Tk, H, K] under mask [B, 1, Tq, Tk]."""
         q = self.split_heads(self.query(x))  # [B, Tq, H, K]
         if self.keep_weights:
             scores = jnp.einsum("bqhk,bshk->bhqs", q, k).astype(jnp.float32)  # [B, H, Tq, Tk]
@@ -150,13 +146,39 @@ class MultiHeadAttention(nnx.Module):
         else:
             # softmax(QK^T / sqrt(K)) V; the fused kernel scales by 1/sqrt(K) itself.
             y = jax.nn.dot_product_attention(
-                q, k, v, mask=mask, implementation=self.implementation if fused else "xla"
+                q, k, v, mask=mask, implementation=self.implementation
             )  # [B, Tq, H, K]
         return self.out(y.reshape(*x.shape[:2], -1))  # [B, Tq, D]
 
     def __call__(self, x: jax.Array, context: jax.Array, mask: jax.Array) -> jax.Array:
         k, v = self.project_kv(context)  # [B, Tk, H, K] each
         return self.attend(x, k, v, mask)
+
+    def attend_cached(
+        self, x: jax.Array, keys_t: jax.Array, values: jax.Array, mask: jax.Array
+    ) -> jax.Array:
+        """One query per row over a decoding cache, stored in the layout the products want.
+
+        Args:
+          x: [B, 1, D] the step's input.
+          keys_t: [B, H, K, L] keys, transposed; values: [B, H, L, K].
+          mask: [B or 1, 1, L] True where a key may be attended.
+
+        With the heads leading, both products are plain batched matrix products; keeping the
+        cache as [B, L, H, K] made XLA transpose all of it at every step of the search.
+        """
+        b, _, d = x.shape
+        q = self.query(x).reshape(b, self.num_heads, 1, d // self.num_heads)  # [B, H, 1, K]
+        scores = jnp.einsum("bhqk,bhkl->bhql", q, keys_t).astype(jnp.float32)  # [B, H, 1, L]
+        scores = jnp.where(mask[:, :, None, :], scores / math.sqrt(q.shape[-1]), -1e9)
+        weights = jax.nn.softmax(scores, axis=-1).astype(values.dtype)
+        y = jnp.einsum("bhql,bhlk->bqhk", weights, values)  # [B, 1, H, K]
+        return self.out(y.reshape(b, 1, d))  # [B, 1, D]
+
+    def project_kv_cached(self, x: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """Keys [B, H, K, T] (transposed) and values [B, H, T, K] of x [B, T, D], for caching."""
+        k, v = self.project_kv(x)  # [B, T, H, K] each
+        return k.transpose(0, 2, 3, 1), v.transpose(0, 2, 1, 3)
 
 
 class FeedForward(nnx.Module):
@@ -197,16 +219,18 @@ class DecoderLayer(nnx.Module):
         self.feed_forward = FeedForward(config, dtype, rngs)
         self.norm3 = nnx.LayerNorm(config.d_model, epsilon=1e-6, dtype=dtype, rngs=rngs)
 
-    def finish(self, x, self_out, memory_kv, cross_mask, key, fused=True):
-        """Everything after self-attention, shared by full and cached decoding."""
+    def finish(self, x, self_out, cross_attend, key):
+        """Everything after self-attention, shared by full and cached decoding.
+
+        `cross_attend` maps the normalised x to its attention over the encoder output.
+        """
         x = self.norm1(x + dropout(self_out, self.rate, fold(key, 0)))
-        cross = self.cross_attention.attend(x, *memory_kv, cross_mask, fused)
-        x = self.norm2(x + dropout(cross, self.rate, fold(key, 1)))
+        x = self.norm2(x + dropout(cross_attend(x), self.rate, fold(key, 1)))
         return self.norm3(x + dropout(self.feed_forward(x), self.rate, fold(key, 2)))
 
     def __call__(self, x, memory, self_mask, cross_mask, key):
         self_out = self.self_attention(x, x, self_mask)
-        return self.finish(x, self_out, self.cross_attention.project_kv(memory), cross_mask, key)
+        return self.finish(x, self_out, lambda h: self.cross_attention(h, memory, cross_mask), key)
 
 
 class Transformer(nnx.Module):
@@ -299,20 +323,23 @@ class Transformer(nnx.Module):
         }
 
     def init_cache(self, memory: jax.Array, src_segments: jax.Array, max_len: int) -> Cache:
-        """Projects the memory once per layer; allocates empty self-attention K/V [B, L, H, K]."""
-        b = memory.shape[0]
-        h = self.num_heads
-        shape = (b, max_len, h, self.d_model // h)
+        """Projects the memory once per layer; allocates empty self-attention keys and values.
+
+        Keys are kept transposed, [B, H, K, L], and values as [B, H, L, K]
+        (MultiHeadAttention.attend_cached); the encoder side has S in place of L.
+        """
+        b, h = memory.shape[0], self.num_heads
+        k = self.d_model // h
         cache = []
         for layer in self.decoder:
-            cross_k, cross_v = layer.cross_attention.project_kv(memory)  # [B, S, H, K] each
+            cross_k, cross_v = layer.cross_attention.project_kv_cached(memory)
             cache.append(
                 {
-                    "k": jnp.zeros(shape, self.dtype),
-                    "v": jnp.zeros(shape, self.dtype),
-                    "cross_k": cross_k,
-                    "cross_v": cross_v,
-                    "src_valid": src_segments > 0,
+                    "k": jnp.zeros((b, h, k, max_len), self.dtype),
+                    "v": jnp.zeros((b, h, max_len, k), self.dtype),
+                    "cross_k": cross_k,  # [B, H, K, S]
+                    "cross_v": cross_v,  # [B, H, S, K]
+                    "src_valid": src_segments > 0,  # [B, S]
                 }
             )
         return cache
@@ -325,14 +352,23 @@ class Transformer(nnx.Module):
         new_cache = []
         for layer, c in zip(self.decoder, cache):
             attn = layer.self_attention
-            k_new, v_new = attn.project_kv(y)  # [B, 1, H, K] each
-            k = jax.lax.dynamic_update_slice_in_dim(c["k"], k_new.astype(c["k"].dtype), index, 1)
-            v = jax.lax.dynamic_update_slice_in_dim(c["v"], v_new.astype(c["v"].dtype), index, 1)
-            self_mask = (jnp.arange(k.shape[1]) <= index)[None, None, None, :]  # [1, 1, 1, L]
-            self_out = attn.attend(y, k, v, self_mask, fused=False)
-            cross_mask = c["src_valid"][:, None, None, :]  # [B, 1, 1, S]
+            k_new, v_new = attn.project_kv_cached(y)  # [B, H, K, 1], [B, H, 1, K]
+            # Written in place: the cache is a loop carry that nothing else reads.
+            k = jax.lax.dynamic_update_slice_in_dim(c["k"], k_new.astype(c["k"].dtype), index, 3)
+            v = jax.lax.dynamic_update_slice_in_dim(c["v"], v_new.astype(c["v"].dtype), index, 2)
+            self_mask = (jnp.arange(k.shape[-1]) <= index)[None, None, :]  # [1, 1, L]
+            self_out = attn.attend_cached(y, k, v, self_mask)
+            cross_mask = c["src_valid"][:, None, :]  # [B, 1, S]
             y = layer.finish(
-                y, self_out, (c["cross_k"], c["cross_v"]), cross_mask, None, fused=False
+                y,
+                self_out,
+                functools.partial(
+                    layer.cross_attention.attend_cached,
+                    keys_t=c["cross_k"],
+                    values=c["cross_v"],
+                    mask=cross_mask,
+                ),
+                None,
             )
             new_cache.append({**c, "k": k, "v": v})
         return self.logits(y[:, 0]).astype(jnp.float32), new_cache

@@ -513,6 +513,7 @@ def train_and_evaluate(
                 writer.close()
                 raise Interrupted(stop.signum, step)
             if (step % t.eval_every_steps == 0 or last) and data.dev is not None:
+                eval_start = time.perf_counter()
                 metrics_eval = dev_loss(eval_step, params, data.dev, layout, mesh, row_slice)
                 metrics_eval.update(dev_bleu(graphdef, params, data, config, step))
                 log.info(
@@ -521,7 +522,8 @@ def train_and_evaluate(
                     "  ".join(f"{k} {v:.3f}" for k, v in metrics_eval.items()),
                 )
                 writer.write(step, metrics_eval)
-                window_start = time.perf_counter()  # evaluation time is not training speed
+                # Evaluation time is not training speed: the window's clock skips it.
+                window_start += time.perf_counter() - eval_start
     manager.wait_until_finished()
     writer.close()
 

@@ -1,0 +1,212 @@
+"""Times Flax's own examples/wmt train step on the batches scripts/benchmark.py uses.
+
+    pip download flax==0.12.8 --no-binary :all: --no-deps && tar xzf flax-0.12.8.tar.gz
+    python scripts/benchmark_flax_wmt.py --flax_wmt=flax-0.12.8/examples/wmt \
+        --config=configs/small.py --src=... --tgt=... --batch_tokens=2048 [--vocab=SPM_MODEL] \
+        [--steps=20] [--attention_dropout=0.1] [--json=PATH]
+
+The reference point of BENCHMARKS.md, measured on the same machine in the same session as ours.
+Nothing of Flax's example is copied here: its `models.py` and `train.py` are imported from the
+directory given (the sdist on PyPI carries the examples), with the modules its train.py
+imports only for its input pipeline, logging and BLEU (TensorFlow, clu, ml_collections)
+replaced by empty stand-ins, since they are not installed and `train_step` does not use them.
+
+The model is the config's (layers, d_model, heads, d_ff, dropout, vocabulary), in float32,
+built as that example builds it (shared embeddings, logits via the embedding, Xavier
+initialisation); `--attention_dropout` is the example's attention-probability dropout
+(0.1 in its default config; our model has none, as in the paper). Its `train_step` is run
+under `jax.pmap` as its `train.py` runs it, with its AdamW and warm-up schedule. Batches are
+the packed rows of `scripts/benchmark.py` with the example's feature names; each step is
+timed from handing the batch over until its metrics are ready; the figure is the median.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import pathlib
+import statistics
+import sys
+import tempfile
+import time
+import types
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+
+from benchmark import environment, get_tokenizer  # noqa: E402
+
+from translate.config import load_config, parse_flags  # noqa: E402
+from translate.data import (  # noqa: E402
+    BatchLayout,
+    make_batch,
+    plan_epoch,
+    read_parallel,
+    tokenize_parallel,  # noqa: E402
+)
+
+FLAGS = {
+    "flax_wmt": "",
+    "config": "",
+    "src": "",
+    "tgt": "",
+    "batch_tokens": 2048,
+    "vocab": "",
+    "steps": 20,
+    "warmup": 3,
+    "attention_dropout": 0.1,
+    "json": "",
+}
+
+
+class StandIn(types.ModuleType):
+    """A module whose every attribute is another stand-in (for annotations such as tf.data)."""
+
+    def __getattr__(self, name: str) -> StandIn:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return StandIn(f"{self.__name__}.{name}")
+
+
+def stub_modules() -> None:
+    """Empty stand-ins for what the example's train.py imports but train_step never uses."""
+    # Flax's own modules look for TensorFlow when imported: import them before the stand-in.
+    import flax.io  # noqa: F401
+    import flax.training.checkpoints  # noqa: F401
+
+    for name in (
+        "tensorflow",
+        "clu",
+        "clu.metric_writers",
+        "clu.periodic_actions",
+        "ml_collections",
+        "bleu",
+        "decode",
+        "input_pipeline",
+    ):
+        try:
+            __import__(name)
+        except ImportError:
+            sys.modules[name] = StandIn(name)
+    try:
+        import absl.logging  # noqa: F401
+    except ImportError:
+        sys.modules["absl"], sys.modules["absl.logging"] = StandIn("absl"), StandIn("absl.logging")
+
+
+def main(argv: list[str]) -> None:
+    flags, overrides = parse_flags(argv, FLAGS)
+    for name in ("flax_wmt", "config", "src", "tgt"):
+        if not flags[name]:
+            raise SystemExit(f"--{name} is required")
+    stub_modules()
+    sys.path.insert(0, str(pathlib.Path(flags["flax_wmt"]).resolve()))
+    import models  # the example's
+    import optax
+    import train
+    from flax import jax_utils
+    from flax import linen as nn
+
+    config = load_config(flags["config"], overrides)
+    m = config.model
+    with tempfile.TemporaryDirectory() as tmp:
+        src, tgt = read_parallel(flags["src"], flags["tgt"])
+        tokenizer = get_tokenizer(flags, config, src, tgt, pathlib.Path(tmp))
+    corpus, _ = tokenize_parallel(tokenizer, src, tgt, config.data.max_len)
+    layout = BatchLayout.from_config(flags["batch_tokens"], config.data.row_len, 1, 1)
+    needed = flags["warmup"] + flags["steps"]
+    plan = plan_epoch(corpus, layout, seed=0, epoch=0)
+    plan = (plan * -(-needed // len(plan)))[:needed]
+    vocab_size = max(config.data.vocab_size, tokenizer.vocab_size)
+    devices = jax.local_devices()
+
+    flax_config = models.TransformerConfig(
+        vocab_size=vocab_size,
+        output_vocab_size=vocab_size,
+        share_embeddings=True,
+        logits_via_embedding=True,
+        dtype=jnp.float32,
+        emb_dim=m.d_model,
+        num_heads=m.num_heads,
+        num_layers=m.num_layers,
+        qkv_dim=m.d_model,
+        mlp_dim=m.d_ff,
+        max_len=config.data.row_len,
+        dropout_rate=m.dropout_rate,
+        attention_dropout_rate=flags["attention_dropout"],
+        deterministic=False,
+        decode=False,
+        kernel_init=nn.initializers.xavier_uniform(),
+        bias_init=nn.initializers.normal(stddev=1e-6),
+    )
+    shape = (layout.rows // len(devices), layout.row_len)
+    init_model = models.Transformer(flax_config.replace(deterministic=True))
+    params = jax.jit(init_model.init)(
+        jax.random.key(0), jnp.ones(shape, jnp.float32), jnp.ones(shape, jnp.float32)
+    )["params"]
+    schedule = train.create_learning_rate_schedule(learning_rate=0.002, warmup_steps=1000)
+    state = train.TrainState.create(
+        apply_fn=init_model.apply,
+        params=params,
+        tx=optax.adamw(learning_rate=schedule, b1=0.9, b2=0.98, eps=1e-9, weight_decay=0.0),
+        dynamic_scale=None,
+    )
+    state = jax_utils.replicate(state)
+    p_train_step = jax.pmap(
+        functools.partial(
+            train.train_step,
+            config=flax_config,
+            learning_rate_fn=schedule,
+            label_smoothing=config.train.label_smoothing,
+        ),
+        axis_name="batch",
+        donate_argnums=(0,),
+    )
+    dropout_rngs = jax.random.split(jax.random.key(1), len(devices))
+
+    def to_flax(batch):  # our packed rows under the example's feature names, per device
+        names = {
+            "inputs": "src",
+            "targets": "tgt_out",
+            "inputs_position": "src_positions",
+            "targets_position": "tgt_positions",
+            "inputs_segmentation": "src_segments",
+            "targets_segmentation": "tgt_segments",
+        }
+        return {k: batch[v][0].reshape(len(devices), *shape) for k, v in names.items()}
+
+    batches = [make_batch(corpus, rows, layout) for rows in plan]
+    times = []
+    for step, batch in enumerate(batches):
+        start = time.perf_counter()
+        state, metrics = p_train_step(state, to_flax(batch), dropout_rng=dropout_rngs)
+        jax.block_until_ready(metrics)
+        if step >= flags["warmup"]:
+            times.append(time.perf_counter() - start)
+    real_tgt = np.median([(b["tgt_segments"] > 0).sum() for b in batches[flags["warmup"] :]])
+    step_s = statistics.median(times)
+    result = {
+        "implementation": f"flax examples/wmt ({flags['flax_wmt']})",
+        "config": flags["config"],
+        "attention_dropout": flags["attention_dropout"],
+        **environment(),
+        "batch_layout": f"{layout.rows} rows x {layout.row_len} slots",
+        "step_seconds_median": step_s,
+        "train_tgt_tokens_per_sec": float(real_tgt) / step_s,
+        "timed_steps": len(times),
+    }
+    print(
+        f"flax examples/wmt, {flags['config']}, attention dropout {flags['attention_dropout']}: "
+        f"median step {step_s * 1e3:.1f} ms over {len(times)} steps, "
+        f"{result['train_tgt_tokens_per_sec']:.0f} non-pad target tokens/s"
+    )
+    if flags["json"]:
+        pathlib.Path(flags["json"]).write_text(json.dumps(result, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
