@@ -223,7 +223,7 @@ def test_two_processes_train_like_one_process_on_the_same_batches(steps_run):
 def test_train_and_evaluate_on_two_processes_shares_one_workdir(config, tmp_path):
     from translate import checkpoint
     from translate.data import make_batch, plan_epoch
-    from translate.train import load_data
+    from translate.sources import load_data
 
     run_workers("train_and_evaluate", config, tmp_path)
     workdir = tmp_path / "workdir"

@@ -13,7 +13,7 @@ import jax
 import numpy as np
 import pytest
 
-from translate import checkpoint, evaluate, synthetic, train
+from translate import checkpoint, evaluate, monitor, synthetic, train
 from translate.tokenizer import train_tokenizer
 
 ROOT = pathlib.Path(__file__).parent.parent
@@ -52,7 +52,7 @@ def test_sigterm_saves_a_checkpoint_at_the_next_step_and_exits(tmp_path):
 def test_second_signal_exits_at_once(monkeypatch):
     exits = []
     monkeypatch.setattr(os, "_exit", lambda code: exits.append(code))
-    stop = train.StopSignal()
+    stop = monitor.StopSignal()
     stop.handle(signal.SIGINT, None)
     assert stop.signum == signal.SIGINT and exits == []
     stop.handle(signal.SIGINT, None)

@@ -15,7 +15,7 @@ from tensorflow_datasets.core.download import checksums
 from translate import wmt
 from translate.config import load_config
 from translate.data import BatchLayout, make_batch, plan_epoch
-from translate.train import load_data
+from translate.sources import load_data
 
 CONFIGS = pathlib.Path(__file__).parent.parent / "configs"
 

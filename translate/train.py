@@ -13,13 +13,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import math
 import os
 import pathlib
 import shutil
-import signal
 import sys
-import threading
 import time
 from typing import Any
 
@@ -30,119 +27,32 @@ import optax
 from absl import logging as absl_logging
 from flax import nnx
 
-from translate import checkpoint, evaluate, sharding, synthetic, wmt
+from translate import checkpoint, evaluate, sharding
 from translate.config import Config, config_from_dict, load_config, parse_flags
 from translate.data import (
     TOKENS_DIRNAME,
     BatchLayout,
     DataPosition,
-    ParallelText,
     TokenizedCorpus,
     iterate_batches,
     make_batch,
     plan_epoch,
-    read_parallel,
-    sample_sentences,
-    tokenize_once,
-    tokenize_parallel,
 )
 from translate.losses import projected_cross_entropy
 from translate.model import Transformer
+from translate.monitor import (
+    Interrupted,
+    MetricWriter,
+    StopSignal,
+    check_finite,
+    log_progress,
+    summarize,
+)
 from translate.optim import make_optimizer
-from translate.tokenizer import VOCAB_FILENAME, Tokenizer, train_tokenizer
+from translate.sources import Data, load_data
+from translate.tokenizer import VOCAB_FILENAME
 
 log = logging.getLogger("translate")
-
-
-@dataclasses.dataclass
-class Data:
-    tokenizer: Tokenizer
-    train: TokenizedCorpus
-    dev: TokenizedCorpus | None
-    dev_text: tuple[list[str], list[str]] | None  # (sources, raw references)
-    test_text: tuple[list[str], list[str]] | None
-
-
-def data_paths(config: Config, workdir: pathlib.Path) -> dict[str, tuple[pathlib.Path, ...]]:
-    """(source, target) file paths per split; synthetic data is generated once into the workdir."""
-    d = config.data
-    if d.source == "synthetic":
-        out = workdir / "data"
-        if not (out / "test.de").is_file():
-            synthetic.write_splits(
-                out,
-                d.synthetic_num_train,
-                d.synthetic_num_dev,
-                d.synthetic_num_test,
-                seed=config.train.seed,
-            )
-        base, prefixes = out, {"train": "train", "dev": "dev", "test": "test"}
-    else:
-        if not d.dir:
-            raise ValueError("set --config.data.dir=DIR (the directory of the parallel files)")
-        base = pathlib.Path(d.dir)
-        if not base.is_dir():
-            raise FileNotFoundError(f"--config.data.dir: {base} is not a directory")
-        prefixes = {"train": d.train_prefix, "dev": d.dev_prefix, "test": d.test_prefix}
-    return {
-        split: (base / f"{p}.{d.src_lang}", base / f"{p}.{d.tgt_lang}")
-        for split, p in prefixes.items()
-    }
-
-
-def open_text(
-    config: Config, workdir: pathlib.Path
-) -> tuple[ParallelText, tuple[list[str], list[str]] | None, tuple[list[str], list[str]] | None]:
-    """Training pairs (read on demand) and raw dev and test text from the configured source."""
-    d = config.data
-    if d.source == "tfds":
-        data_dir = wmt.resolve_data_dir(d.tfds_data_dir)
-        builder = wmt.prepare(d.tfds_name, data_dir)
-        train = wmt.open_split(builder, d.tfds_train_split, d.src_lang, d.tgt_lang, data_dir)
-        dev, test = (
-            wmt.read_split(builder, split, d.src_lang, d.tgt_lang, data_dir) if split else None
-            for split in (d.tfds_dev_split, d.tfds_test_split)
-        )
-        return train, dev, test
-    paths = data_paths(config, workdir)
-    dev, test = (
-        read_parallel(*paths[split]) if paths[split][0].is_file() else None
-        for split in ("dev", "test")
-    )
-    return ParallelText.from_files(*paths["train"]), dev, test
-
-
-def load_data(config: Config, workdir: pathlib.Path) -> Data:
-    """Opens the text, trains (or reuses) the shared BPE vocabulary and tokenizes training data.
-
-    The vocabulary and the training tokens are kept in the workdir, so a resumed run reads
-    neither the training text nor re-tokenizes it.
-    """
-    d = config.data
-    train_text, dev_text, test_text = open_text(config, workdir)
-    vocab_path = workdir / VOCAB_FILENAME
-    if vocab_path.is_file():
-        tokenizer = Tokenizer(vocab_path)
-    else:
-        sample = sample_sentences(train_text, d.vocab_sample_size, config.train.seed)
-        log.info(
-            "training a %d-piece BPE vocabulary on %d sentences sampled from %d pairs",
-            d.vocab_size,
-            len(sample),
-            train_text.num_pairs,
-        )
-        tokenizer = train_tokenizer(sample, d.vocab_size, vocab_path, len(sample))
-        del sample
-    train, dropped = tokenize_once(train_text, tokenizer, d.max_len, workdir / TOKENS_DIRNAME)
-    log.info(
-        "train: %d pairs kept, %d longer than data.max_len=%d dropped; vocabulary %d",
-        len(train),
-        dropped,
-        d.max_len,
-        tokenizer.vocab_size,
-    )
-    dev = tokenize_parallel(tokenizer, *dev_text, d.max_len)[0] if dev_text else None
-    return Data(tokenizer, train, dev, dev_text, test_text)
 
 
 GENERATED = ("checkpoints", "data", TOKENS_DIRNAME, "tensorboard", "metrics.jsonl", VOCAB_FILENAME)
@@ -285,50 +195,6 @@ def make_eval_step(graphdef, label_smoothing: float, mesh):
     )
 
 
-class MetricWriter:
-    """metrics.jsonl and TensorBoard events in the workdir (process 0 only)."""
-
-    def __init__(self, workdir: pathlib.Path):
-        self.active = jax.process_index() == 0
-        if self.active:
-            from tensorboardX import SummaryWriter
-
-            self.jsonl = open(workdir / "metrics.jsonl", "a")
-            self.tensorboard = SummaryWriter(str(workdir / "tensorboard"))
-
-    def write(self, step: int, metrics: dict[str, float]) -> None:
-        if not self.active:
-            return
-        self.jsonl.write(json.dumps({"step": step, **metrics}) + "\n")
-        self.jsonl.flush()
-        for name, value in metrics.items():
-            self.tensorboard.add_scalar(name, value, step)
-        self.tensorboard.flush()
-
-    def close(self) -> None:
-        if self.active:
-            self.jsonl.close()
-            self.tensorboard.close()
-
-
-def summarize(window: list[dict[str, np.ndarray]], seconds: float, steps: int) -> dict[str, float]:
-    """Turns a window of per-step metrics (fetched to the host) into logged numbers."""
-    good = [m for m in window if not m["nonfinite"]] or window
-    totals = {k: np.sum([m[k] for m in good], axis=0) for k in window[0]}
-    tokens = max(float(totals["tokens"]), 1.0)
-    nll = float(totals["nll_sum"]) / tokens
-    return {
-        "train/loss": float(totals["loss_sum"]) / tokens,
-        "train/nll": nll,
-        "train/perplexity": math.exp(min(nll, 50.0)),
-        "train/accuracy": float(totals["correct"]) / tokens,
-        "train/grad_norm": float(totals["grad_norm"]) / len(window),
-        "train/tokens_per_sec": tokens / seconds,
-        "train/steps_per_sec": steps / seconds,
-        "train/skipped_steps": float(sum(m["nonfinite"] for m in window)),
-    }
-
-
 def dev_loss(
     eval_step, params, corpus: TokenizedCorpus, layout: BatchLayout, mesh, row_slice: slice
 ) -> dict[str, float]:
@@ -341,80 +207,6 @@ def dev_loss(
     )
     tokens = max(float(totals[2]), 1.0)
     return {"eval/loss": float(totals[0]) / tokens, "eval/nll": float(totals[1]) / tokens}
-
-
-class Interrupted(Exception):
-    """Training stopped on a signal after saving a checkpoint; the same command resumes it."""
-
-    def __init__(self, signum: int, step: int):
-        self.signum, self.step = signum, step
-        super().__init__(
-            f"stopped by {signal.Signals(signum).name} at step {step}; a checkpoint of step "
-            f"{step} is saved and the same command resumes from it"
-        )
-
-
-class StopSignal:
-    """While active, a first SIGTERM or SIGINT asks the loop to checkpoint and stop at the end
-    of the current step (pre-emptible jobs get such a warning); a second one exits at once."""
-
-    def __init__(self):
-        self.signum: int | None = None
-        self.previous: dict[int, Any] = {}
-
-    def handle(self, signum, frame):
-        if self.signum is not None:
-            log.info("second %s: exiting now without a checkpoint", signal.Signals(signum).name)
-            os._exit(128 + signum)
-        self.signum = signum
-        log.info(
-            "%s received: saving a checkpoint after this step, then stopping "
-            "(send it again to exit at once)",
-            signal.Signals(signum).name,
-        )
-
-    def __enter__(self):
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                self.previous[sig] = signal.signal(sig, self.handle)
-        return self
-
-    def __exit__(self, *exc):
-        for sig, handler in self.previous.items():
-            signal.signal(sig, handler)
-
-
-def check_finite(
-    window: list[dict[str, Any]], first_step: int, policy: str, last_checkpoint: int | None
-) -> None:
-    """Raises on a step whose loss or gradient was not finite, unless the policy is "skip"."""
-    bad = [first_step + 1 + i for i, m in enumerate(window) if m["nonfinite"]]
-    if bad and policy == "stop":
-        raise FloatingPointError(
-            f"non-finite loss or gradient at step {bad[0]}; the update was not applied and "
-            f"training stopped. The last checkpoint (step {last_checkpoint}) is intact; set "
-            "--config.train.on_nonfinite=skip to skip such steps instead"
-        )
-    if bad:
-        log.info(
-            "skipped %d update(s) with non-finite loss or gradient at steps %s", len(bad), bad[:10]
-        )
-
-
-def log_progress(step: int, num_steps: int, logged: dict[str, float]) -> None:
-    eta = (num_steps - step) / max(logged["train/steps_per_sec"], 1e-9)
-    log.info(
-        "step %d/%d  loss %.3f  nll %.3f  acc %.3f  lr %.2e  %.0f tok/s  %.2f steps/s  ETA %s",
-        step,
-        num_steps,
-        logged["train/loss"],
-        logged["train/nll"],
-        logged["train/accuracy"],
-        logged["train/learning_rate"],
-        logged["train/tokens_per_sec"],
-        logged["train/steps_per_sec"],
-        time.strftime("%H:%M:%S", time.gmtime(eta)),
-    )
 
 
 def train_and_evaluate(

@@ -1,0 +1,142 @@
+"""What a training run reports, and how it stops.
+
+Reports: a console line per logging window (loss, learning rate, tokens/s, steps/s, ETA), and
+`metrics.jsonl` and TensorBoard events in the workdir. Stops: a first SIGTERM or SIGINT asks
+for a checkpoint after the current step (`StopSignal`, then `Interrupted`); a step whose loss
+or gradient is not finite stops the run or is counted, by `train.on_nonfinite`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import pathlib
+import signal
+import threading
+import time
+from typing import Any
+
+import jax
+import numpy as np
+
+log = logging.getLogger("translate")
+
+
+class MetricWriter:
+    """metrics.jsonl and TensorBoard events in the workdir (process 0 only)."""
+
+    def __init__(self, workdir: pathlib.Path):
+        self.active = jax.process_index() == 0
+        if self.active:
+            from tensorboardX import SummaryWriter
+
+            self.jsonl = open(workdir / "metrics.jsonl", "a")
+            self.tensorboard = SummaryWriter(str(workdir / "tensorboard"))
+
+    def write(self, step: int, metrics: dict[str, float]) -> None:
+        if not self.active:
+            return
+        self.jsonl.write(json.dumps({"step": step, **metrics}) + "\n")
+        self.jsonl.flush()
+        for name, value in metrics.items():
+            self.tensorboard.add_scalar(name, value, step)
+        self.tensorboard.flush()
+
+    def close(self) -> None:
+        if self.active:
+            self.jsonl.close()
+            self.tensorboard.close()
+
+
+def summarize(window: list[dict[str, np.ndarray]], seconds: float, steps: int) -> dict[str, float]:
+    """Turns a window of per-step metrics (fetched to the host) into logged numbers."""
+    good = [m for m in window if not m["nonfinite"]] or window
+    totals = {k: np.sum([m[k] for m in good], axis=0) for k in window[0]}
+    tokens = max(float(totals["tokens"]), 1.0)
+    nll = float(totals["nll_sum"]) / tokens
+    return {
+        "train/loss": float(totals["loss_sum"]) / tokens,
+        "train/nll": nll,
+        "train/perplexity": math.exp(min(nll, 50.0)),
+        "train/accuracy": float(totals["correct"]) / tokens,
+        "train/grad_norm": float(totals["grad_norm"]) / len(window),
+        "train/tokens_per_sec": tokens / seconds,
+        "train/steps_per_sec": steps / seconds,
+        "train/skipped_steps": float(sum(m["nonfinite"] for m in window)),
+    }
+
+
+class Interrupted(Exception):
+    """Training stopped on a signal after saving a checkpoint; the same command resumes it."""
+
+    def __init__(self, signum: int, step: int):
+        self.signum, self.step = signum, step
+        super().__init__(
+            f"stopped by {signal.Signals(signum).name} at step {step}; a checkpoint of step "
+            f"{step} is saved and the same command resumes from it"
+        )
+
+
+class StopSignal:
+    """While active, a first SIGTERM or SIGINT asks the loop to checkpoint and stop at the end
+    of the current step (pre-emptible jobs get such a warning); a second one exits at once."""
+
+    def __init__(self):
+        self.signum: int | None = None
+        self.previous: dict[int, Any] = {}
+
+    def handle(self, signum, frame):
+        if self.signum is not None:
+            log.info("second %s: exiting now without a checkpoint", signal.Signals(signum).name)
+            os._exit(128 + signum)
+        self.signum = signum
+        log.info(
+            "%s received: saving a checkpoint after this step, then stopping "
+            "(send it again to exit at once)",
+            signal.Signals(signum).name,
+        )
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                self.previous[sig] = signal.signal(sig, self.handle)
+        return self
+
+    def __exit__(self, *exc):
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+
+
+def check_finite(
+    window: list[dict[str, Any]], first_step: int, policy: str, last_checkpoint: int | None
+) -> None:
+    """Raises on a step whose loss or gradient was not finite, unless the policy is "skip"."""
+    bad = [first_step + 1 + i for i, m in enumerate(window) if m["nonfinite"]]
+    if bad and policy == "stop":
+        raise FloatingPointError(
+            f"non-finite loss or gradient at step {bad[0]}; the update was not applied and "
+            f"training stopped. The last checkpoint (step {last_checkpoint}) is intact; set "
+            "--config.train.on_nonfinite=skip to skip such steps instead"
+        )
+    if bad:
+        log.info(
+            "skipped %d update(s) with non-finite loss or gradient at steps %s", len(bad), bad[:10]
+        )
+
+
+def log_progress(step: int, num_steps: int, logged: dict[str, float]) -> None:
+    eta = (num_steps - step) / max(logged["train/steps_per_sec"], 1e-9)
+    log.info(
+        "step %d/%d  loss %.3f  nll %.3f  acc %.3f  lr %.2e  %.0f tok/s  %.2f steps/s  ETA %s",
+        step,
+        num_steps,
+        logged["train/loss"],
+        logged["train/nll"],
+        logged["train/accuracy"],
+        logged["train/learning_rate"],
+        logged["train/tokens_per_sec"],
+        logged["train/steps_per_sec"],
+        time.strftime("%H:%M:%S", time.gmtime(eta)),
+    )

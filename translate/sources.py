@@ -1,0 +1,119 @@
+"""The trainer's data: the configured source opened, the vocabulary made once, tokens cached.
+
+`load_data(config, workdir)` reads parallel files, the synthetic corpus (generated into the
+workdir) or a TFDS dataset (translate/wmt.py); trains the shared BPE vocabulary on a sample of
+the training text, or reuses the one in the workdir; and tokenizes the training pairs once
+into memory-mapped arrays in the workdir (data.tokenize_once).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import pathlib
+
+from translate import synthetic, wmt
+from translate.config import Config
+from translate.data import (
+    TOKENS_DIRNAME,
+    ParallelText,
+    TokenizedCorpus,
+    read_parallel,
+    sample_sentences,
+    tokenize_once,
+    tokenize_parallel,
+)
+from translate.tokenizer import VOCAB_FILENAME, Tokenizer, train_tokenizer
+
+log = logging.getLogger("translate")
+
+
+@dataclasses.dataclass
+class Data:
+    tokenizer: Tokenizer
+    train: TokenizedCorpus
+    dev: TokenizedCorpus | None
+    dev_text: tuple[list[str], list[str]] | None  # (sources, raw references)
+    test_text: tuple[list[str], list[str]] | None
+
+
+def data_paths(config: Config, workdir: pathlib.Path) -> dict[str, tuple[pathlib.Path, ...]]:
+    """(source, target) file paths per split; synthetic data is generated once into the workdir."""
+    d = config.data
+    if d.source == "synthetic":
+        out = workdir / "data"
+        if not (out / "test.de").is_file():
+            synthetic.write_splits(
+                out,
+                d.synthetic_num_train,
+                d.synthetic_num_dev,
+                d.synthetic_num_test,
+                seed=config.train.seed,
+            )
+        base, prefixes = out, {"train": "train", "dev": "dev", "test": "test"}
+    else:
+        if not d.dir:
+            raise ValueError("set --config.data.dir=DIR (the directory of the parallel files)")
+        base = pathlib.Path(d.dir)
+        if not base.is_dir():
+            raise FileNotFoundError(f"--config.data.dir: {base} is not a directory")
+        prefixes = {"train": d.train_prefix, "dev": d.dev_prefix, "test": d.test_prefix}
+    return {
+        split: (base / f"{p}.{d.src_lang}", base / f"{p}.{d.tgt_lang}")
+        for split, p in prefixes.items()
+    }
+
+
+def open_text(
+    config: Config, workdir: pathlib.Path
+) -> tuple[ParallelText, tuple[list[str], list[str]] | None, tuple[list[str], list[str]] | None]:
+    """Training pairs (read on demand) and raw dev and test text from the configured source."""
+    d = config.data
+    if d.source == "tfds":
+        data_dir = wmt.resolve_data_dir(d.tfds_data_dir)
+        builder = wmt.prepare(d.tfds_name, data_dir)
+        train = wmt.open_split(builder, d.tfds_train_split, d.src_lang, d.tgt_lang, data_dir)
+        dev, test = (
+            wmt.read_split(builder, split, d.src_lang, d.tgt_lang, data_dir) if split else None
+            for split in (d.tfds_dev_split, d.tfds_test_split)
+        )
+        return train, dev, test
+    paths = data_paths(config, workdir)
+    dev, test = (
+        read_parallel(*paths[split]) if paths[split][0].is_file() else None
+        for split in ("dev", "test")
+    )
+    return ParallelText.from_files(*paths["train"]), dev, test
+
+
+def load_data(config: Config, workdir: pathlib.Path) -> Data:
+    """Opens the text, trains (or reuses) the shared BPE vocabulary and tokenizes training data.
+
+    The vocabulary and the training tokens are kept in the workdir, so a resumed run reads
+    neither the training text nor re-tokenizes it.
+    """
+    d = config.data
+    train_text, dev_text, test_text = open_text(config, workdir)
+    vocab_path = workdir / VOCAB_FILENAME
+    if vocab_path.is_file():
+        tokenizer = Tokenizer(vocab_path)
+    else:
+        sample = sample_sentences(train_text, d.vocab_sample_size, config.train.seed)
+        log.info(
+            "training a %d-piece BPE vocabulary on %d sentences sampled from %d pairs",
+            d.vocab_size,
+            len(sample),
+            train_text.num_pairs,
+        )
+        tokenizer = train_tokenizer(sample, d.vocab_size, vocab_path, len(sample))
+        del sample
+    train, dropped = tokenize_once(train_text, tokenizer, d.max_len, workdir / TOKENS_DIRNAME)
+    log.info(
+        "train: %d pairs kept, %d longer than data.max_len=%d dropped; vocabulary %d",
+        len(train),
+        dropped,
+        d.max_len,
+        tokenizer.vocab_size,
+    )
+    dev = tokenize_parallel(tokenizer, *dev_text, d.max_len)[0] if dev_text else None
+    return Data(tokenizer, train, dev, dev_text, test_text)
