@@ -34,24 +34,34 @@ def sources():
 
 
 def uncached_greedy(graphdef, params, src, max_extra_len):
-    """Arg-max decoding by rerunning the full forward pass on the growing prefix."""
-    model = nnx.merge(graphdef, params)
+    """Arg-max decoding by rerunning the full forward pass on the growing prefix.
+
+    The prefix is padded to a fixed length (padding never changes outputs on real tokens, a
+    property tested in test_model.py), so the jitted forward pass compiles once.
+    """
+
+    @jax.jit
+    def next_logits(src_row, prefix, length):  # [S], [L], scalar -> [V] at position length-1
+        positions = jnp.arange(prefix.shape[0])
+        batch = {
+            "src": src_row[None],
+            "src_segments": (src_row != PAD_ID).astype(jnp.int32)[None],
+            "src_positions": jnp.arange(src_row.shape[0])[None],
+            "tgt_in": prefix[None],
+            "tgt_segments": (positions < length).astype(jnp.int32)[None],
+            "tgt_positions": positions[None],
+        }
+        return nnx.merge(graphdef, params)(batch)[0, length - 1]
+
     outputs = []
     for row in np.asarray(src):
         n = int((row != PAD_ID).sum())
         limit = n - 1 + max_extra_len
         prefix = [BOS_ID]
         while True:
-            tgt = jnp.array([prefix])
-            batch = {
-                "src": jnp.array([row[:n]]),
-                "src_segments": jnp.ones((1, n), jnp.int32),
-                "src_positions": jnp.arange(n)[None],
-                "tgt_in": tgt,
-                "tgt_segments": jnp.ones_like(tgt),
-                "tgt_positions": jnp.arange(len(prefix))[None],
-            }
-            logits = model(batch)[0, -1]
+            padded = np.zeros(src.shape[1] + max_extra_len + 2, np.int32)
+            padded[: len(prefix)] = prefix
+            logits = next_logits(jnp.asarray(row), jnp.asarray(padded), len(prefix))
             token = EOS_ID if len(prefix) - 1 >= limit else int(jnp.argmax(logits))
             prefix.append(token)
             if token == EOS_ID:
