@@ -12,6 +12,7 @@ import time
 import jax
 import numpy as np
 import pytest
+from conftest import tiny_config
 
 from translate import checkpoint, evaluate, monitor, synthetic, train
 from translate.tokenizer import train_tokenizer
@@ -99,10 +100,18 @@ def test_many_kills_and_terms_leave_the_run_identical(tmp_path):
     assert done.stdout.strip().endswith("identical: true"), done.stdout + done.stderr[-2000:]
 
 
+@pytest.fixture(scope="module")
+def trained_once(tmp_path_factory):
+    """A finished tiny run with checkpoints at steps 3 and 6, trained once for this module."""
+    workdir = tmp_path_factory.mktemp("trained")
+    train.train_and_evaluate(tiny_config(), workdir)
+    return workdir
+
+
 @pytest.fixture
-def trained(config, tmp_path):
-    """A finished tiny run with checkpoints at steps 3 and 6."""
-    train.train_and_evaluate(config, tmp_path)
+def trained(trained_once, tmp_path):
+    """A private copy of that run, for a test to damage."""
+    shutil.copytree(trained_once, tmp_path, dirs_exist_ok=True)
     return tmp_path
 
 
