@@ -11,6 +11,7 @@ from translate.data import (
     DataPosition,
     ParallelText,
     TokenizedCorpus,
+    decode_width,
     file_sha256,
     iterate_batches,
     make_batch,
@@ -124,10 +125,21 @@ def test_source_batches_cover_every_sentence_sorted_by_length(tokenizer):
     sentences = [p[0] for p in synthetic.generate_pairs(21, seed=2)]
     seen, widths = [], []
     for indices, tokens in source_batches(tokenizer, sentences, batch_size=8):
-        assert tokens.shape[0] == 8 and tokens.shape[1] % 8 == 0
+        assert tokens.shape[0] == 8 and tokens.shape[1] == decode_width(tokens.shape[1])
         seen += [int(i) for i in indices if i >= 0]
         widths.append(tokens.shape[1])
     assert sorted(seen) == list(range(21)) and widths == sorted(widths)
+
+
+def test_decode_widths_are_a_dozen_sizes_that_hold_every_length_with_little_padding():
+    lengths = range(1, 1001)
+    widths = [decode_width(n) for n in lengths]
+    assert all(w >= n and w % 8 == 0 for n, w in zip(lengths, widths))
+    assert len(set(widths)) <= 14  # 8, 16, 24, 32, 48, ... 1024
+    # Past 16 tokens, padding is at most a third of the width (steps of x1.5 and x4/3).
+    assert all(w <= max(16, 1.5 * n) for n, w in zip(lengths, widths))
+    # Never wider than the longest source after truncation to max_len (rounded up to 8).
+    assert decode_width(70, max_len=64) == 64 and decode_width(99, max_len=100) == 104
 
 
 def pairs_text(n=300, seed=3):

@@ -141,3 +141,62 @@ def test_output_never_exceeds_source_length_plus_max_extra_len():
             out = strip(row)
             source_tokens = int((np.asarray(src[b]) != PAD_ID).sum()) - 1
             assert out[-1] == EOS_ID and len(out) - 1 <= source_tokens + 2
+
+
+def make_bfloat16_model():
+    config = ModelConfig(num_layers=2, d_model=32, num_heads=4, d_ff=64, compute_dtype="bfloat16")
+    model = Transformer(config, VOCAB, rngs=nnx.Rngs(0))
+    model.embed.embedding[...] = model.embed.embedding[...] * 8.0
+    return nnx.split(model, nnx.Param)
+
+
+def test_bfloat16_decoding_forms_attention_scores_and_logits_in_float32():
+    graphdef, params = make_bfloat16_model()
+    model = nnx.merge(graphdef, params)
+    src = sources()
+    segments = (src != PAD_ID).astype(jnp.int32)
+    positions = jnp.broadcast_to(jnp.arange(src.shape[1]), src.shape)
+    cache = model.init_cache(model.encode(src, segments, positions), segments, max_len=10)
+    tokens = jnp.full((src.shape[0],), BOS_ID)
+    jaxpr = jax.make_jaxpr(lambda c: model.decode_step(tokens, jnp.array(0), c))(cache)
+    products = [e.outvars[0].aval for e in jaxpr.jaxpr.eqns if e.primitive.name == "dot_general"]
+    logits = [a for a in products if a.shape == (src.shape[0], VOCAB)]
+    scores = [a for a in products if a.ndim == 4 and a.shape[1:3] == (4, 1)]  # [B, H, 1, L]
+    assert len(logits) == 1 and len(scores) == 2 * 2  # self and cross attention, 2 layers
+    assert all(a.dtype == jnp.float32 for a in logits + scores)
+    # The other products (projections, feed-forward) stay in the compute dtype.
+    assert any(a.dtype == jnp.bfloat16 for a in products)
+    log_probs, _ = jax.jit(model.decode_step)(tokens, jnp.array(0), cache)
+    assert log_probs.dtype == jnp.float32
+
+
+def test_bfloat16_beam_search_picks_the_hypotheses_of_a_float32_projected_reference(monkeypatch):
+    """The reference multiplies the same bfloat16-rounded operands after casting them to float32."""
+    import translate.model as model_module
+
+    graphdef, params = make_bfloat16_model()
+    src = sources()
+    tokens, scores = beam_search(graphdef, params, src, beam_size=4, alpha=0.6, max_extra_len=6)
+    greedy, _ = greedy_search(graphdef, params, src, max_extra_len=6)
+
+    fused_scores = model_module.attention_scores
+
+    def upcast_scores(subscripts, q, k, mask):
+        return fused_scores(subscripts, q.astype(jnp.float32), k.astype(jnp.float32), mask)
+
+    def upcast_logits(self, y):
+        embedding = self.embed.embedding[...].astype(self.dtype).astype(jnp.float32)
+        return jnp.einsum("...d,vd->...v", y.astype(jnp.float32), embedding)
+
+    monkeypatch.setattr(model_module, "attention_scores", upcast_scores)
+    monkeypatch.setattr(Transformer, "logits", upcast_logits)
+    jax.clear_caches()  # the searches are jitted on the graph definition, which is unchanged
+    ref_tokens, ref_scores = beam_search(
+        graphdef, params, src, beam_size=4, alpha=0.6, max_extra_len=6
+    )
+    ref_greedy, _ = greedy_search(graphdef, params, src, max_extra_len=6)
+    jax.clear_caches()
+    np.testing.assert_array_equal(tokens, ref_tokens)
+    np.testing.assert_array_equal(greedy, ref_greedy)
+    # Only the order of float32 additions differs from the reference.
+    np.testing.assert_allclose(scores, ref_scores, rtol=1e-5)

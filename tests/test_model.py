@@ -7,7 +7,7 @@ from flax import nnx
 
 from translate.config import Config, ModelConfig
 from translate.evaluate import abstract_model
-from translate.model import Transformer, dropout, resolve_attention, sinusoidal_positions
+from translate.model import Transformer, dropout, sinusoidal_positions
 
 VOCAB = 64
 
@@ -128,12 +128,3 @@ def test_base_parameter_count():
     _, shapes = abstract_model(Config(), vocab_size=37000)
     total = sum(x.size for x in jax.tree.leaves(shapes))
     assert total == 37000 * 512 + 6 * 3_151_872 + 6 * 4_203_008 == 63_073_280
-
-
-def test_auto_attention_uses_xla_on_cpu_and_cudnn_only_where_it_fits(monkeypatch):
-    assert resolve_attention("auto", jnp.float32, 64) == "xla"  # these tests run on the CPU
-    assert resolve_attention("cudnn", jnp.bfloat16, 64) == "cudnn"
-    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
-    assert resolve_attention("auto", jnp.bfloat16, 64) == "cudnn"
-    assert resolve_attention("auto", jnp.float32, 64) == "xla"  # cuDNN's kernel is bf16/fp16
-    assert resolve_attention("auto", jnp.bfloat16, 256) == "xla"  # head too large

@@ -10,7 +10,7 @@ from flax import nnx
 
 from translate import evaluate, translate
 from translate.data import source_batches
-from translate.decode import beam_search, greedy_search
+from translate.decode import DecodeTimes, beam_search, greedy_search
 from translate.model import Transformer
 from translate.tokenizer import VOCAB_FILENAME, train_tokenizer
 from translate.train import train_and_evaluate
@@ -146,3 +146,18 @@ def test_checkpoint_flag_rejects_what_it_cannot_read(workdir):
         translate.load_checkpoint(str(workdir), "average:3")
     with pytest.raises(ValueError, match="expected latest, a step number or average:N"):
         translate.load_checkpoint(str(workdir), "best")
+
+
+def test_decoding_many_lengths_compiles_a_handful_of_shapes_and_times_them_apart(workdir):
+    graphdef, params, tokenizer, config, _ = evaluate.load_model(workdir)
+    words = "the small dog sees the old cat in the red house".split()
+    # 60 sentences of 1 to 60 words: 60 different lengths.
+    sentences = [" ".join(words[i % len(words)] for i in range(n)) for n in range(1, 61)]
+    config.decode.beam_size, config.decode.batch_size = 1, 4
+    times = DecodeTimes()
+    evaluate.translate_sentences(
+        graphdef, params, tokenizer, sentences, config.decode, config.data.max_len, times
+    )
+    widths = {width for _, width in times.shapes}
+    assert len(widths) <= 6 and len(times.shapes) == len(widths)  # one batch size
+    assert times.compile_seconds > 0 and times.decode_seconds > 0

@@ -520,20 +520,36 @@ def iterate_batches(
         epoch, index = epoch + 1, 0
 
 
+def decode_width(length: int, max_len: int | None = None) -> int:
+    """The padded source width that decoding compiles for `length` tokens.
+
+    The smallest of 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, ... (8, then 16 * 2^k and
+    24 * 2^k) that holds them. Every width is a separate compile of the searches; this set keeps
+    a test set of any size to about ten, at the cost of at most a third of a batch's width in
+    padding past 16 tokens. Widths stop at `max_len` rounded up to a multiple of 8, the longest
+    a truncated source can be.
+    """
+    widths = sorted([8] + [base << k for k in range(16) for base in (16, 24)])
+    width = next(w for w in widths if w >= length)
+    if max_len:
+        width = min(width, -(-max_len // 8) * 8)
+    return width
+
+
 def source_batches(
     tokenizer: Tokenizer, sentences: Sequence[str], batch_size: int, max_len: int | None = None
 ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """Source sentences for decoding, sorted by length: yields (indices, tokens [B, S]).
 
-    S is rounded up to a multiple of 8 and the last batch is padded to `batch_size` rows (with
-    index -1), so a handful of shapes is compiled. Sentences longer than `max_len` tokens are
-    truncated to it.
+    S is one of a few widths (`decode_width`) and the last batch is padded to `batch_size` rows
+    (with index -1), so a handful of shapes is compiled. Sentences longer than `max_len` tokens
+    are truncated to it.
     """
     encoded = [ids[: max_len - 1] if max_len else ids for ids in tokenizer.encode(sentences)]
     order = np.argsort([len(ids) for ids in encoded], kind="stable")
     for start in range(0, len(order), batch_size):
         chunk = order[start : start + batch_size]
-        width = -(-(max(len(encoded[i]) for i in chunk) + 1) // 8) * 8
+        width = decode_width(max(len(encoded[i]) for i in chunk) + 1, max_len)
         tokens = np.zeros((batch_size, width), np.int32)
         for r, i in enumerate(chunk):
             tokens[r, : len(encoded[i]) + 1] = list(encoded[i]) + [EOS_ID]

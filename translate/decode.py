@@ -10,10 +10,13 @@ the mean of the models' log-probabilities; an ensemble of one computes what the 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import time
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from translate.tokenizer import BOS_ID, EOS_ID, PAD_ID
@@ -178,13 +181,60 @@ def beam_search(
     return state["fin_tokens"], state["fin_scores"]
 
 
+def search(
+    graphdef, params, src: jax.Array, beam_size: int, alpha: float, max_extra_len: int
+) -> tuple[jax.Array, jax.Array]:
+    """Hypotheses [B, W, L] best first and their scores [B, W]; beam size 1 is greedy (W = 1).
+
+    Beam scores are length-normalised log-probabilities; greedy scores are plain ones.
+    """
+    if beam_size == 1:
+        tokens, scores = greedy_search(graphdef, params, src, max_extra_len=max_extra_len)
+        return tokens[:, None], scores[:, None]
+    return beam_search(
+        graphdef, params, src, beam_size=beam_size, alpha=alpha, max_extra_len=max_extra_len
+    )
+
+
 def translate_tokens(
     graphdef, params, src: jax.Array, beam_size: int, alpha: float, max_extra_len: int
 ) -> jax.Array:
     """Best output tokens [B, L] for source tokens [B, S]; beam size 1 is greedy decoding."""
-    if beam_size == 1:
-        return greedy_search(graphdef, params, src, max_extra_len=max_extra_len)[0]
-    tokens, _ = beam_search(
-        graphdef, params, src, beam_size=beam_size, alpha=alpha, max_extra_len=max_extra_len
-    )
-    return tokens[:, 0]
+    return search(graphdef, params, src, beam_size, alpha, max_extra_len)[0][:, 0]
+
+
+@dataclasses.dataclass
+class DecodeTimes:
+    """Where a decoding run's seconds went: compiling each new batch shape, and decoding."""
+
+    compile_seconds: float = 0.0
+    decode_seconds: float = 0.0
+    # Batch shapes [B, S] met for the first time in this run, each compiled (or found compiled).
+    shapes: set[tuple[int, int]] = dataclasses.field(default_factory=set)
+
+
+def timed_search(
+    graphdef,
+    params,
+    src: np.ndarray,
+    beam_size: int,
+    alpha: float,
+    max_extra_len: int,
+    times: DecodeTimes,
+) -> tuple[np.ndarray, np.ndarray]:
+    """`search` on the host, adding its seconds to `times`, compilation apart.
+
+    The first batch of each shape is preceded by a search over a batch of padding of that shape:
+    padding rows stop after one step, so that call's time is the compile (or the cache lookup,
+    when another run compiled it) and the real batch's time is decoding alone.
+    """
+    args = (beam_size, alpha, max_extra_len)
+    if src.shape not in times.shapes:
+        start = time.perf_counter()
+        jax.block_until_ready(search(graphdef, params, np.zeros_like(src), *args))
+        times.compile_seconds += time.perf_counter() - start
+        times.shapes.add(src.shape)
+    start = time.perf_counter()
+    tokens, scores = jax.device_get(search(graphdef, params, src, *args))
+    times.decode_seconds += time.perf_counter() - start
+    return tokens, scores

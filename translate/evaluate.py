@@ -22,12 +22,10 @@ import logging
 import pathlib
 import re
 import sys
-import time
 from collections.abc import Sequence
 from typing import Any
 
 import jax
-import numpy as np
 import sacrebleu
 from absl import logging as absl_logging
 from flax import nnx
@@ -42,7 +40,7 @@ from translate.config import (
     parse_flags,
 )
 from translate.data import read_lines, source_batches
-from translate.decode import translate_tokens
+from translate.decode import DecodeTimes, timed_search
 from translate.model import Transformer
 from translate.tokenizer import VOCAB_FILENAME, Tokenizer
 
@@ -78,6 +76,9 @@ def load_model(workdir: str | pathlib.Path, step: int | None = None, average: in
             f"--workdir: {workdir} holds no {CONFIG_FILENAME}; is it a translate.train workdir?"
         )
     config = config_from_dict(json.loads(config_path.read_text()))
+    # The attention kernel suits the machine that trained, perhaps a GPU this one lacks; the
+    # parameters do not depend on it, so decoding picks the kernel for its own device.
+    config.model.attention = "auto"
     tokenizer = Tokenizer(workdir / VOCAB_FILENAME)
     if checkpoint.latest_step(workdir) is None:
         raise FileNotFoundError(
@@ -147,17 +148,26 @@ def translate_sentences(
     sentences: Sequence[str],
     decode: DecodeConfig,
     max_len: int,
+    times: DecodeTimes | None = None,
 ) -> list[str]:
     """Translates sentences in length-sorted batches; the output keeps the input order.
 
-    `graphdef` and `params` may be tuples: an ensemble (see translate.decode).
+    `graphdef` and `params` may be tuples: an ensemble (see translate.decode). `times`, if
+    given, receives the seconds spent compiling and decoding.
     """
+    times = DecodeTimes() if times is None else times
     out = [""] * len(sentences)
     for indices, tokens in source_batches(tokenizer, sentences, decode.batch_size, max_len):
-        best = translate_tokens(
-            graphdef, params, tokens, decode.beam_size, decode.length_penalty, decode.max_extra_len
+        best, _ = timed_search(
+            graphdef,
+            params,
+            tokens,
+            decode.beam_size,
+            decode.length_penalty,
+            decode.max_extra_len,
+            times,
         )
-        for i, row in zip(indices, np.asarray(best)):
+        for i, row in zip(indices, best[:, 0]):
             if i >= 0:
                 out[i] = tokenizer.decode(row)
     return out
@@ -243,16 +253,19 @@ def evaluate(
     `step` is the checkpoint's training step; `averaged_steps`, when the parameters are a
     checkpoint average, the steps averaged (recorded in the report).
     """
-    start = time.perf_counter()
+    times = DecodeTimes()
     hypotheses = translate_sentences(
-        graphdef, params, tokenizer, sources, config.decode, config.data.max_len
+        graphdef, params, tokenizer, sources, config.decode, config.data.max_len, times
     )
-    seconds = time.perf_counter() - start
+    seconds = times.decode_seconds
     report = score(hypotheses, references, config.data.tgt_lang)
     report.update(
         {
             "num_sentences": len(sources),
+            # Searching alone; the first call of each batch shape is `compile_seconds`.
             "decode_seconds": round(seconds, 3),
+            "compile_seconds": round(times.compile_seconds, 3),
+            "num_batch_shapes": len(times.shapes),
             "sentences_per_second": round(len(sources) / max(seconds, 1e-9), 2),
             "beam_size": config.decode.beam_size,
             "length_penalty": config.decode.length_penalty,
@@ -311,7 +324,8 @@ def write_report(
         f"at most source length + {report['max_extra_len']} tokens",
         f"speed     {report['sentences_per_second']:.1f} sentences/s: "
         f"{report['num_sentences']} sentences in {report['decode_seconds']:.1f} s on "
-        f"{report['device']}, compilation included",
+        f"{report['device']}; compiling {report['num_batch_shapes']} batch shapes took "
+        f"{report['compile_seconds']:.1f} s more",
     ]
     plots = sorted(p.name for p in plots_dir.glob(METRIC_PLOTS_GLOB))
     if plots:

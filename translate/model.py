@@ -32,6 +32,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from translate.config import ModelConfig
+from translate.devices import resolve_attention
 
 Cache = list[dict[str, jax.Array]]
 
@@ -43,16 +44,14 @@ def resolve_dtype(name: str) -> Any:
     return jnp.dtype(name)
 
 
-def resolve_attention(name: str, dtype: Any, head_dim: int) -> str:
-    """The attention kernel for `model.attention`; "auto" picks cuDNN's fused kernel on GPU.
+def attention_scores(subscripts: str, q: jax.Array, k: jax.Array, mask: jax.Array) -> jax.Array:
+    """Sec. 3.2.1: QK^T / sqrt(K) in float32 where mask is True, -1e9 elsewhere.
 
-    cuDNN's flash attention needs bfloat16 or float16 and a head size that is a multiple of 8 up
-    to 128; elsewhere (CPUs, float32) XLA's implementation is used.
+    The products accumulate and come out in float32 even when q and k are bfloat16: rounded
+    to bfloat16, scores near 20 would move in steps of 0.125.
     """
-    if name != "auto":
-        return name
-    fits = jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16) and head_dim % 8 == 0
-    return "cudnn" if jax.default_backend() == "gpu" and fits and head_dim <= 128 else "xla"
+    scores = jnp.einsum(subscripts, q, k, preferred_element_type=jnp.float32)
+    return jnp.where(mask, scores / math.sqrt(q.shape[-1]), -1e9)
 
 
 def sinusoidal_positions(positions: jax.Array, d_model: int) -> jax.Array:
@@ -138,8 +137,7 @@ class MultiHeadAttention(nnx.Module):
         """Attention of x's queries over keys and values [B, Tk, H, K] under mask [B, 1, Tq, Tk]."""
         q = self.split_heads(self.query(x))  # [B, Tq, H, K]
         if self.keep_weights:
-            scores = jnp.einsum("bqhk,bshk->bhqs", q, k).astype(jnp.float32)  # [B, H, Tq, Tk]
-            scores = jnp.where(mask, scores / math.sqrt(q.shape[-1]), -1e9)
+            scores = attention_scores("bqhk,bshk->bhqs", q, k, mask)  # [B, H, Tq, Tk]
             weights = jax.nn.softmax(scores, axis=-1)
             self.sow(nnx.Intermediate, "weights", weights)
             y = jnp.einsum("bhqs,bshk->bqhk", weights.astype(v.dtype), v)  # [B, Tq, H, K]
@@ -169,8 +167,7 @@ class MultiHeadAttention(nnx.Module):
         """
         b, _, d = x.shape
         q = self.query(x).reshape(b, self.num_heads, 1, d // self.num_heads)  # [B, H, 1, K]
-        scores = jnp.einsum("bhqk,bhkl->bhql", q, keys_t).astype(jnp.float32)  # [B, H, 1, L]
-        scores = jnp.where(mask[:, :, None, :], scores / math.sqrt(q.shape[-1]), -1e9)
+        scores = attention_scores("bhqk,bhkl->bhql", q, keys_t, mask[:, :, None, :])  # [B, H, 1, L]
         weights = jax.nn.softmax(scores, axis=-1).astype(values.dtype)
         y = jnp.einsum("bhql,bhlk->bqhk", weights, values)  # [B, 1, H, K]
         return self.out(y.reshape(b, 1, d))  # [B, 1, D]
@@ -282,8 +279,13 @@ class Transformer(nnx.Module):
         return y
 
     def logits(self, y: jax.Array) -> jax.Array:
-        """Sec. 3.4: the pre-softmax projection is the shared embedding; [..., D] -> [..., V]."""
-        return jnp.einsum("...d,vd->...v", y, self.embed.embedding[...].astype(self.dtype))
+        """Sec. 3.4: the pre-softmax projection is the shared embedding; [..., D] -> [..., V].
+
+        Accumulated and returned in float32, as in training (losses.projected_cross_entropy):
+        beam search ranks hypotheses on these numbers.
+        """
+        embedding = self.embed.embedding[...].astype(self.dtype)
+        return jnp.einsum("...d,vd->...v", y, embedding, preferred_element_type=jnp.float32)
 
     def hidden(self, batch: dict[str, jax.Array], *, dropout_key=None) -> jax.Array:
         """Teacher-forced decoder output [B, T, D] for a batch of the data pipeline.

@@ -38,8 +38,9 @@ from translate.data import (
     make_batch,
     plan_epoch,
 )
+from translate.devices import DeviceFacts, cpu_warning, resolve_attention
 from translate.losses import projected_cross_entropy
-from translate.model import Transformer
+from translate.model import Transformer, resolve_dtype
 from translate.monitor import (
     Interrupted,
     MetricWriter,
@@ -217,16 +218,27 @@ def train_and_evaluate(
     Returns None when the data has no test split.
     """
     t, workdir = config.train, pathlib.Path(workdir)
+    facts = DeviceFacts.of()
+    m = config.model
+    # Before the workdir changes: a kernel this device cannot run is a config error.
+    attention = resolve_attention(
+        m.attention, resolve_dtype(m.compute_dtype), m.d_model // m.num_heads, facts
+    )
     workdir.mkdir(parents=True, exist_ok=True)
     check_workdir_config(config, workdir, force)
 
     mesh = sharding.make_mesh()
     log.info(
-        "mesh: %d devices (%s) on %d hosts",
+        "mesh: %d devices (%s, %s) on %d hosts; compute %s, %s attention",
         mesh.size,
-        jax.devices()[0].platform,
+        facts.platform,
+        facts.kind,
         jax.process_count(),
+        jnp.dtype(resolve_dtype(m.compute_dtype)).name,
+        attention,
     )
+    if warning := cpu_warning(config, facts):
+        log.warning("WARNING: %s", warning)
 
     data = sharding.on_process_zero_first(lambda: load_data(config, workdir))
     write_workdir_config(config, workdir)  # only once the data has loaded without error

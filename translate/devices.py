@@ -1,0 +1,105 @@
+"""What the local devices are, and the kernel choice that depends on them.
+
+The attention kernel is chosen from plain facts about the device (`DeviceFacts`), so the
+decision is a pure function that tests can feed any device, and a run never selects a kernel
+its device cannot compile.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from translate.config import Config
+
+# A token budget per step from which a config is taken to be meant for GPUs: the paper's is
+# 25,000; the CPU recipes use a few thousand.
+GPU_SIZED_TOKENS_PER_BATCH = 10_000
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceFacts:
+    """What the attention-kernel choice needs to know about the device it will run on."""
+
+    # jax's platform name: "cpu", "gpu" (CUDA and ROCm alike) or "tpu".
+    platform: str
+    # For a GPU, the runtime under the platform: "cuda" or "rocm"; "" otherwise.
+    runtime: str = ""
+    # CUDA compute capability as (major, minor); None where there is none.
+    compute_capability: tuple[int, int] | None = None
+    # The device's name for messages, e.g. "NVIDIA H100 80GB HBM3".
+    kind: str = ""
+
+    @classmethod
+    def of(cls, device: jax.Device | None = None) -> DeviceFacts:
+        device = device or jax.local_devices()[0]
+        runtime, capability = "", None
+        if device.platform == "gpu":
+            version = device.client.platform_version.lower()
+            runtime = "cuda" if "cuda" in version else "rocm" if "rocm" in version else "unknown"
+            text = getattr(device, "compute_capability", None)
+            if runtime == "cuda" and text:
+                capability = tuple(int(part) for part in str(text).split(".")[:2])
+        return cls(device.platform, runtime, capability, device.device_kind)
+
+
+def cudnn_unfit_reason(dtype: Any, head_dim: int, facts: DeviceFacts) -> str | None:
+    """Why cuDNN's fused attention cannot run here, or None when it can.
+
+    It needs an NVIDIA GPU of compute capability 8.0 or later (Ampere on), bfloat16 or float16
+    inputs, and a head size that is a multiple of 8 up to 128.
+    """
+    if facts.runtime != "cuda":
+        return (
+            f"it needs an NVIDIA GPU with CUDA, and this device is {facts.kind or facts.platform}"
+        )
+    if facts.compute_capability is None or facts.compute_capability < (8, 0):
+        capability = ".".join(map(str, facts.compute_capability or ())) or "unknown"
+        return f"it needs compute capability >= 8.0, and {facts.kind} has {capability}"
+    if jnp.dtype(dtype) not in (jnp.bfloat16, jnp.float16):
+        return f"it needs bfloat16 or float16 compute, not {jnp.dtype(dtype).name}"
+    if head_dim % 8 or head_dim > 128:
+        return f"it needs a head size that is a multiple of 8 up to 128, not {head_dim}"
+    return None
+
+
+def resolve_attention(
+    name: str, dtype: Any, head_dim: int, facts: DeviceFacts | None = None
+) -> str:
+    """The kernel of jax.nn.dot_product_attention for `model.attention` on this device.
+
+    "auto" is cuDNN's fused kernel where it can run (`cudnn_unfit_reason`) and XLA's everywhere
+    else, so the default never fails to compile; an explicit "cudnn" where it cannot run is a
+    ValueError that names the device.
+    """
+    if name == "xla":
+        return name
+    reason = cudnn_unfit_reason(dtype, head_dim, facts or DeviceFacts.of())
+    if name == "cudnn" and reason:
+        raise ValueError(f"model.attention=cudnn cannot run here: {reason}; use auto or xla")
+    return "xla" if reason else "cudnn"
+
+
+def cpu_warning(config: Config, facts: DeviceFacts) -> str | None:
+    """A warning for a config meant for GPUs that is about to train on a CPU, else None.
+
+    JAX falls back to the CPU quietly when its CUDA plugin is missing or mismatched, and a
+    WMT14 run would then start and crawl for weeks.
+    """
+    if facts.platform != "cpu":
+        return None
+    reasons = []
+    if config.data.source == "tfds":
+        reasons.append(f"it trains on {config.data.tfds_name}")
+    if config.data.tokens_per_batch >= GPU_SIZED_TOKENS_PER_BATCH:
+        reasons.append(f"data.tokens_per_batch is {config.data.tokens_per_batch:,}")
+    if not reasons:
+        return None
+    return (
+        f"this run is on the CPU, but its config is meant for GPUs ({'; '.join(reasons)}). "
+        "If this machine has a GPU, JAX does not see it: `python -c 'import jax; "
+        "print(jax.devices())'` should list it; see the README section 'On GPUs'"
+    )
