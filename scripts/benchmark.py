@@ -4,7 +4,11 @@
         --src=../shared/data/opennmt_toy_ende/train.en \
         --tgt=../shared/data/opennmt_toy_ende/train.de \
         --batch_tokens=2048 [--vocab=SPM_MODEL] [--steps=30] [--warmup=3] \
-        [--decode_src=FILE] [--decode_workdir=DIR] [--json=PATH] [--config.a.b=value ...]
+        [--decode_src=FILE] [--decode_workdir=DIR] [--decode_num=N] [--json=PATH] \
+        [--config.a.b=value ...]
+
+    python scripts/benchmark.py --skip_training --decode_src=FILE [--decode_num=N] \
+        (--decode_workdir=DIR | --config=CONFIG (--src=SRC --tgt=TGT | --vocab=SPM_MODEL))
 
 Training: batches of `batch_tokens` target token slots (and as many source slots) are packed
 from the given parallel files exactly as the trainer packs them (`data.row_len` slots per row),
@@ -15,26 +19,32 @@ config's `data.vocab_size` even when the BPE model learned from the files came o
 the softmax costs what it would at that size.
 
 Utilisation: model FLOPs per step are counted from the batch's shapes (translate.flops), with
-padding excluded ("real") and included ("padded"); MFU is real model FLOPs per second over the
-peak this script measures itself: the best of many runs of a jitted square matrix product in
-the config's compute dtype (2048 on CPU, 8192 on GPU).
+padding excluded ("real") and included ("padded"). MFU is real model FLOPs per second over two
+peaks: the one this script measures itself (`mfu`), the best of many runs of a jitted square
+matrix product in the config's compute dtype (2048 on CPU, 8192 on GPU); and the dense
+tensor-core peak that the GPU's maker publishes for that dtype (`mfu_published`), looked up by
+the device's name, null for devices not in PUBLISHED_PEAKS (every CPU).
 
 Decoding (with --decode_src): beam 4 and greedy over the file's sentences, in the evaluator's
-length-sorted batches of `decode.batch_size`. Every shape is compiled by a first pass; the
-second pass is timed. With --decode_workdir the trained model (and its vocabulary) there is
-used; otherwise the freshly initialised model, which seldom emits EOS, so each sentence runs
-to its length limit: a worst case, said so in the output.
+length-sorted batches of `decode.batch_size`, one pass each. The evaluator times compilation
+(each new batch shape is first compiled on a batch of padding) apart from decoding; speeds are
+over decoding seconds alone, and the whole pass's seconds are reported beside them. With
+--decode_workdir the trained model (and its vocabulary) there is used; otherwise the freshly
+initialised model, which seldom emits EOS, so each sentence runs to its length limit: a worst
+case, said so in the output. --skip_training decodes only.
 
 The JSON (--json) holds every printed figure; keys are listed in BENCHMARKS.md.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import os
 import pathlib
 import platform
+import re
 import resource
 import statistics
 import subprocess
@@ -45,11 +55,12 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
 from translate import evaluate, flops, sharding  # noqa: E402
-from translate.config import Config, load_config, parse_flags  # noqa: E402
+from translate.config import Config, apply_override, load_config, parse_flags  # noqa: E402
 from translate.data import (  # noqa: E402
     BatchLayout,
     make_batch,
@@ -58,7 +69,8 @@ from translate.data import (  # noqa: E402
     read_parallel,
     tokenize_parallel,
 )
-from translate.model import resolve_dtype  # noqa: E402
+from translate.decode import DecodeTimes  # noqa: E402
+from translate.model import Transformer, resolve_dtype  # noqa: E402
 from translate.optim import make_optimizer  # noqa: E402
 from translate.tokenizer import Tokenizer, train_tokenizer  # noqa: E402
 from translate.train import make_init, make_train_step  # noqa: E402
@@ -76,8 +88,47 @@ FLAGS = {
     "decode_src": "",
     "decode_workdir": "",
     "decode_num": 0,
+    "skip_training": False,
     "json": "",
 }
+
+# Dense tensor-core peaks (FLOP/s) that NVIDIA publishes, by JAX's device_kind and compute dtype.
+# Datasheets print two figures per dtype, with and without 2:4 structured sparsity; these are
+# the dense ones (half the sparse ones). The first pattern that matches the device name wins;
+# a device or dtype not listed (every CPU, float32, the H100/H200 NVL) has no published peak.
+# Sources:
+# - H100 SXM5 ("NVIDIA H100 80GB HBM3") and PCIe: NVIDIA H100 Tensor Core GPU datasheet,
+#   https://www.nvidia.com/en-us/data-center/h100/ (BF16/FP16 1,979 and 1,513 TFLOPS sparse).
+# - H200 SXM: NVIDIA H200 datasheet, https://www.nvidia.com/en-us/data-center/h200/ (1,979).
+# - A100 (SXM4 and PCIe, 40 and 80 GB): NVIDIA A100 datasheet,
+#   https://www.nvidia.com/en-us/data-center/a100/ (BF16/FP16 312 dense, 624 sparse).
+# - L4: https://www.nvidia.com/en-us/data-center/l4/ (BF16/FP16 242 TFLOPS sparse).
+# - L40S: https://www.nvidia.com/en-us/data-center/l40s/ (BF16/FP16 362.05 dense, 733 sparse).
+# - V100 SXM2, PCIe and V100S: NVIDIA V100 datasheet, https://www.nvidia.com/en-us/data-center/v100/
+#   ("Tensor Performance" 125, 112 and 130 TFLOPS, FP16; Volta has no bfloat16 tensor cores).
+# - GeForce RTX 4090: NVIDIA Ada Lovelace GPU architecture whitepaper, appendix table ("Peak
+#   FP16/BF16 Tensor TFLOPS with FP32 Accumulate" 165.2 dense, 330.4 sparse).
+TERA = 1e12
+PUBLISHED_PEAKS = [
+    (r"H100.*(HBM3|SXM)", {"bfloat16": 989.4 * TERA, "float16": 989.4 * TERA}),
+    (r"H100 PCIe", {"bfloat16": 756.5 * TERA, "float16": 756.5 * TERA}),
+    (r"H200(?!.*NVL)", {"bfloat16": 989.4 * TERA, "float16": 989.4 * TERA}),
+    (r"A100", {"bfloat16": 312.0 * TERA, "float16": 312.0 * TERA}),
+    (r"\bL4\b", {"bfloat16": 121.0 * TERA, "float16": 121.0 * TERA}),
+    (r"L40S", {"bfloat16": 362.05 * TERA, "float16": 362.05 * TERA}),
+    (r"V100S", {"float16": 130.0 * TERA}),
+    (r"V100.*PCIE", {"float16": 112.0 * TERA}),
+    (r"V100", {"float16": 125.0 * TERA}),
+    (r"RTX 4090", {"bfloat16": 165.2 * TERA, "float16": 165.2 * TERA}),
+]
+
+
+def published_peak(device_kind: str, dtype_name: str) -> float | None:
+    """The maker's dense peak FLOP/s of this device in this dtype, or None if not known."""
+    for pattern, peaks in PUBLISHED_PEAKS:
+        if re.search(pattern, device_kind, re.IGNORECASE):
+            return peaks.get(dtype_name)
+    return None
 
 
 def matmul_peak(dtype) -> tuple[float, int]:
@@ -182,29 +233,35 @@ def benchmark_training(flags: dict, config: Config, tokenizer: Tokenizer) -> dic
     }
 
 
+def init_params(config: Config, vocab_size: int):
+    """A freshly initialised model's (graphdef, params) on the default device."""
+    model = Transformer(config.model, vocab_size, rngs=nnx.Rngs(params=jax.random.key(0)))
+    return nnx.split(model, nnx.Param)
+
+
 def benchmark_decoding(flags: dict, config: Config, graphdef, params, tokenizer) -> dict:
     sentences = read_lines(flags["decode_src"])
     if flags["decode_num"]:
         sentences = sentences[: flags["decode_num"]]
     out = {"decode_sentences": len(sentences), "decode_batch_size": config.decode.batch_size}
     for name, beam in (("beam4", 4), ("greedy", 1)):
-        decode = Config().decode
-        for field in ("batch_size", "length_penalty", "max_extra_len"):
-            setattr(decode, field, getattr(config.decode, field))
-        decode.beam_size = beam
-        passes = []
-        for _ in range(2):  # the first pass compiles every batch shape
-            start = time.perf_counter()
-            hypotheses = evaluate.translate_sentences(
-                graphdef, params, tokenizer, sentences, decode, config.data.max_len
-            )
-            passes.append(time.perf_counter() - start)
-        compile_s, seconds = passes
+        decode = dataclasses.replace(config.decode, beam_size=beam)
+        times = DecodeTimes()
+        start = time.perf_counter()
+        hypotheses = evaluate.translate_sentences(
+            graphdef, params, tokenizer, sentences, decode, config.data.max_len, times=times
+        )
+        wall = time.perf_counter() - start
         tokens = sum(len(ids) + 1 for ids in tokenizer.encode(hypotheses))  # + EOS
+        seconds = times.decode_seconds
         out[f"decode_seconds_{name}"] = seconds
-        out[f"decode_first_pass_seconds_{name}"] = compile_s
         out[f"decode_sentences_per_sec_{name}"] = len(sentences) / seconds
         out[f"decode_tokens_per_sec_{name}"] = tokens / seconds
+        out[f"decode_compile_seconds_{name}"] = times.compile_seconds
+        out[f"decode_num_compiles_{name}"] = len(times.shapes)
+        # Compiling, decoding, and the host's tokenizing and detokenizing: what a user waits.
+        out[f"decode_wall_seconds_{name}"] = wall
+        out[f"decode_tokens_{name}"] = tokens
     return out
 
 
@@ -223,6 +280,7 @@ def environment() -> dict:
         "date": datetime.date.today().isoformat(),
         "commit": commit,
         "device": f"{len(jax.devices())} x {device.device_kind} ({jax.default_backend()})",
+        "device_kind": device.device_kind,
         "cpu_count": os.cpu_count(),
         "python": platform.python_version(),
         "jax": jax.__version__,
@@ -231,20 +289,36 @@ def environment() -> dict:
     }
 
 
-def main(argv: list[str]) -> None:
-    flags, overrides = parse_flags(argv, FLAGS)
+def check_flags(flags: dict) -> None:
+    if flags["skip_training"]:
+        if not flags["decode_src"]:
+            raise SystemExit("--skip_training measures decoding only: give --decode_src")
+        if not flags["decode_workdir"]:
+            needed = ["config"] + ([] if flags["vocab"] else ["src", "tgt"])
+            for name in needed:
+                if not flags[name]:
+                    raise SystemExit(
+                        f"--{name} is required to decode with an untrained model "
+                        "(or give --decode_workdir)"
+                    )
+        return
     for name in ("config", "src", "tgt"):
         if not flags[name]:
             raise SystemExit(f"--{name} is required")
-    config = load_config(flags["config"], overrides)
+
+
+def benchmark_training_speed(flags: dict, config: Config, result: dict):
+    """Adds the training figures to `result`; returns the tokenizer, graphdef and params."""
     dtype = resolve_dtype(config.model.compute_dtype)
-    result = {"config": flags["config"], "overrides": overrides, **environment()}
     result["compute_dtype"] = jnp.dtype(dtype).name
     peak, n = matmul_peak(dtype)
     result["peak_flops_per_sec"], result["peak_matmul_size"] = peak, n
+    published = published_peak(jax.devices()[0].device_kind, result["compute_dtype"])
+    result["published_peak_flops_per_sec"] = published
     print(
         f"{result['device']}, JAX {result['jax']}; matmul peak {peak / 1e9:.1f} GFLOP/s "
-        f"({n}x{n} {result['compute_dtype']})"
+        f"({n}x{n} {result['compute_dtype']}); published "
+        + ("peak unknown" if published is None else f"dense peak {published / 1e12:.1f} TFLOP/s")
     )
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -253,22 +327,52 @@ def main(argv: list[str]) -> None:
         train = benchmark_training(flags, config, tokenizer)
     graphdef, params = train.pop("_params")
     result.update(train)
-    step_flops = result["model_flops_per_step"]
-    result["model_flops_per_sec"] = step_flops / result["step_seconds_median"]
+    step_s = result["step_seconds_median"]
+    result["model_flops_per_sec"] = result["model_flops_per_step"] / step_s
     result["mfu"] = result["model_flops_per_sec"] / peak
-    result["mfu_padded"] = (
-        result["model_flops_per_step_padded"] / result["step_seconds_median"] / peak
-    )
+    result["mfu_padded"] = result["model_flops_per_step_padded"] / step_s / peak
+    if published is None:
+        result["mfu_published"] = result["mfu_published_padded"] = None
+    else:
+        result["mfu_published"] = result["model_flops_per_sec"] / published
+        result["mfu_published_padded"] = result["model_flops_per_step_padded"] / step_s / published
     result["peak_memory_bytes"], result["peak_memory_source"] = peak_memory()
+    return tokenizer, graphdef, params
+
+
+def main(argv: list[str]) -> None:
+    flags, overrides = parse_flags(argv, FLAGS)
+    check_flags(flags)
+    config = load_config(flags["config"], overrides) if flags["config"] else None
+    result = {"config": flags["config"], "overrides": overrides, **environment()}
+
+    tokenizer = graphdef = params = None
+    if not flags["skip_training"]:
+        tokenizer, graphdef, params = benchmark_training_speed(flags, config, result)
 
     if flags["decode_src"]:
         if flags["decode_workdir"]:
             graphdef, params, tokenizer, config, _ = evaluate.load_model(flags["decode_workdir"])
+            # The trained model's config, with the command line's decoding settings.
+            for dotted, text in overrides.items():
+                if dotted.startswith("decode."):
+                    apply_override(config, dotted, text)
             result["decode_model"] = f"trained: {flags['decode_workdir']}"
         else:
-            params = evaluate.local_copy(params)
+            if tokenizer is None:
+                with tempfile.TemporaryDirectory() as tmp:
+                    src, tgt = read_parallel(flags["src"], flags["tgt"])
+                    tokenizer = get_tokenizer(flags, config, src, tgt, pathlib.Path(tmp))
+            if params is None:
+                vocab_size = max(config.data.vocab_size, tokenizer.vocab_size)
+                graphdef, params = init_params(config, vocab_size)
+            else:
+                params = evaluate.local_copy(params)
             result["decode_model"] = "untrained (outputs run to the length limit)"
+        result["decode_compute_dtype"] = jnp.dtype(resolve_dtype(config.model.compute_dtype)).name
         result.update(benchmark_decoding(flags, config, graphdef, params, tokenizer))
+        if flags["skip_training"]:
+            result["peak_memory_bytes"], result["peak_memory_source"] = peak_memory()
 
     print_table(result)
     if flags["json"]:
@@ -276,41 +380,59 @@ def main(argv: list[str]) -> None:
         print(f"wrote {flags['json']}")
 
 
+def percent(fraction: float | None) -> str:
+    return "n/a" if fraction is None else f"{100 * fraction:.1f}%"
+
+
 def print_table(r: dict) -> None:
-    rows = [
-        (
-            "batch",
-            f"{r['batch_layout']}; median {r['batch_tgt_tokens_median']:.0f} target and "
-            f"{r['batch_src_tokens_median']:.0f} source tokens",
-        ),
-        (
-            "padding fraction",
-            f"{r['padding_fraction']:.3f} target, {r['padding_fraction_src']:.3f} source",
-        ),
-        (
-            "vocabulary",
-            f"{r['vocab_size_model']} in the model ({r['vocab_size_tokenizer']} pieces learned)",
-        ),
-        (
-            "step time",
-            f"median {r['step_seconds_median'] * 1e3:.1f} ms over {r['timed_steps']} "
-            f"steps (min {r['step_seconds_min'] * 1e3:.1f}, max {r['step_seconds_max'] * 1e3:.1f})",
-        ),
-        ("train steps/s", f"{r['train_steps_per_sec']:.3f}"),
-        ("target tokens/s", f"{r['train_tgt_tokens_per_sec']:.0f} (non-pad)"),
-        ("source tokens/s", f"{r['train_src_tokens_per_sec']:.0f} (non-pad)"),
-        (
-            "model FLOPs/step",
-            f"{r['model_flops_per_step'] / 1e9:.1f} G real, "
-            f"{r['model_flops_per_step_padded'] / 1e9:.1f} G with padding",
-        ),
-        (
-            "MFU",
-            f"{100 * r['mfu']:.1f}% (with padding {100 * r['mfu_padded']:.1f}%) of "
-            f"{r['peak_flops_per_sec'] / 1e9:.0f} GFLOP/s",
-        ),
-        ("peak memory", f"{r['peak_memory_bytes'] / 2**20:.0f} MiB ({r['peak_memory_source']})"),
-    ]
+    rows = []
+    if "step_seconds_median" in r:
+        published = r["published_peak_flops_per_sec"]
+        rows += [
+            (
+                "batch",
+                f"{r['batch_layout']}; median {r['batch_tgt_tokens_median']:.0f} target and "
+                f"{r['batch_src_tokens_median']:.0f} source tokens",
+            ),
+            (
+                "padding fraction",
+                f"{r['padding_fraction']:.3f} target, {r['padding_fraction_src']:.3f} source",
+            ),
+            (
+                "vocabulary",
+                f"{r['vocab_size_model']} in the model "
+                f"({r['vocab_size_tokenizer']} pieces learned)",
+            ),
+            (
+                "step time",
+                f"median {r['step_seconds_median'] * 1e3:.1f} ms over {r['timed_steps']} steps "
+                f"(min {r['step_seconds_min'] * 1e3:.1f}, max {r['step_seconds_max'] * 1e3:.1f})",
+            ),
+            ("train steps/s", f"{r['train_steps_per_sec']:.3f}"),
+            ("target tokens/s", f"{r['train_tgt_tokens_per_sec']:.0f} (non-pad)"),
+            ("source tokens/s", f"{r['train_src_tokens_per_sec']:.0f} (non-pad)"),
+            (
+                "model FLOPs/step",
+                f"{r['model_flops_per_step'] / 1e9:.1f} G real, "
+                f"{r['model_flops_per_step_padded'] / 1e9:.1f} G with padding",
+            ),
+            (
+                "MFU (measured peak)",
+                f"{percent(r['mfu'])} (with padding {percent(r['mfu_padded'])}) of "
+                f"{r['peak_flops_per_sec'] / 1e9:.0f} GFLOP/s, {r['compute_dtype']} matmul",
+            ),
+            (
+                "MFU (published peak)",
+                "n/a: no published peak for this device and dtype"
+                if published is None
+                else f"{percent(r['mfu_published'])} (with padding "
+                f"{percent(r['mfu_published_padded'])}) of {published / 1e12:.1f} TFLOP/s",
+            ),
+        ]
+    if "peak_memory_bytes" in r:
+        rows.append(
+            ("peak memory", f"{r['peak_memory_bytes'] / 2**20:.0f} MiB ({r['peak_memory_source']})")
+        )
     if "decode_sentences" in r:
         for name in ("beam4", "greedy"):
             rows.append(
@@ -318,10 +440,12 @@ def print_table(r: dict) -> None:
                     f"decode {name}",
                     f"{r[f'decode_sentences_per_sec_{name}']:.1f} sentences/s, "
                     f"{r[f'decode_tokens_per_sec_{name}']:.0f} tokens/s "
-                    f"({r['decode_sentences']} sentences in {r[f'decode_seconds_{name}']:.2f} s)",
+                    f"({r['decode_sentences']} sentences in {r[f'decode_seconds_{name}']:.2f} s; "
+                    f"batch shapes compiled: {r[f'decode_num_compiles_{name}']}, in "
+                    f"{r[f'decode_compile_seconds_{name}']:.2f} s)",
                 )
             )
-        rows.append(("decode model", r["decode_model"]))
+        rows.append(("decode model", f"{r['decode_model']}, {r['decode_compute_dtype']}"))
     width = max(len(k) for k, _ in rows)
     for k, v in rows:
         print(f"{k:<{width}}  {v}")

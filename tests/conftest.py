@@ -1,16 +1,49 @@
-"""Test setup: 8 fake CPU devices (set before JAX is imported) and a tiny config."""
+"""Test setup: 8 fake CPU devices (set before JAX is imported) and a tiny config.
+
+`pytest -m gpu` (any marker expression that selects gpu tests and no unmarked test) leaves the
+platform to JAX, so the gpu tests run on the machine's GPU; every other run forces the CPU.
+"""
 
 import os
 import pathlib
+import sys
 
-os.environ["XLA_FLAGS"] = (
-    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
-).strip()
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
+import pytest
+from _pytest.mark.expression import Expression
 
-import pytest  # noqa: E402
+from translate.config import Config, load_config
 
-from translate.config import Config, load_config  # noqa: E402
+
+def selects_only_gpu_tests(markexpr: str) -> bool:
+    """Whether `-m markexpr` keeps a test marked gpu and drops a test with no marker.
+
+    pytest's own parser evaluates the expression, so `gpu`, `gpu and not slow` or `(gpu)` count
+    and `not slow`, `not gpu` or no `-m` do not.
+    """
+    if not markexpr:
+        return False
+    expression = Expression.compile(markexpr)
+
+    def matcher(marks):
+        return lambda name, **kwargs: name in marks and not kwargs
+
+    return expression.evaluate(matcher({"gpu"})) and not expression.evaluate(matcher(set()))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # pytest calls this after loading this file and before importing any test module, so the
+    # variables below are set before JAX reads them (at its import and at its first backend).
+    if selects_only_gpu_tests(config.option.markexpr):
+        return
+    if "jax" in sys.modules:
+        raise pytest.UsageError(
+            "jax was imported before tests/conftest.py could force the CPU (a pytest plugin?); "
+            "the tests need JAX_PLATFORMS=cpu and 8 host devices set before that"
+        )
+    os.environ["XLA_FLAGS"] = (
+        os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+    ).strip()
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 
 def tiny_config() -> Config:
