@@ -13,8 +13,10 @@ from translate.tokenizer import BOS_ID, EOS_ID, PAD_ID
 VOCAB = 24
 
 
-def make_model():
-    config = ModelConfig(num_layers=2, d_model=32, num_heads=4, d_ff=64, compute_dtype="float32")
+def make_model(compute_dtype="float32"):
+    config = ModelConfig(
+        num_layers=2, d_model=32, num_heads=4, d_ff=64, compute_dtype=compute_dtype
+    )
     model = Transformer(config, VOCAB, rngs=nnx.Rngs(0))
     # A larger embedding makes the untrained model's distributions peaked, so EOS is reached.
     model.embed.embedding[...] = model.embed.embedding[...] * 8.0
@@ -143,15 +145,8 @@ def test_output_never_exceeds_source_length_plus_max_extra_len():
             assert out[-1] == EOS_ID and len(out) - 1 <= source_tokens + 2
 
 
-def make_bfloat16_model():
-    config = ModelConfig(num_layers=2, d_model=32, num_heads=4, d_ff=64, compute_dtype="bfloat16")
-    model = Transformer(config, VOCAB, rngs=nnx.Rngs(0))
-    model.embed.embedding[...] = model.embed.embedding[...] * 8.0
-    return nnx.split(model, nnx.Param)
-
-
 def test_bfloat16_decoding_forms_attention_scores_and_logits_in_float32():
-    graphdef, params = make_bfloat16_model()
+    graphdef, params = make_model("bfloat16")
     model = nnx.merge(graphdef, params)
     src = sources()
     segments = (src != PAD_ID).astype(jnp.int32)
@@ -174,7 +169,7 @@ def test_bfloat16_beam_search_picks_the_hypotheses_of_a_float32_projected_refere
     """The reference multiplies the same bfloat16-rounded operands after casting them to float32."""
     import translate.model as model_module
 
-    graphdef, params = make_bfloat16_model()
+    graphdef, params = make_model("bfloat16")
     src = sources()
     tokens, scores = beam_search(graphdef, params, src, beam_size=4, alpha=0.6, max_extra_len=6)
     greedy, _ = greedy_search(graphdef, params, src, max_extra_len=6)
