@@ -324,7 +324,8 @@ def write_report(
         f"at most source length + {report['max_extra_len']} tokens",
         f"speed     {report['sentences_per_second']:.1f} sentences/s: "
         f"{report['num_sentences']} sentences in {report['decode_seconds']:.1f} s on "
-        f"{report['device']}; compiling {report['num_batch_shapes']} batch shapes took "
+        f"{report['device']}; compiling {report['num_batch_shapes']} batch "
+        f"shape{'' if report['num_batch_shapes'] == 1 else 's'} took "
         f"{report['compile_seconds']:.1f} s more",
     ]
     plots = sorted(p.name for p in plots_dir.glob(METRIC_PLOTS_GLOB))
