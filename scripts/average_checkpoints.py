@@ -25,8 +25,9 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
 from translate import checkpoint  # noqa: E402
 from translate.config import config_from_dict, parse_flags  # noqa: E402
-from translate.evaluate import CONFIG_FILENAME, abstract_model  # noqa: E402
-from translate.tokenizer import VOCAB_FILENAME, Tokenizer  # noqa: E402
+from translate.model import abstract_model  # noqa: E402
+from translate.tokenizer import Tokenizer  # noqa: E402
+from translate.workdir import Workdir  # noqa: E402
 
 
 def average_workdir(
@@ -45,10 +46,11 @@ def average_workdir(
     if output == workdir:
         # A parameters-only checkpoint there would become the step that training resumes from.
         raise ValueError("--output must not be the training workdir itself")
-    config_text = (workdir / CONFIG_FILENAME).read_text()
+    run, out = Workdir(workdir), Workdir(output)
+    config_text = run.config.read_text()
     config = config_from_dict(json.loads(config_text))
-    tokenizer = Tokenizer(workdir / VOCAB_FILENAME)
-    manager = checkpoint.make_manager(workdir, read_only=True)
+    tokenizer = Tokenizer(run.vocab)
+    manager = checkpoint.make_manager(run.checkpoints, read_only=True)
     if steps:
         missing = sorted(set(steps) - set(manager.all_steps()))
         if missing:
@@ -63,11 +65,11 @@ def average_workdir(
     params = checkpoint.average_params(manager, steps, checkpoint.abstract_like(shapes, device))
 
     output.mkdir(parents=True, exist_ok=True)
-    (output / CONFIG_FILENAME).write_text(config_text)
-    shutil.copyfile(workdir / VOCAB_FILENAME, output / VOCAB_FILENAME)
+    out.config.write_text(config_text)
+    shutil.copyfile(run.vocab, out.vocab)
     out_step = steps[-1] if output_step is None else output_step
     meta = {"step": out_step, "averaged_steps": steps, "averaged_from": str(workdir)}
-    checkpoint.save_params(checkpoint.make_manager(output, keep=1), out_step, params, meta)
+    checkpoint.save_params(checkpoint.make_manager(out.checkpoints, keep=1), out_step, params, meta)
     return steps
 
 

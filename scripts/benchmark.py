@@ -70,10 +70,11 @@ from translate.data import (  # noqa: E402
     tokenize_parallel,
 )
 from translate.decode import DecodeTimes  # noqa: E402
-from translate.model import Transformer, resolve_dtype  # noqa: E402
+from translate.model import Transformer, abstract_model, resolve_dtype  # noqa: E402
 from translate.optim import make_optimizer  # noqa: E402
 from translate.tokenizer import Tokenizer, train_tokenizer  # noqa: E402
 from translate.train import make_init, make_train_step  # noqa: E402
+from translate.workdir import load_model  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -178,7 +179,7 @@ def benchmark_training(flags: dict, config: Config, tokenizer: Tokenizer) -> dic
     plan = (plan * -(-needed // len(plan)))[:needed]
     batches = [make_batch(corpus, rows, layout) for rows in plan]
 
-    graphdef, _ = evaluate.abstract_model(config, vocab_size)
+    graphdef, _ = abstract_model(config, vocab_size)
     optimizer, _ = make_optimizer(config)
     params, opt_state = make_init(config, vocab_size, optimizer, mesh)(jax.random.key(0))
     train_step = make_train_step(graphdef, optimizer, config.train.label_smoothing, mesh)
@@ -352,7 +353,7 @@ def main(argv: list[str]) -> None:
 
     if flags["decode_src"]:
         if flags["decode_workdir"]:
-            graphdef, params, tokenizer, config, _ = evaluate.load_model(flags["decode_workdir"])
+            graphdef, params, tokenizer, config, _ = load_model(flags["decode_workdir"])
             # The trained model's config, with the command line's decoding settings.
             for dotted, text in overrides.items():
                 if dotted.startswith("decode."):

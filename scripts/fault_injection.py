@@ -92,7 +92,7 @@ def compare(reference: pathlib.Path, faulty: pathlib.Path) -> list[tuple[str, bo
     """(what, equal) for the parameters, the report's scores and the hypotheses."""
     import jax
 
-    from translate.evaluate import load_model
+    from translate.workdir import load_model
 
     results = []
     _, ref_params, _, _, ref_step = load_model(reference)

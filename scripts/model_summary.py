@@ -16,7 +16,7 @@ import jax
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
 from translate.config import load_config, parse_flags  # noqa: E402
-from translate.evaluate import abstract_model  # noqa: E402
+from translate.model import abstract_model  # noqa: E402
 
 
 def main(argv: list[str]) -> None:

@@ -33,9 +33,9 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 from translate.config import parse_flags  # noqa: E402
 from translate.data import source_batches  # noqa: E402
 from translate.decode import translate_tokens  # noqa: E402
-from translate.evaluate import load_model  # noqa: E402
 from translate.model import sinusoidal_positions  # noqa: E402
 from translate.tokenizer import BOS_ID, EOS_ID, PAD_ID  # noqa: E402
+from translate.workdir import load_model  # noqa: E402
 
 # Every picture has this size (inches) and resolution, so it is FIGSIZE * DPI pixels.
 FIGSIZE = (8.0, 8.0)

@@ -22,6 +22,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
 from translate.config import parse_flags  # noqa: E402
+from translate.workdir import Workdir  # noqa: E402
 
 # Every picture has this size (inches) and resolution, so it is FIGSIZE * DPI pixels.
 FIGSIZE = (8.0, 5.0)
@@ -77,18 +78,20 @@ def main(argv: list[str]) -> list[pathlib.Path]:
     flags, _ = parse_flags(argv, {"workdir": "", "output": ""})
     if not flags["workdir"]:
         raise SystemExit("usage: python scripts/plot_metrics.py --workdir=DIR [--output=DIR]")
-    workdir = pathlib.Path(flags["workdir"])
-    source = workdir / "metrics.jsonl"
+    workdir = Workdir(flags["workdir"])
+    source = workdir.metrics
     if not source.is_file():
         raise SystemExit(f"--workdir: {source} does not exist; has training logged a step?")
     metrics = read_metrics(source)
-    out_dir = pathlib.Path(flags["output"] or workdir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    out = Workdir(flags["output"] or workdir.path)
+    out.path.mkdir(parents=True, exist_ok=True)
     written = []
     for stem, (ylabel, curves) in PLOTS.items():
         if any(key in metrics for key, _ in curves):
-            path = out_dir / f"metrics_{stem}.png"
-            draw_curves(metrics, ylabel, curves, f"{workdir.name}: {stem.replace('_', ' ')}", path)
+            path = out.metric_plot(stem)
+            draw_curves(
+                metrics, ylabel, curves, f"{workdir.path.name}: {stem.replace('_', ' ')}", path
+            )
             print(path)
             written.append(path)
     return written

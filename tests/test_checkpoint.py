@@ -10,7 +10,9 @@ import numpy as np
 import pytest
 
 from translate import checkpoint, evaluate, synthetic
-from translate.tokenizer import VOCAB_FILENAME, train_tokenizer
+from translate.model import abstract_model
+from translate.tokenizer import train_tokenizer
+from translate.workdir import Workdir, load_model
 
 STEPS = (1, 2, 3, 4)
 
@@ -29,13 +31,15 @@ def run(config, tmp_path):
     workdir = tmp_path / "run"
     pairs = synthetic.generate_pairs(200, seed=0)
     tokenizer = train_tokenizer(
-        [s for pair in pairs for s in pair], config.data.vocab_size, workdir / VOCAB_FILENAME
+        [s for pair in pairs for s in pair], config.data.vocab_size, Workdir(workdir).vocab
     )
-    (workdir / evaluate.CONFIG_FILENAME).write_text(json.dumps(config.to_dict()))
-    _, shapes = evaluate.abstract_model(config, tokenizer.vocab_size)
+    Workdir(workdir).config.write_text(json.dumps(config.to_dict()))
+    _, shapes = abstract_model(config, tokenizer.vocab_size)
     rng = np.random.default_rng(0)
     base = jax.tree.map(lambda s: rng.normal(size=s.shape).astype(s.dtype), shapes)
-    manager = checkpoint.make_manager(workdir, keep=config.train.keep_checkpoints)
+    manager = checkpoint.make_manager(
+        Workdir(workdir).checkpoints, keep=config.train.keep_checkpoints
+    )
     for step in STEPS:
         params = jax.tree.map(lambda x, s=step: jax.numpy.asarray(x + s), base)
         checkpoint.save(manager, step, params, {"count": jax.numpy.asarray(step)}, {"step": step})
@@ -49,12 +53,12 @@ def assert_params_equal_base_plus(params, base, offset):
 
 
 def test_steps_to_average_are_the_newest_oldest_first(run):
-    manager = checkpoint.make_manager(run[0], read_only=True)
+    manager = checkpoint.make_manager(Workdir(run[0]).checkpoints, read_only=True)
     assert checkpoint.steps_to_average(manager, 3) == [2, 3, 4]
 
 
 def test_averaging_more_checkpoints_than_the_run_keeps_is_an_error(run):
-    manager = checkpoint.make_manager(run[0], read_only=True)
+    manager = checkpoint.make_manager(Workdir(run[0]).checkpoints, read_only=True)
     with pytest.raises(ValueError, match=r"needs train.keep_checkpoints >= 3.*keeps 2"):
         checkpoint.steps_to_average(manager, 3, keep_checkpoints=2)
     with pytest.raises(ValueError, match="holds only 4"):
@@ -63,7 +67,7 @@ def test_averaging_more_checkpoints_than_the_run_keeps_is_an_error(run):
 
 def test_average_params_is_the_mean_of_the_given_steps(run):
     workdir, base = run
-    manager = checkpoint.make_manager(workdir, read_only=True)
+    manager = checkpoint.make_manager(Workdir(workdir).checkpoints, read_only=True)
     device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
     abstract = checkpoint.abstract_like(jax.tree.map(jax.numpy.asarray, base), device)
     averaged = checkpoint.average_params(manager, [1, 2, 4], abstract)
@@ -72,7 +76,7 @@ def test_average_params_is_the_mean_of_the_given_steps(run):
 
 def test_evaluate_average_option_loads_the_mean_of_the_last_checkpoints(run):
     workdir, base = run
-    _, params, _, _, steps = evaluate.load_model(workdir, average=3)
+    _, params, _, _, steps = load_model(workdir, average=3)
     assert steps == [2, 3, 4]
     assert_params_equal_base_plus(params, base, 3.0)
 
@@ -81,10 +85,10 @@ def test_averaged_workdir_loads_in_evaluate_with_the_averaged_steps(run, tmp_pat
     workdir, base = run
     script = load_script("average_checkpoints")
     assert script.average_workdir(workdir, tmp_path / "avg", num=2) == [3, 4]
-    _, params, _, _, steps = evaluate.load_model(tmp_path / "avg")
+    _, params, _, _, steps = load_model(tmp_path / "avg")
     assert steps == [3, 4]
     assert_params_equal_base_plus(params, base, 3.5)
-    assert checkpoint.latest_step(tmp_path / "avg") == 4
+    assert checkpoint.latest_step(Workdir(tmp_path / "avg").checkpoints) == 4
     with pytest.raises(ValueError, match="not be the training workdir"):
         script.average_workdir(workdir, workdir, num=2)
 

@@ -1,10 +1,11 @@
 """Config loading and command-line overrides (translate/config.py)."""
 
+import json
 import pathlib
 
 import pytest
 
-from translate.config import load_config, parse_flags
+from translate.config import config_from_dict, load_config, parse_flags
 
 CONFIGS = sorted((pathlib.Path(__file__).parent.parent / "configs").glob("*.py"))
 
@@ -51,3 +52,11 @@ def test_parse_flags_separates_overrides():
 def test_unknown_flag_is_an_error():
     with pytest.raises(ValueError, match="unknown flag --wrkdir"):
         parse_flags(["--wrkdir=/tmp/x"], {"workdir": ""})
+
+
+def test_config_round_trips_through_its_dict_with_backslashes_and_quotes():
+    config = load_config(CONFIGS[0].parent / "base.py")
+    config.data.dir = 'C:\\data\\"wmt" 14'
+    config.train.learning_rate_scale = 0.36
+    config.data.src_lang = "en"
+    assert config_from_dict(json.loads(json.dumps(config.to_dict()))) == config

@@ -12,7 +12,6 @@ from translate.data import (
     ParallelText,
     TokenizedCorpus,
     decode_width,
-    file_sha256,
     iterate_batches,
     make_batch,
     plan_epoch,
@@ -181,7 +180,7 @@ def test_token_cache_is_rebuilt_when_the_vocabulary_changes(tokenizer, tmp_path)
     corpus, _ = tokenize_once(text, other, 256, tmp_path / "cache")
     assert corpus.src(0).tolist() == other.encode([src[0]])[0] != tokenizer.encode([src[0]])[0]
     manifest = json.loads((tmp_path / "cache" / "manifest.json").read_text())
-    assert manifest["vocab_sha256"] == file_sha256(other.path)
+    assert manifest["vocab_sha256"] == other.sha256
     assert manifest["num_pairs"] == len(corpus) == len(src)
 
 

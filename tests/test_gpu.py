@@ -16,11 +16,11 @@ import pytest
 from conftest import tiny_config
 from flax import nnx
 
-from translate import evaluate, sharding
+from translate import sharding
 from translate.config import Config, ModelConfig
 from translate.data import BatchLayout, TokenizedCorpus, make_batch, plan_epoch
 from translate.decode import beam_search, greedy_search
-from translate.model import MultiHeadAttention, attention_mask
+from translate.model import MultiHeadAttention, abstract_model, attention_mask
 from translate.optim import make_optimizer
 from translate.tokenizer import EOS_ID, PAD_ID
 from translate.train import make_init, make_train_step
@@ -184,7 +184,7 @@ def trained():
     mesh = sharding.make_mesh()
     batches = toy_batches(config, mesh)
     optimizer, _ = make_optimizer(config)
-    graphdef, _ = evaluate.abstract_model(config, VOCAB)
+    graphdef, _ = abstract_model(config, VOCAB)
     params, opt_state = make_init(config, VOCAB, optimizer, mesh)(jax.random.key(0))
     step_fn = make_train_step(graphdef, optimizer, config.train.label_smoothing, mesh)
     for step in range(TRAIN_STEPS):
@@ -200,7 +200,7 @@ def test_bfloat16_train_step_loss_matches_float32(trained):
         # bf16 with the config's attention ("auto"): the step a GPU runs by default.
         c = with_dtype(config, dtype)
         optimizer, _ = make_optimizer(c)
-        graphdef, _ = evaluate.abstract_model(c, VOCAB)
+        graphdef, _ = abstract_model(c, VOCAB)
         step_fn = make_train_step(graphdef, optimizer, c.train.label_smoothing, mesh)
         # Same parameters, batch, step and dropout key: the dropout masks do not depend on dtype.
         batch = sharding.put_batch(batches[0], mesh)
@@ -234,7 +234,7 @@ def test_bfloat16_greedy_and_beam_outputs_equal_float32(trained):
     d = config.decode
     outputs = {}
     for dtype in ("bfloat16", "float32"):
-        graphdef, _ = evaluate.abstract_model(with_dtype(config, dtype), VOCAB)
+        graphdef, _ = abstract_model(with_dtype(config, dtype), VOCAB)
         greedy, _ = greedy_search(graphdef, params, src, max_extra_len=d.max_extra_len)
         beam, _ = beam_search(
             graphdef, params, src, d.beam_size, d.length_penalty, max_extra_len=d.max_extra_len
@@ -255,7 +255,7 @@ def test_train_step_compiles_once_over_several_batches():
     # started as the trainer starts it, so every step meets the shardings of the one before.
     config, mesh = tiny_config(), sharding.make_mesh()
     optimizer, _ = make_optimizer(config)
-    graphdef, _ = evaluate.abstract_model(config, VOCAB)
+    graphdef, _ = abstract_model(config, VOCAB)
     params, opt_state = make_init(config, VOCAB, optimizer, mesh)(jax.random.key(0))
     step_fn = make_train_step(graphdef, optimizer, config.train.label_smoothing, mesh)
     for step, batch in enumerate(toy_batches(config, mesh)[:4]):

@@ -6,8 +6,7 @@ import numpy as np
 from flax import nnx
 
 from translate.config import Config, ModelConfig
-from translate.evaluate import abstract_model
-from translate.model import Transformer, dropout, sinusoidal_positions
+from translate.model import Transformer, abstract_model, dropout, sinusoidal_positions
 
 VOCAB = 64
 

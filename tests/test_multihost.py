@@ -96,6 +96,7 @@ def worker_steps(config, out_dir: pathlib.Path) -> None:
     """A few train steps through the trainer's building blocks, as train_and_evaluate runs them."""
     from translate import evaluate, sharding
     from translate.data import DataPosition, iterate_batches
+    from translate.model import abstract_model
     from translate.optim import make_optimizer
     from translate.train import make_init, make_train_step
 
@@ -104,7 +105,7 @@ def worker_steps(config, out_dir: pathlib.Path) -> None:
     row_slice = sharding.host_row_slice(layout.rows)
     batches = iterate_batches(random_corpus(), layout, 0, DataPosition(), row_slice)
     optimizer, _ = make_optimizer(config)
-    graphdef, _ = evaluate.abstract_model(config, VOCAB_SIZE)
+    graphdef, _ = abstract_model(config, VOCAB_SIZE)
     params, opt_state = make_init(config, VOCAB_SIZE, optimizer, mesh)(jax.random.key(0))
     step_fn = make_train_step(graphdef, optimizer, config.train.label_smoothing, mesh)
     loaded = []
@@ -224,19 +225,20 @@ def test_train_and_evaluate_on_two_processes_shares_one_workdir(config, tmp_path
     from translate import checkpoint
     from translate.data import make_batch, plan_epoch
     from translate.sources import load_data
+    from translate.workdir import Workdir
 
     run_workers("train_and_evaluate", config, tmp_path)
     workdir = tmp_path / "workdir"
     outputs = load_outputs(tmp_path)
     for a, b in zip(params_of(outputs[0]), params_of(outputs[1])):
         np.testing.assert_array_equal(a, b)
-    data = load_data(config, workdir)
+    data = load_data(config, Workdir(workdir))
     layout = global_layout(config)
     whole = make_batch(data.train, plan_epoch(data.train, layout, config.train.seed, 0)[0], layout)
     np.testing.assert_array_equal(
         np.concatenate([out["src"] for out in outputs], axis=1), whole["src"]
     )
-    assert checkpoint.latest_step(workdir) == config.train.num_train_steps
+    assert checkpoint.latest_step(Workdir(workdir).checkpoints) == config.train.num_train_steps
     report = json.loads((workdir / "report.json").read_text())
     assert report["step"] == config.train.num_train_steps
     logged_steps = [

@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 from conftest import tiny_config
 
-from translate import checkpoint, evaluate, monitor, synthetic, train
+from translate import checkpoint, monitor, synthetic, train
 from translate.tokenizer import train_tokenizer
+from translate.workdir import Workdir, load_model
 
 ROOT = pathlib.Path(__file__).parent.parent
 
@@ -47,7 +48,7 @@ def test_sigterm_saves_a_checkpoint_at_the_next_step_and_exits(tmp_path):
     assert process.returncode == 128 + signal.SIGTERM
     assert "stopped by SIGTERM at step" in output
     step = int(output.split("stopped by SIGTERM at step ")[1].split(";")[0])
-    assert checkpoint.latest_step(tmp_path) == step
+    assert checkpoint.latest_step(Workdir(tmp_path).checkpoints) == step
 
 
 def test_second_signal_exits_at_once(monkeypatch):
@@ -116,19 +117,19 @@ def trained(trained_once, tmp_path):
 
 
 def test_half_written_checkpoint_is_never_loaded(trained):
-    partial = trained / checkpoint.CHECKPOINT_DIR / "9.orbax-checkpoint-tmp-1234567"
+    partial = Workdir(trained).checkpoints / "9.orbax-checkpoint-tmp-1234567"
     partial.mkdir()
     (partial / "garbage").write_text("half a checkpoint")
-    assert checkpoint.latest_step(trained) == 6
-    assert evaluate.load_model(trained)[4] == [6]
+    assert checkpoint.latest_step(Workdir(trained).checkpoints) == 6
+    assert load_model(trained)[4] == [6]
 
 
 def test_corrupt_newest_checkpoint_falls_back_to_the_previous(trained, capsys):
-    newest = trained / checkpoint.CHECKPOINT_DIR / "6"
+    newest = Workdir(trained).checkpoints / "6"
     for path in newest.rglob("*"):
         if path.is_file() and path.stat().st_size > 0 and "meta" not in str(path):
             path.write_bytes(b"\0" * 7)
-    step = evaluate.load_model(trained)[4]
+    step = load_model(trained)[4]
     assert step == [3]
     assert "checkpoint at step 6" in capsys.readouterr().out
 
@@ -140,8 +141,8 @@ def test_nonfinite_loss_stops_naming_the_step_and_keeps_the_checkpoint(config, t
     config.train.learning_rate_scale = 1e30  # the first update makes every later loss inf/NaN
     with pytest.raises(FloatingPointError, match=r"non-finite loss or gradient at step \d+"):
         train.train_and_evaluate(config, tmp_path)
-    assert checkpoint.latest_step(tmp_path) in (3, 6)
-    params = evaluate.load_model(tmp_path)[1]
+    assert checkpoint.latest_step(Workdir(tmp_path).checkpoints) in (3, 6)
+    params = load_model(tmp_path)[1]
     assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(params))
 
 
@@ -151,7 +152,7 @@ def test_skip_policy_counts_nonfinite_steps_and_finishes(config, tmp_path):
     train.train_and_evaluate(config, tmp_path)
     lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert sum(x.get("train/skipped_steps", 0) for x in lines) > 0
-    params = evaluate.load_model(tmp_path)[1]
+    params = load_model(tmp_path)[1]
     assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(params))
 
 
@@ -161,17 +162,19 @@ def test_swapped_vocabulary_is_a_clear_error(trained, tmp_path_factory):
     train_tokenizer(texts, 150, other)
     shutil.copy(other, trained / "vocab.model")
     with pytest.raises(ValueError, match="not the vocabulary the checkpoints"):
-        evaluate.load_model(trained)
+        load_model(trained)
 
 
 def test_workdir_with_a_different_model_is_refused_unless_forced(config, trained):
     config.model.d_model = 64
     with pytest.raises(ValueError, match=r"config.model .*--force"):
         train.train_and_evaluate(config, trained)
-    assert checkpoint.latest_step(trained) == 6, "the refused run wrote nothing over"
+    assert checkpoint.latest_step(Workdir(trained).checkpoints) == 6, (
+        "the refused run wrote nothing over"
+    )
     config.train.num_train_steps = 2
     train.train_and_evaluate(config, trained, force=True)
-    assert checkpoint.latest_step(trained) == 2
+    assert checkpoint.latest_step(Workdir(trained).checkpoints) == 2
 
 
 def test_missing_data_directory_is_a_clear_error(config, tmp_path):
@@ -202,4 +205,4 @@ def test_evaluate_without_a_checkpoint_is_a_clear_error(config, tmp_path):
     texts = [s for pair in synthetic.generate_pairs(100, seed=0) for s in pair]
     train_tokenizer(texts, 100, tmp_path / "vocab.model")
     with pytest.raises(FileNotFoundError, match="no checkpoint"):
-        evaluate.load_model(tmp_path)
+        load_model(tmp_path)

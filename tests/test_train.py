@@ -7,10 +7,12 @@ import numpy as np
 import optax
 from jax.sharding import Mesh
 
-from translate import checkpoint, evaluate, sharding
+from translate import checkpoint, sharding
 from translate.data import BatchLayout, TokenizedCorpus, make_batch, plan_epoch
+from translate.model import abstract_model
 from translate.optim import make_optimizer
 from translate.train import make_init, make_train_step, train_and_evaluate
+from translate.workdir import Workdir, load_model
 
 
 def random_corpus(n=200, seed=0):
@@ -22,7 +24,7 @@ def random_corpus(n=200, seed=0):
 
 def run_steps(config, mesh, batches, vocab_size=64, optimizer=None):
     optimizer = optimizer or make_optimizer(config)[0]
-    graphdef, _ = evaluate.abstract_model(config, vocab_size)
+    graphdef, _ = abstract_model(config, vocab_size)
     params, opt_state = make_init(config, vocab_size, optimizer, mesh)(jax.random.key(0))
     step_fn = make_train_step(graphdef, optimizer, config.train.label_smoothing, mesh)
     for step, batch in enumerate(batches):
@@ -100,7 +102,7 @@ def test_short_train_and_evaluate_writes_report(config, tmp_path):
     lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert {"train/loss", "train/tokens_per_sec", "train/learning_rate"} <= set(lines[0])
     assert any("eval/bleu" in line for line in lines)
-    assert checkpoint.latest_step(tmp_path) == 6
+    assert checkpoint.latest_step(Workdir(tmp_path).checkpoints) == 6
 
 
 def test_stopped_and_resumed_run_matches_uninterrupted_run(config, tmp_path):
@@ -109,7 +111,7 @@ def test_stopped_and_resumed_run_matches_uninterrupted_run(config, tmp_path):
     train_and_evaluate(config, tmp_path / "resumed")
     config.train.num_train_steps = 6
     train_and_evaluate(config, tmp_path / "resumed")
-    a = evaluate.load_model(tmp_path / "straight")[1]
-    b = evaluate.load_model(tmp_path / "resumed")[1]
+    a = load_model(tmp_path / "straight")[1]
+    b = load_model(tmp_path / "resumed")[1]
     for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))

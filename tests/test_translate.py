@@ -12,8 +12,9 @@ from translate import evaluate, translate
 from translate.data import source_batches
 from translate.decode import DecodeTimes, beam_search, greedy_search
 from translate.model import Transformer
-from translate.tokenizer import VOCAB_FILENAME, train_tokenizer
+from translate.tokenizer import train_tokenizer
 from translate.train import train_and_evaluate
+from translate.workdir import Workdir, load_model
 
 LINES = [
     "the small dog sees the cat .",
@@ -36,13 +37,13 @@ def workdir(tmp_path_factory):
 
 @pytest.fixture
 def varied_outputs(monkeypatch):
-    """Makes `evaluate.load_model` give an untrained model with peaked distributions.
+    """Makes the translate command's `load_model` give an untrained model with peaked distributions.
 
     Six steps teach the tiny model to end every sentence at once, so its translations are all
     empty and their order cannot be seen; an untrained model with a larger embedding (as in
     test_decode.py) writes outputs that differ with the source.
     """
-    load = evaluate.load_model
+    load = translate.load_model
 
     def load_untrained(workdir, step=None, average=0):
         _, _, tokenizer, config, step = load(workdir, step, average)
@@ -50,7 +51,7 @@ def varied_outputs(monkeypatch):
         model.embed.embedding[...] = model.embed.embedding[...] * 8.0
         return *nnx.split(model, nnx.Param), tokenizer, config, step
 
-    monkeypatch.setattr(evaluate, "load_model", load_untrained)
+    monkeypatch.setattr(translate, "load_model", load_untrained)
 
 
 def run(tmp_path, lines, *flags, name="out.txt"):
@@ -66,7 +67,7 @@ def test_translate_keeps_input_order_and_line_count(workdir, tmp_path, monkeypat
     monkeypatch.setattr(translate, "LINES_PER_CHUNK", 3)
     out = run(tmp_path, LINES, f"--workdir={workdir}", "--beam_size=1", "--batch_size=2")
     assert len(out) == len(LINES)
-    graphdef, params, tokenizer, config, _ = evaluate.load_model(workdir)
+    graphdef, params, tokenizer, config, _ = translate.load_model(workdir)
     config.decode.beam_size, config.decode.batch_size = 1, 1
     for line, translation in zip(LINES, out):
         if not line.strip():
@@ -107,7 +108,7 @@ def test_nbest_matches_the_best_translation(workdir, tmp_path):
 
 
 def test_ensemble_of_one_model_equals_that_model(workdir):
-    graphdef, params, tokenizer, config, _ = evaluate.load_model(workdir)
+    graphdef, params, tokenizer, config, _ = load_model(workdir)
     src = jnp.asarray(next(source_batches(tokenizer, [s for s in LINES if s.strip()], 4, 32))[1])
     single = greedy_search(graphdef, params, src, max_extra_len=8)
     for ensemble in [((graphdef,), (params,)), ((graphdef, graphdef), (params, params))]:
@@ -132,7 +133,7 @@ def test_ensemble_with_another_vocabulary_is_an_error_naming_both_workdirs(workd
     other = tmp_path / "other"
     shutil.copytree(workdir, other)
     train_tokenizer(
-        (workdir / "data" / "train.en").read_text().splitlines(), 120, other / VOCAB_FILENAME
+        (workdir / "data" / "train.en").read_text().splitlines(), 120, Workdir(other).vocab
     )
     with pytest.raises(ValueError, match="different vocabularies") as error:
         run(tmp_path, LINES, f"--workdir={workdir}", f"--workdir={other}")
@@ -149,7 +150,7 @@ def test_checkpoint_flag_rejects_what_it_cannot_read(workdir):
 
 
 def test_decoding_many_lengths_compiles_a_handful_of_shapes_and_times_them_apart(workdir):
-    graphdef, params, tokenizer, config, _ = evaluate.load_model(workdir)
+    graphdef, params, tokenizer, config, _ = load_model(workdir)
     words = "the small dog sees the old cat in the red house".split()
     # 60 sentences of 1 to 60 words: 60 different lengths.
     sentences = [" ".join(words[i % len(words)] for i in range(n)) for n in range(1, 61)]

@@ -1,4 +1,4 @@
-"""Orbax checkpoints in the workdir: save, restore, resume, and average the last N (Sec. 6.1)."""
+"""Orbax checkpoints in a directory: save, restore, resume, and average the last N (Sec. 6.1)."""
 
 from __future__ import annotations
 
@@ -10,18 +10,16 @@ import jax
 import jax.numpy as jnp
 import orbax.checkpoint as ocp
 
-CHECKPOINT_DIR = "checkpoints"
-
 
 def make_manager(
-    workdir: str | pathlib.Path, keep: int = 5, read_only: bool = False
+    directory: str | pathlib.Path, keep: int = 5, read_only: bool = False
 ) -> ocp.CheckpointManager:
-    """A manager for `workdir/checkpoints` that keeps the newest `keep` steps.
+    """A manager for the checkpoints in `directory` that keeps the newest `keep` steps.
 
     Orbax writes each step into a temporary directory and renames it when complete, so a
     process killed mid-save leaves no step that looks whole.
     """
-    directory = pathlib.Path(workdir).absolute() / CHECKPOINT_DIR
+    directory = pathlib.Path(directory).absolute()
     # A killed save leaves only a temporary directory; the next writer removes it.
     options = ocp.CheckpointManagerOptions(
         max_to_keep=keep,
@@ -127,12 +125,11 @@ def abstract_like(tree: Any, sharding: jax.sharding.Sharding) -> Any:
     return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), tree)
 
 
-def latest_step(workdir: str | pathlib.Path) -> int | None:
-    """The newest step saved in `workdir`, or None when it has no checkpoint."""
-    directory = pathlib.Path(workdir) / CHECKPOINT_DIR
-    if not directory.is_dir():
+def latest_step(directory: str | pathlib.Path) -> int | None:
+    """The newest step saved in `directory`, or None when it holds no checkpoint."""
+    if not pathlib.Path(directory).is_dir():
         return None
-    return make_manager(workdir, read_only=True).latest_step()
+    return make_manager(directory, read_only=True).latest_step()
 
 
 def steps_to_average(

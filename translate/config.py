@@ -218,7 +218,9 @@ def config_from_dict(values: dict[str, Any]) -> Config:
     config = Config()
     for section, fields in values.items():
         for name, value in fields.items():
-            apply_override(config, f"{section}.{name}", json.dumps(value).strip('"'))
+            # Strings as they are: JSON's quoting would double every backslash (C:\\data).
+            text = value if isinstance(value, str) else json.dumps(value)
+            apply_override(config, f"{section}.{name}", text)
     return config
 
 

@@ -15,7 +15,6 @@ import collections
 import concurrent.futures
 import dataclasses
 import functools
-import hashlib
 import itertools
 import json
 import multiprocessing
@@ -29,7 +28,6 @@ import sentencepiece as spm
 
 from translate.tokenizer import BOS_ID, EOS_ID, Tokenizer
 
-TOKENS_DIRNAME = "tokens"
 # Pairs read at once when sampling the vocabulary's sentences.
 READ_CHUNK = 100_000
 # Pairs per encoding job of `tokenize_once`; each worker process holds a few jobs at a time.
@@ -178,14 +176,6 @@ def tokenize_parallel(
     return corpus, len(src_ids) - len(keep)
 
 
-def file_sha256(path: str | os.PathLike) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def write_atomically(path: pathlib.Path, write: Callable[[pathlib.Path], None]) -> None:
     """Calls `write(temporary path)`, then renames, so `path` is either whole or absent."""
     tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
@@ -221,7 +211,7 @@ def tokenize_once(
     cache_dir = pathlib.Path(cache_dir)
     manifest_path = cache_dir / "manifest.json"
     expected = {
-        "vocab_sha256": file_sha256(tokenizer.path),
+        "vocab_sha256": tokenizer.sha256,
         "source": text.identity,
         "max_len": max_len,
     }

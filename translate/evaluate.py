@@ -28,112 +28,13 @@ from typing import Any
 import jax
 import sacrebleu
 from absl import logging as absl_logging
-from flax import nnx
 from sacremoses import MosesTokenizer
 
-from translate import checkpoint
-from translate.config import (
-    Config,
-    DecodeConfig,
-    apply_override,
-    config_from_dict,
-    parse_flags,
-)
+from translate.config import Config, DecodeConfig, apply_override, parse_flags
 from translate.data import read_lines, source_batches
 from translate.decode import DecodeTimes, timed_search
-from translate.model import Transformer
-from translate.tokenizer import VOCAB_FILENAME, Tokenizer
-
-CONFIG_FILENAME = "config.json"
-# Training-curve pictures drawn by scripts/plot_metrics.py; report.txt lists those it finds.
-METRIC_PLOTS_GLOB = "metrics_*.png"
-
-
-def abstract_model(config: Config, vocab_size: int) -> tuple[nnx.GraphDef, nnx.State]:
-    """The model's graph and parameter shapes, with nothing allocated."""
-    model = nnx.eval_shape(lambda: Transformer(config.model, vocab_size, rngs=nnx.Rngs(0)))
-    graphdef, params = nnx.split(model, nnx.Param)
-    return graphdef, params
-
-
-def load_model(workdir: str | pathlib.Path, step: int | None = None, average: int = 0):
-    """Loads (graphdef, params, tokenizer, config, steps) from a training workdir.
-
-    Args:
-      workdir: a `translate.train` workdir, or one written by scripts/average_checkpoints.py.
-      step: the checkpoint to load; None for the newest.
-      average: if > 0, the parameters are the mean of the newest `average` checkpoints instead.
-
-    Returns:
-      The model's graph and parameters (on the first local device: decoding runs there), the
-      tokenizer, the config, and the training steps whose parameters these are: one step, or
-      the averaged ones (also when the checkpoint was written by average_checkpoints.py).
-    """
-    workdir = pathlib.Path(workdir)
-    config_path = workdir / CONFIG_FILENAME
-    if not config_path.is_file():
-        raise FileNotFoundError(
-            f"--workdir: {workdir} holds no {CONFIG_FILENAME}; is it a translate.train workdir?"
-        )
-    config = config_from_dict(json.loads(config_path.read_text()))
-    # The attention kernel suits the machine that trained, perhaps a GPU this one lacks; the
-    # parameters do not depend on it, so decoding picks the kernel for its own device.
-    config.model.attention = "auto"
-    tokenizer = Tokenizer(workdir / VOCAB_FILENAME)
-    if checkpoint.latest_step(workdir) is None:
-        raise FileNotFoundError(
-            f"--workdir: no checkpoint in {workdir / checkpoint.CHECKPOINT_DIR}; "
-            "train first (python -m translate.train ...)"
-        )
-    manager = checkpoint.make_manager(workdir, read_only=True)
-    graphdef, shapes = abstract_model(config, tokenizer.vocab_size)
-    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-    abstract = checkpoint.abstract_like(shapes, device)
-    if average > 0:
-        if step is not None:
-            raise ValueError("give a step or a number of checkpoints to average, not both")
-        steps = checkpoint.steps_to_average(manager, average, config.train.keep_checkpoints)
-        params = checkpoint.average_params(manager, steps, abstract)
-        return graphdef, params, tokenizer, config, steps
-    requested = step is not None
-    step = manager.latest_step() if step is None else step
-    if step is None or step not in manager.all_steps():
-        raise FileNotFoundError(
-            f"--workdir: no checkpoint{'' if step is None else f' at step {step}'} in "
-            f"{workdir / checkpoint.CHECKPOINT_DIR} (steps there: {list(manager.all_steps())})"
-        )
-
-    def check(meta):
-        checkpoint.check_vocabulary(meta, tokenizer, workdir)
-
-    if requested:
-        meta = checkpoint.read_meta(manager, step)
-        check(meta)
-        params, _, _ = checkpoint.restore(manager, step, abstract)
-    else:
-        step, params, _, meta = checkpoint.restore_latest(manager, abstract, check_meta=check)
-    return graphdef, params, tokenizer, config, meta.get("averaged_steps", [step])
-
-
-def check_shared_vocabulary(workdirs: Sequence[str | pathlib.Path]) -> None:
-    """Raises ValueError naming two workdirs whose vocabularies differ.
-
-    An ensemble averages log-probabilities token id by token id, which means nothing unless
-    every model reads and writes the same pieces.
-    """
-    paths = [pathlib.Path(w) / VOCAB_FILENAME for w in workdirs]
-    for path in paths:
-        if not path.is_file():
-            raise FileNotFoundError(
-                f"--workdir: {path} is missing; is it a translate.train workdir?"
-            )
-    first, expected = pathlib.Path(workdirs[0]), paths[0].read_bytes()
-    for other, path in zip(map(pathlib.Path, workdirs[1:]), paths[1:]):
-        if path.read_bytes() != expected:
-            raise ValueError(
-                f"--workdir {first} and --workdir {other} have different vocabularies "
-                f"({VOCAB_FILENAME} differs); an ensemble needs models trained on one vocabulary"
-            )
+from translate.tokenizer import Tokenizer
+from translate.workdir import Workdir, check_shared_vocabulary, load_model
 
 
 def local_copy(params):
@@ -300,11 +201,11 @@ def write_report(
     fast, the training-curve pictures found in `plots_dir` (default `out_dir`; drawn by
     scripts/plot_metrics.py), and a few translations beside their references.
     """
-    out_dir = pathlib.Path(out_dir)
-    plots_dir = out_dir if plots_dir is None else pathlib.Path(plots_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "hypotheses.txt").write_text("".join(h + "\n" for h in hypotheses), encoding="utf-8")
-    (out_dir / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+    out = Workdir(out_dir)
+    plots_dir = out.path if plots_dir is None else pathlib.Path(plots_dir)
+    out.path.mkdir(parents=True, exist_ok=True)
+    out.hypotheses.write_text("".join(h + "\n" for h in hypotheses), encoding="utf-8")
+    out.report_json.write_text(json.dumps(report, indent=2) + "\n")
     models = report.get("ensemble") or [f"checkpoint step {report['step']}"]
     steps = report["checkpoint_steps"]
     if len(steps) > 1:
@@ -328,7 +229,7 @@ def write_report(
         f"shape{'' if report['num_batch_shapes'] == 1 else 's'} took "
         f"{report['compile_seconds']:.1f} s more",
     ]
-    plots = sorted(p.name for p in plots_dir.glob(METRIC_PLOTS_GLOB))
+    plots = [p.name for p in Workdir(plots_dir).metric_plots()]
     if plots:
         lines.append(f"curves    {plots_dir}: {', '.join(plots)}")
     indices = example_indices(len(sources), num_examples)
@@ -337,7 +238,7 @@ def write_report(
     for i in indices:
         lines += ["", f"{i + 1:>6}  SRC {sources[i]}", f"        REF {references[i]}"]
         lines += [f"        HYP {hypotheses[i]}"]
-    (out_dir / "report.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    out.report_txt.write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
 def main(argv: Sequence[str]) -> None:
@@ -376,7 +277,7 @@ def main(argv: Sequence[str]) -> None:
         report["ensemble"] = [f"{w} step {m[4]}" for w, m in zip(workdirs, members)]
     out_dir = flags["output"] or workdirs[0]
     write_report(out_dir, report, sources, references, hypotheses, plots_dir=workdirs[0])
-    print((pathlib.Path(out_dir) / "report.txt").read_text(), end="")
+    print(Workdir(out_dir).report_txt.read_text(), end="")
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from translate.config import ModelConfig
+from translate.config import Config, ModelConfig
 from translate.devices import resolve_attention
 
 Cache = list[dict[str, jax.Array]]
@@ -374,3 +374,9 @@ class Transformer(nnx.Module):
             )
             new_cache.append({**c, "k": k, "v": v})
         return self.logits(y[:, 0]).astype(jnp.float32), new_cache
+
+
+def abstract_model(config: Config, vocab_size: int) -> tuple[nnx.GraphDef, nnx.State]:
+    """The model's graph and parameter shapes, with nothing allocated."""
+    model = nnx.eval_shape(lambda: Transformer(config.model, vocab_size, rngs=nnx.Rngs(0)))
+    return nnx.split(model, nnx.Param)

@@ -12,7 +12,6 @@ import json
 import logging
 import math
 import os
-import pathlib
 import signal
 import threading
 import time
@@ -21,19 +20,21 @@ from typing import Any
 import jax
 import numpy as np
 
+from translate.workdir import Workdir
+
 log = logging.getLogger("translate")
 
 
 class MetricWriter:
     """metrics.jsonl and TensorBoard events in the workdir (process 0 only)."""
 
-    def __init__(self, workdir: pathlib.Path):
+    def __init__(self, workdir: Workdir):
         self.active = jax.process_index() == 0
         if self.active:
             from tensorboardX import SummaryWriter
 
-            self.jsonl = open(workdir / "metrics.jsonl", "a")
-            self.tensorboard = SummaryWriter(str(workdir / "tensorboard"))
+            self.jsonl = open(workdir.metrics, "a")
+            self.tensorboard = SummaryWriter(str(workdir.tensorboard))
 
     def write(self, step: int, metrics: dict[str, float]) -> None:
         if not self.active:

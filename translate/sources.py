@@ -15,7 +15,6 @@ import pathlib
 from translate import synthetic, wmt
 from translate.config import Config
 from translate.data import (
-    TOKENS_DIRNAME,
     ParallelText,
     TokenizedCorpus,
     read_parallel,
@@ -23,7 +22,8 @@ from translate.data import (
     tokenize_once,
     tokenize_parallel,
 )
-from translate.tokenizer import VOCAB_FILENAME, Tokenizer, train_tokenizer
+from translate.tokenizer import Tokenizer, train_tokenizer
+from translate.workdir import Workdir
 
 log = logging.getLogger("translate")
 
@@ -37,11 +37,11 @@ class Data:
     test_text: tuple[list[str], list[str]] | None
 
 
-def data_paths(config: Config, workdir: pathlib.Path) -> dict[str, tuple[pathlib.Path, ...]]:
+def data_paths(config: Config, workdir: Workdir) -> dict[str, tuple[pathlib.Path, ...]]:
     """(source, target) file paths per split; synthetic data is generated once into the workdir."""
     d = config.data
     if d.source == "synthetic":
-        out = workdir / "data"
+        out = workdir.data
         if not (out / "test.de").is_file():
             synthetic.write_splits(
                 out,
@@ -65,7 +65,7 @@ def data_paths(config: Config, workdir: pathlib.Path) -> dict[str, tuple[pathlib
 
 
 def open_text(
-    config: Config, workdir: pathlib.Path
+    config: Config, workdir: Workdir
 ) -> tuple[ParallelText, tuple[list[str], list[str]] | None, tuple[list[str], list[str]] | None]:
     """Training pairs (read on demand) and raw dev and test text from the configured source."""
     d = config.data
@@ -86,7 +86,7 @@ def open_text(
     return ParallelText.from_files(*paths["train"]), dev, test
 
 
-def load_data(config: Config, workdir: pathlib.Path) -> Data:
+def load_data(config: Config, workdir: Workdir) -> Data:
     """Opens the text, trains (or reuses) the shared BPE vocabulary and tokenizes training data.
 
     The vocabulary and the training tokens are kept in the workdir, so a resumed run reads
@@ -94,9 +94,8 @@ def load_data(config: Config, workdir: pathlib.Path) -> Data:
     """
     d = config.data
     train_text, dev_text, test_text = open_text(config, workdir)
-    vocab_path = workdir / VOCAB_FILENAME
-    if vocab_path.is_file():
-        tokenizer = Tokenizer(vocab_path)
+    if workdir.vocab.is_file():
+        tokenizer = Tokenizer(workdir.vocab)
     else:
         sample = sample_sentences(train_text, d.vocab_sample_size, config.train.seed)
         log.info(
@@ -105,9 +104,9 @@ def load_data(config: Config, workdir: pathlib.Path) -> Data:
             len(sample),
             train_text.num_pairs,
         )
-        tokenizer = train_tokenizer(sample, d.vocab_size, vocab_path, len(sample))
+        tokenizer = train_tokenizer(sample, d.vocab_size, workdir.vocab, len(sample))
         del sample
-    train, dropped = tokenize_once(train_text, tokenizer, d.max_len, workdir / TOKENS_DIRNAME)
+    train, dropped = tokenize_once(train_text, tokenizer, d.max_len, workdir.tokens)
     log.info(
         "train: %d pairs kept, %d longer than data.max_len=%d dropped; vocabulary %d",
         len(train),

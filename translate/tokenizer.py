@@ -9,7 +9,6 @@ import pathlib
 import random
 from collections.abc import Iterable, Sequence
 
-import numpy as np
 import sentencepiece as spm
 
 # Special token ids, defined here and nowhere else.
@@ -17,8 +16,6 @@ PAD_ID = 0
 UNK_ID = 1
 BOS_ID = 2
 EOS_ID = 3
-
-VOCAB_FILENAME = "vocab.model"
 
 
 class Tokenizer:
@@ -62,9 +59,6 @@ class Tokenizer:
             if i not in (PAD_ID, BOS_ID):
                 out.append(i)
         return self.processor.decode(out)
-
-    def decode_batch(self, ids: np.ndarray) -> list[str]:
-        return [self.decode(row) for row in ids]
 
     def pieces(self, ids: Iterable[int]) -> list[str]:
         return [self.processor.id_to_piece(int(i)) for i in ids]

@@ -11,11 +11,8 @@ final evaluation.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
-import os
 import pathlib
-import shutil
 import sys
 import time
 from typing import Any
@@ -28,9 +25,8 @@ from absl import logging as absl_logging
 from flax import nnx
 
 from translate import checkpoint, evaluate, sharding
-from translate.config import Config, config_from_dict, load_config, parse_flags
+from translate.config import Config, load_config, parse_flags
 from translate.data import (
-    TOKENS_DIRNAME,
     BatchLayout,
     DataPosition,
     TokenizedCorpus,
@@ -40,7 +36,7 @@ from translate.data import (
 )
 from translate.devices import DeviceFacts, cpu_warning, resolve_attention
 from translate.losses import projected_cross_entropy
-from translate.model import Transformer, resolve_dtype
+from translate.model import Transformer, abstract_model, resolve_dtype
 from translate.monitor import (
     Interrupted,
     MetricWriter,
@@ -51,54 +47,9 @@ from translate.monitor import (
 )
 from translate.optim import make_optimizer
 from translate.sources import Data, load_data
-from translate.tokenizer import VOCAB_FILENAME
+from translate.workdir import Workdir, check_config, write_config
 
 log = logging.getLogger("translate")
-
-
-GENERATED = ("checkpoints", "data", TOKENS_DIRNAME, "tensorboard", "metrics.jsonl", VOCAB_FILENAME)
-
-
-def check_workdir_config(config: Config, workdir: pathlib.Path, force: bool) -> None:
-    """Refuses to reuse a workdir trained with a different model or data vocabulary.
-
-    With `force`, everything an earlier run generated in the workdir is deleted instead. On
-    several hosts sharing the workdir, process 0 alone deletes and writes.
-    """
-    path = workdir / evaluate.CONFIG_FILENAME
-    primary = jax.process_index() == 0
-    if force:
-        for name in GENERATED if primary else ():
-            target = workdir / name
-            if target.is_dir():
-                shutil.rmtree(target)
-            elif target.exists():
-                target.unlink()
-    elif path.is_file():
-        # Through the Config, so fields added since the workdir was made take their defaults.
-        saved = config_from_dict(json.loads(path.read_text())).to_dict()
-        now = config.to_dict()
-        for conf in (saved, now):
-            del conf["model"]["attention"]  # a kernel choice; the parameters do not depend on it
-        for section, field in [("model", None), ("data", "vocab_size"), ("data", "source")]:
-            old = saved[section] if field is None else saved[section][field]
-            new = now[section] if field is None else now[section][field]
-            if old != new:
-                raise ValueError(
-                    f"{workdir} was created with config.{section}"
-                    f"{'' if field is None else '.' + field} = {old}, now {new}; use a fresh "
-                    "--workdir or pass --force to overwrite its checkpoints"
-                )
-    sharding.sync_processes("workdir checked")  # every host has read config.json before it changes
-
-
-def write_workdir_config(config: Config, workdir: pathlib.Path) -> None:
-    """Process 0 records the config, whole or absent even if the process is killed here."""
-    if jax.process_index() == 0:
-        path = workdir / evaluate.CONFIG_FILENAME
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(config.to_dict(), indent=2) + "\n")
-        os.replace(tmp, path)
 
 
 def make_init(config: Config, vocab_size: int, optimizer, mesh):
@@ -217,15 +168,15 @@ def train_and_evaluate(
 
     Returns None when the data has no test split.
     """
-    t, workdir = config.train, pathlib.Path(workdir)
+    t, workdir = config.train, Workdir(workdir)
     facts = DeviceFacts.of()
     m = config.model
     # Before the workdir changes: a kernel this device cannot run is a config error.
     attention = resolve_attention(
         m.attention, resolve_dtype(m.compute_dtype), m.d_model // m.num_heads, facts
     )
-    workdir.mkdir(parents=True, exist_ok=True)
-    check_workdir_config(config, workdir, force)
+    workdir.path.mkdir(parents=True, exist_ok=True)
+    check_config(config, workdir, force)
 
     mesh = sharding.make_mesh()
     log.info(
@@ -241,21 +192,21 @@ def train_and_evaluate(
         log.warning("WARNING: %s", warning)
 
     data = sharding.on_process_zero_first(lambda: load_data(config, workdir))
-    write_workdir_config(config, workdir)  # only once the data has loaded without error
+    write_config(config, workdir)  # only once the data has loaded without error
     layout = BatchLayout.from_config(
         config.data.tokens_per_batch, config.data.row_len, t.grad_accum_steps, mesh.size
     )
     row_slice = sharding.host_row_slice(layout.rows)
 
     keys = dict(zip(("params", "dropout"), jax.random.split(jax.random.key(t.seed))))
-    graphdef, shapes = evaluate.abstract_model(config, data.tokenizer.vocab_size)
+    graphdef, shapes = abstract_model(config, data.tokenizer.vocab_size)
     optimizer, schedule = make_optimizer(config)
     replicated = sharding.replicated(mesh)
     init = make_init(config, data.tokenizer.vocab_size, optimizer, mesh)
     train_step = make_train_step(graphdef, optimizer, t.label_smoothing, mesh)
     eval_step = make_eval_step(graphdef, t.label_smoothing, mesh)
 
-    manager = checkpoint.make_manager(workdir, keep=t.keep_checkpoints)
+    manager = checkpoint.make_manager(workdir.checkpoints, keep=t.keep_checkpoints)
     position, step = DataPosition(), 0
     abstract = [
         checkpoint.abstract_like(a, replicated) for a in jax.eval_shape(init, keys["params"])
@@ -263,7 +214,7 @@ def train_and_evaluate(
     restored = checkpoint.restore_latest(
         manager,
         *abstract,
-        check_meta=lambda meta: checkpoint.check_vocabulary(meta, data.tokenizer, workdir),
+        check_meta=lambda meta: checkpoint.check_vocabulary(meta, data.tokenizer, workdir.path),
         log=log.info,
     )
     if restored is not None:
@@ -339,7 +290,7 @@ def train_and_evaluate(
         graphdef, host_params, data.tokenizer, config, sources, references, step
     )
     if jax.process_index() == 0:
-        evaluate.write_report(workdir, report, sources, references, hypotheses)
+        evaluate.write_report(workdir.path, report, sources, references, hypotheses)
         log.info(
             "test: sacreBLEU %.2f (%s), tokenized BLEU %.2f (the paper's metric), chrF %.2f; "
             "report in %s",
@@ -347,7 +298,7 @@ def train_and_evaluate(
             report["signature"],
             report["tokenized_bleu"],
             report["chrf"],
-            workdir / "report.json",
+            workdir.report_json,
         )
     return report
 

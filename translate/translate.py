@@ -30,11 +30,11 @@ from typing import BinaryIO
 import numpy as np
 from absl import logging as absl_logging
 
-from translate import evaluate
 from translate.config import DecodeConfig, parse_flags
 from translate.data import source_batches
 from translate.decode import NEG_INF, beam_search, translate_tokens
 from translate.tokenizer import Tokenizer
+from translate.workdir import check_shared_vocabulary, load_model
 
 # Lines read, decoded and written at a time: bounds memory on arbitrarily long input.
 LINES_PER_CHUNK = 10_000
@@ -49,16 +49,14 @@ def load_checkpoint(workdir: str, spec: str):
     kind, _, count = spec.partition(":")
     if kind == "average" and count.isdigit():
         try:
-            graphdef, params, tokenizer, config, steps = evaluate.load_model(
-                workdir, average=int(count)
-            )
+            graphdef, params, tokenizer, config, steps = load_model(workdir, average=int(count))
         except ValueError as e:
             raise ValueError(f"--checkpoint={spec}: {e}") from None
         return graphdef, params, tokenizer, config, f"{workdir} mean of steps {steps}"
     if spec != "latest" and not spec.isdigit():
         raise ValueError(f"--checkpoint={spec}: expected latest, a step number or average:N")
     step = None if spec == "latest" else int(spec)
-    graphdef, params, tokenizer, config, step = evaluate.load_model(workdir, step)
+    graphdef, params, tokenizer, config, step = load_model(workdir, step)
     return graphdef, params, tokenizer, config, f"{workdir} step {step}"
 
 
@@ -214,7 +212,7 @@ def main(argv: Sequence[str]) -> None:
             f"{len(specs)} --checkpoint flags for {len(workdirs)} --workdir flags; "
             "give one for all or one per workdir"
         )
-    evaluate.check_shared_vocabulary(workdirs)
+    check_shared_vocabulary(workdirs)
     specs = specs * len(workdirs) if len(specs) == 1 else specs
     members = [load_checkpoint(w, spec) for w, spec in zip(workdirs, specs)]
     graphdef, params = tuple(m[0] for m in members), tuple(m[1] for m in members)

@@ -1,0 +1,190 @@
+"""What a run directory holds, and how it is written, checked and read back.
+
+Only this module spells a workdir's file names. A training workdir holds:
+  config.json     the run's config, written once its data has loaded
+  vocab.model     the shared SentencePiece vocabulary
+  tokens/         the training pairs tokenized once (translate/data.py, `tokenize_once`)
+  data/           the generated corpus, when data.source is "synthetic"
+  checkpoints/    Orbax checkpoints (translate/checkpoint.py)
+  metrics.jsonl, tensorboard/    what the run logged (translate/monitor.py)
+  report.json, report.txt, hypotheses.txt    the test-set evaluation (translate/evaluate.py)
+  metrics_*.png   training curves drawn by scripts/plot_metrics.py
+A workdir written by scripts/average_checkpoints.py holds config.json, vocab.model and one
+parameters-only checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import shutil
+from collections.abc import Sequence
+
+import jax
+
+from translate import checkpoint, sharding
+from translate.config import Config, config_from_dict
+from translate.model import abstract_model
+from translate.tokenizer import Tokenizer
+
+
+class Workdir:
+    """The paths inside one run directory."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = pathlib.Path(path)
+        self.config = self.path / "config.json"
+        self.vocab = self.path / "vocab.model"
+        self.tokens = self.path / "tokens"
+        self.data = self.path / "data"
+        self.checkpoints = self.path / "checkpoints"
+        self.metrics = self.path / "metrics.jsonl"
+        self.tensorboard = self.path / "tensorboard"
+        self.report_json = self.path / "report.json"
+        self.report_txt = self.path / "report.txt"
+        self.hypotheses = self.path / "hypotheses.txt"
+
+    def metric_plots(self) -> list[pathlib.Path]:
+        """Training-curve pictures drawn by scripts/plot_metrics.py, by name."""
+        return sorted(self.path.glob("metrics_*.png"))
+
+    def metric_plot(self, name: str) -> pathlib.Path:
+        """Where scripts/plot_metrics.py draws the curve `name` (e.g. "loss")."""
+        return self.path / f"metrics_{name}.png"
+
+    def generated(self) -> list[pathlib.Path]:
+        """What a training run creates besides config.json, and `--force` deletes."""
+        return [
+            self.checkpoints,
+            self.data,
+            self.tokens,
+            self.tensorboard,
+            self.metrics,
+            self.vocab,
+        ]
+
+
+def check_config(config: Config, workdir: Workdir, force: bool) -> None:
+    """Refuses to reuse a workdir trained with a different model or data vocabulary.
+
+    With `force`, everything an earlier run generated in the workdir is deleted instead. On
+    several hosts sharing the workdir, process 0 alone deletes and writes.
+    """
+    primary = jax.process_index() == 0
+    if force:
+        for target in workdir.generated() if primary else ():
+            if target.is_dir():
+                shutil.rmtree(target)
+            elif target.exists():
+                target.unlink()
+    elif workdir.config.is_file():
+        # Through the Config, so fields added since the workdir was made take their defaults.
+        saved = read_config(workdir).to_dict()
+        now = config.to_dict()
+        for conf in (saved, now):
+            del conf["model"]["attention"]  # a kernel choice; the parameters do not depend on it
+        for section, field in [("model", None), ("data", "vocab_size"), ("data", "source")]:
+            old = saved[section] if field is None else saved[section][field]
+            new = now[section] if field is None else now[section][field]
+            if old != new:
+                raise ValueError(
+                    f"{workdir.path} was created with config.{section}"
+                    f"{'' if field is None else '.' + field} = {old}, now {new}; use a fresh "
+                    "--workdir or pass --force to overwrite its checkpoints"
+                )
+    sharding.sync_processes("workdir checked")  # every host has read config.json before it changes
+
+
+def write_config(config: Config, workdir: Workdir) -> None:
+    """Process 0 records the config, whole or absent even if the process is killed here."""
+    if jax.process_index() == 0:
+        tmp = workdir.config.with_suffix(".tmp")
+        tmp.write_text(json.dumps(config.to_dict(), indent=2) + "\n")
+        os.replace(tmp, workdir.config)
+
+
+def read_config(workdir: Workdir) -> Config:
+    """The config a workdir was trained with."""
+    if not workdir.config.is_file():
+        raise FileNotFoundError(
+            f"--workdir: {workdir.path} holds no {workdir.config.name}; is it a translate.train "
+            "workdir?"
+        )
+    return config_from_dict(json.loads(workdir.config.read_text()))
+
+
+def load_model(path: str | os.PathLike, step: int | None = None, average: int = 0):
+    """Loads (graphdef, params, tokenizer, config, steps) from a training workdir.
+
+    Args:
+      path: a `translate.train` workdir, or one written by scripts/average_checkpoints.py.
+      step: the checkpoint to load; None for the newest.
+      average: if > 0, the parameters are the mean of the newest `average` checkpoints instead.
+
+    Returns:
+      The model's graph and parameters (on the first local device: decoding runs there), the
+      tokenizer, the config, and the training steps whose parameters these are: one step, or
+      the averaged ones (also when the checkpoint was written by average_checkpoints.py).
+    """
+    workdir = Workdir(path)
+    config = read_config(workdir)
+    # The attention kernel suits the machine that trained, perhaps a GPU this one lacks; the
+    # parameters do not depend on it, so decoding picks the kernel for its own device.
+    config.model.attention = "auto"
+    tokenizer = Tokenizer(workdir.vocab)
+    if checkpoint.latest_step(workdir.checkpoints) is None:
+        raise FileNotFoundError(
+            f"--workdir: no checkpoint in {workdir.checkpoints}; "
+            "train first (python -m translate.train ...)"
+        )
+    manager = checkpoint.make_manager(workdir.checkpoints, read_only=True)
+    graphdef, shapes = abstract_model(config, tokenizer.vocab_size)
+    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    abstract = checkpoint.abstract_like(shapes, device)
+    if average > 0:
+        if step is not None:
+            raise ValueError("give a step or a number of checkpoints to average, not both")
+        steps = checkpoint.steps_to_average(manager, average, config.train.keep_checkpoints)
+        params = checkpoint.average_params(manager, steps, abstract)
+        return graphdef, params, tokenizer, config, steps
+    requested = step is not None
+    step = manager.latest_step() if step is None else step
+    if step is None or step not in manager.all_steps():
+        raise FileNotFoundError(
+            f"--workdir: no checkpoint{'' if step is None else f' at step {step}'} in "
+            f"{workdir.checkpoints} (steps there: {list(manager.all_steps())})"
+        )
+
+    def check(meta):
+        checkpoint.check_vocabulary(meta, tokenizer, workdir.path)
+
+    if requested:
+        meta = checkpoint.read_meta(manager, step)
+        check(meta)
+        params, _, _ = checkpoint.restore(manager, step, abstract)
+    else:
+        step, params, _, meta = checkpoint.restore_latest(manager, abstract, check_meta=check)
+    return graphdef, params, tokenizer, config, meta.get("averaged_steps", [step])
+
+
+def check_shared_vocabulary(paths: Sequence[str | os.PathLike]) -> None:
+    """Raises ValueError naming two workdirs whose vocabularies differ.
+
+    An ensemble averages log-probabilities token id by token id, which means nothing unless
+    every model reads and writes the same pieces.
+    """
+    workdirs = [Workdir(p) for p in paths]
+    for workdir in workdirs:
+        if not workdir.vocab.is_file():
+            raise FileNotFoundError(
+                f"--workdir: {workdir.vocab} is missing; is it a translate.train workdir?"
+            )
+    first, expected = workdirs[0], workdirs[0].vocab.read_bytes()
+    for other in workdirs[1:]:
+        if other.vocab.read_bytes() != expected:
+            raise ValueError(
+                f"--workdir {first.path} and --workdir {other.path} have different vocabularies "
+                f"({first.vocab.name} differs); an ensemble needs models trained on one "
+                "vocabulary"
+            )
