@@ -12,7 +12,7 @@
 
 Training: batches of `batch_tokens` target token slots (and as many source slots) are packed
 from the given parallel files exactly as the trainer packs them (`data.row_len` slots per row),
-and the trainer's own jitted step (`translate.train.make_train_step`) runs on a mesh of every
+and the trainer's own jitted step (`translate.train.make_steps`) runs on a mesh of every
 device. After `warmup` steps, each of `steps` steps is timed from handing its batch to the
 devices until its results are ready; the figures are medians. The model's vocabulary is the
 config's `data.vocab_size` even when the BPE model learned from the files came out smaller, so
@@ -69,11 +69,10 @@ from translate.data import (  # noqa: E402
     read_parallel,
     tokenize_parallel,
 )
-from translate.decode import DecodeTimes  # noqa: E402
-from translate.model import Transformer, abstract_model, resolve_dtype  # noqa: E402
-from translate.optim import make_optimizer  # noqa: E402
+from translate.decode import DecodeTimes, translate_sentences  # noqa: E402
+from translate.model import Transformer, resolve_dtype  # noqa: E402
 from translate.tokenizer import Tokenizer, train_tokenizer  # noqa: E402
-from translate.train import make_init, make_train_step  # noqa: E402
+from translate.train import make_steps  # noqa: E402
 from translate.workdir import load_model  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -179,10 +178,9 @@ def benchmark_training(flags: dict, config: Config, tokenizer: Tokenizer) -> dic
     plan = (plan * -(-needed // len(plan)))[:needed]
     batches = [make_batch(corpus, rows, layout) for rows in plan]
 
-    graphdef, _ = abstract_model(config, vocab_size)
-    optimizer, _ = make_optimizer(config)
-    params, opt_state = make_init(config, vocab_size, optimizer, mesh)(jax.random.key(0))
-    train_step = make_train_step(graphdef, optimizer, config.train.label_smoothing, mesh)
+    steps = make_steps(config, vocab_size, mesh)
+    graphdef, train_step = steps.graphdef, steps.train
+    params, opt_state = steps.init(jax.random.key(0))
     dropout_key = jax.random.key(1)
 
     times = []
@@ -249,9 +247,10 @@ def benchmark_decoding(flags: dict, config: Config, graphdef, params, tokenizer)
         decode = dataclasses.replace(config.decode, beam_size=beam)
         times = DecodeTimes()
         start = time.perf_counter()
-        hypotheses = evaluate.translate_sentences(
-            graphdef, params, tokenizer, sentences, decode, config.data.max_len, times=times
+        translations = translate_sentences(
+            (graphdef,), (params,), tokenizer, sentences, decode, config.data.max_len, times=times
         )
+        hypotheses = [best[0][1] for best in translations]
         wall = time.perf_counter() - start
         tokens = sum(len(ids) + 1 for ids in tokenizer.encode(hypotheses))  # + EOS
         seconds = times.decode_seconds

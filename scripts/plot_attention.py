@@ -47,7 +47,7 @@ def translate_one(graphdef, params, tokenizer, config, text: str) -> tuple[list[
     _, tokens = next(source_batches(tokenizer, [text], 1, config.data.max_len))  # [1, S]
     d = config.decode
     best = translate_tokens(
-        graphdef, params, jnp.asarray(tokens), d.beam_size, d.length_penalty, d.max_extra_len
+        (graphdef,), (params,), jnp.asarray(tokens), d.beam_size, d.length_penalty, d.max_extra_len
     )
     src = [int(t) for t in tokens[0] if t != PAD_ID]
     out = [int(t) for t in np.asarray(best[0])]

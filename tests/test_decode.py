@@ -80,7 +80,7 @@ def strip(row):
 def test_beam_1_equals_greedy():
     graphdef, params = make_model()
     src = sources()
-    tokens = translate_tokens(graphdef, params, src, beam_size=1, alpha=0.6, max_extra_len=6)
+    tokens = translate_tokens((graphdef,), (params,), src, beam_size=1, alpha=0.6, max_extra_len=6)
     expected = uncached_greedy(graphdef, params, src, max_extra_len=6)
     assert [strip(r) for r in np.asarray(tokens)] == expected
 
@@ -111,7 +111,9 @@ def sequence_log_prob(graphdef, params, src_row, out):
 def test_beam_scores_are_length_normalised_log_probabilities():
     graphdef, params = make_model()
     src = sources()
-    tokens, scores = beam_search(graphdef, params, src, beam_size=4, alpha=0.6, max_extra_len=6)
+    tokens, scores = beam_search(
+        (graphdef,), (params,), src, beam_size=4, alpha=0.6, max_extra_len=6
+    )
     for b in range(src.shape[0]):
         out = strip(np.asarray(tokens[b, 0]))
         assert out[-1] == EOS_ID
@@ -125,8 +127,10 @@ def test_beam_scores_are_length_normalised_log_probabilities():
 def test_beam_search_scores_at_least_as_well_as_greedy():
     graphdef, params = make_model()
     src = sources()
-    greedy_tokens, _ = greedy_search(graphdef, params, src, max_extra_len=6)
-    _, beam_scores = beam_search(graphdef, params, src, beam_size=4, alpha=0.6, max_extra_len=6)
+    greedy_tokens, _ = greedy_search((graphdef,), (params,), src, max_extra_len=6)
+    _, beam_scores = beam_search(
+        (graphdef,), (params,), src, beam_size=4, alpha=0.6, max_extra_len=6
+    )
     for b in range(src.shape[0]):
         out = strip(np.asarray(greedy_tokens[b]))
         greedy_score = sequence_log_prob(graphdef, params, np.asarray(src[b]), out)
@@ -138,7 +142,9 @@ def test_output_never_exceeds_source_length_plus_max_extra_len():
     graphdef, params = make_model()
     src = sources()
     for beam in (1, 4):
-        tokens = translate_tokens(graphdef, params, src, beam_size=beam, alpha=0.6, max_extra_len=2)
+        tokens = translate_tokens(
+            (graphdef,), (params,), src, beam_size=beam, alpha=0.6, max_extra_len=2
+        )
         for b, row in enumerate(np.asarray(tokens)):
             out = strip(row)
             source_tokens = int((np.asarray(src[b]) != PAD_ID).sum()) - 1
@@ -171,8 +177,10 @@ def test_bfloat16_beam_search_picks_the_hypotheses_of_a_float32_projected_refere
 
     graphdef, params = make_model("bfloat16")
     src = sources()
-    tokens, scores = beam_search(graphdef, params, src, beam_size=4, alpha=0.6, max_extra_len=6)
-    greedy, _ = greedy_search(graphdef, params, src, max_extra_len=6)
+    tokens, scores = beam_search(
+        (graphdef,), (params,), src, beam_size=4, alpha=0.6, max_extra_len=6
+    )
+    greedy, _ = greedy_search((graphdef,), (params,), src, max_extra_len=6)
 
     fused_scores = model_module.attention_scores
 
@@ -187,9 +195,9 @@ def test_bfloat16_beam_search_picks_the_hypotheses_of_a_float32_projected_refere
     monkeypatch.setattr(Transformer, "logits", upcast_logits)
     jax.clear_caches()  # the searches are jitted on the graph definition, which is unchanged
     ref_tokens, ref_scores = beam_search(
-        graphdef, params, src, beam_size=4, alpha=0.6, max_extra_len=6
+        (graphdef,), (params,), src, beam_size=4, alpha=0.6, max_extra_len=6
     )
-    ref_greedy, _ = greedy_search(graphdef, params, src, max_extra_len=6)
+    ref_greedy, _ = greedy_search((graphdef,), (params,), src, max_extra_len=6)
     jax.clear_caches()
     np.testing.assert_array_equal(tokens, ref_tokens)
     np.testing.assert_array_equal(greedy, ref_greedy)

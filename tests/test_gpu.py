@@ -23,7 +23,7 @@ from translate.decode import beam_search, greedy_search
 from translate.model import MultiHeadAttention, abstract_model, attention_mask
 from translate.optim import make_optimizer
 from translate.tokenizer import EOS_ID, PAD_ID
-from translate.train import make_init, make_train_step
+from translate.train import make_steps
 
 pytestmark = [
     pytest.mark.gpu,
@@ -183,10 +183,9 @@ def trained():
     config.train.warmup_steps = 100
     mesh = sharding.make_mesh()
     batches = toy_batches(config, mesh)
-    optimizer, _ = make_optimizer(config)
-    graphdef, _ = abstract_model(config, VOCAB)
-    params, opt_state = make_init(config, VOCAB, optimizer, mesh)(jax.random.key(0))
-    step_fn = make_train_step(graphdef, optimizer, config.train.label_smoothing, mesh)
+    steps = make_steps(config, VOCAB, mesh)
+    params, opt_state = steps.init(jax.random.key(0))
+    step_fn = steps.train
     for step in range(TRAIN_STEPS):
         batch = sharding.put_batch(batches[step % len(batches)], mesh)
         params, opt_state, _ = step_fn(params, opt_state, batch, step, jax.random.key(1))
@@ -200,8 +199,7 @@ def test_bfloat16_train_step_loss_matches_float32(trained):
         # bf16 with the config's attention ("auto"): the step a GPU runs by default.
         c = with_dtype(config, dtype)
         optimizer, _ = make_optimizer(c)
-        graphdef, _ = abstract_model(c, VOCAB)
-        step_fn = make_train_step(graphdef, optimizer, c.train.label_smoothing, mesh)
+        step_fn = make_steps(c, VOCAB, mesh).train
         # Same parameters, batch, step and dropout key: the dropout masks do not depend on dtype.
         batch = sharding.put_batch(batches[0], mesh)
         _, _, metrics = step_fn(
@@ -235,9 +233,14 @@ def test_bfloat16_greedy_and_beam_outputs_equal_float32(trained):
     outputs = {}
     for dtype in ("bfloat16", "float32"):
         graphdef, _ = abstract_model(with_dtype(config, dtype), VOCAB)
-        greedy, _ = greedy_search(graphdef, params, src, max_extra_len=d.max_extra_len)
+        greedy, _ = greedy_search((graphdef,), (params,), src, max_extra_len=d.max_extra_len)
         beam, _ = beam_search(
-            graphdef, params, src, d.beam_size, d.length_penalty, max_extra_len=d.max_extra_len
+            (graphdef,),
+            (params,),
+            src,
+            d.beam_size,
+            d.length_penalty,
+            max_extra_len=d.max_extra_len,
         )
         # The best hypothesis is the output. The others of a model this sure are near-ties far
         # below it, which bf16 activations may reorder (6 of the 96 here on the CPU).
@@ -254,10 +257,9 @@ def test_train_step_compiles_once_over_several_batches():
     # The config's own dtype and kernel ("auto": bf16, and cuDNN on a GPU that can run it),
     # started as the trainer starts it, so every step meets the shardings of the one before.
     config, mesh = tiny_config(), sharding.make_mesh()
-    optimizer, _ = make_optimizer(config)
-    graphdef, _ = abstract_model(config, VOCAB)
-    params, opt_state = make_init(config, VOCAB, optimizer, mesh)(jax.random.key(0))
-    step_fn = make_train_step(graphdef, optimizer, config.train.label_smoothing, mesh)
+    steps = make_steps(config, VOCAB, mesh)
+    params, opt_state = steps.init(jax.random.key(0))
+    step_fn = steps.train
     for step, batch in enumerate(toy_batches(config, mesh)[:4]):
         params, opt_state, _ = step_fn(
             params, opt_state, sharding.put_batch(batch, mesh), step, jax.random.key(1)

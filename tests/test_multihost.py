@@ -96,18 +96,15 @@ def worker_steps(config, out_dir: pathlib.Path) -> None:
     """A few train steps through the trainer's building blocks, as train_and_evaluate runs them."""
     from translate import evaluate, sharding
     from translate.data import DataPosition, iterate_batches
-    from translate.model import abstract_model
-    from translate.optim import make_optimizer
-    from translate.train import make_init, make_train_step
+    from translate.train import make_steps
 
     mesh = sharding.make_mesh()
     layout = global_layout(config)
     row_slice = sharding.host_row_slice(layout.rows)
     batches = iterate_batches(random_corpus(), layout, 0, DataPosition(), row_slice)
-    optimizer, _ = make_optimizer(config)
-    graphdef, _ = abstract_model(config, VOCAB_SIZE)
-    params, opt_state = make_init(config, VOCAB_SIZE, optimizer, mesh)(jax.random.key(0))
-    step_fn = make_train_step(graphdef, optimizer, config.train.label_smoothing, mesh)
+    steps = make_steps(config, VOCAB_SIZE, mesh)
+    params, opt_state = steps.init(jax.random.key(0))
+    step_fn = steps.train
     loaded = []
     for step in range(NUM_STEPS):
         batch, _ = next(batches)

@@ -9,9 +9,7 @@ from jax.sharding import Mesh
 
 from translate import checkpoint, sharding
 from translate.data import BatchLayout, TokenizedCorpus, make_batch, plan_epoch
-from translate.model import abstract_model
-from translate.optim import make_optimizer
-from translate.train import make_init, make_train_step, train_and_evaluate
+from translate.train import make_steps, train_and_evaluate
 from translate.workdir import Workdir, load_model
 
 
@@ -23,10 +21,9 @@ def random_corpus(n=200, seed=0):
 
 
 def run_steps(config, mesh, batches, vocab_size=64, optimizer=None):
-    optimizer = optimizer or make_optimizer(config)[0]
-    graphdef, _ = abstract_model(config, vocab_size)
-    params, opt_state = make_init(config, vocab_size, optimizer, mesh)(jax.random.key(0))
-    step_fn = make_train_step(graphdef, optimizer, config.train.label_smoothing, mesh)
+    steps = make_steps(config, vocab_size, mesh, optimizer)
+    params, opt_state = steps.init(jax.random.key(0))
+    step_fn = steps.train
     for step, batch in enumerate(batches):
         params, opt_state, metrics = step_fn(
             params, opt_state, sharding.put_batch(batch, mesh), step, jax.random.key(1)
@@ -68,7 +65,7 @@ def test_gradient_accumulation_matches_one_large_batch(config):
     # gradient. (Adam's first update is g / (|g| + eps), about +-lr for any gradient well above
     # eps, so it turns summation-order rounding in near-zero gradients into visible steps.)
     sgd = optax.sgd(1.0)
-    init, _ = make_init(config, 64, sgd, mesh)(jax.random.key(0))  # run_steps' parameters
+    init, _ = make_steps(config, 64, mesh, sgd).init(jax.random.key(0))  # run_steps' parameters
     a, _, _ = run_steps(config, mesh, accumulated, optimizer=sgd)
     b, _, _ = run_steps(config, mesh, whole, optimizer=sgd)
     for p0, x, y in zip(*map(jax.tree.leaves, (init, a, b))):

@@ -10,7 +10,7 @@ from flax import nnx
 
 from translate import evaluate, translate
 from translate.data import source_batches
-from translate.decode import DecodeTimes, beam_search, greedy_search
+from translate.decode import DecodeTimes, beam_search, greedy_search, translate_sentences
 from translate.model import Transformer
 from translate.tokenizer import train_tokenizer
 from translate.train import train_and_evaluate
@@ -73,10 +73,10 @@ def test_translate_keeps_input_order_and_line_count(workdir, tmp_path, monkeypat
         if not line.strip():
             assert translation == ""
         else:
-            alone = evaluate.translate_sentences(
-                graphdef, params, tokenizer, [line], config.decode, config.data.max_len
+            alone = translate_sentences(
+                (graphdef,), (params,), tokenizer, [line], config.decode, config.data.max_len
             )
-            assert translation == alone[0]
+            assert translation == alone[0][0][1]
     assert len({translation for translation in out if translation}) > 2
 
 
@@ -107,16 +107,16 @@ def test_nbest_matches_the_best_translation(workdir, tmp_path):
     assert [firsts[i] for i in range(len(LINES))] == best
 
 
-def test_ensemble_of_one_model_equals_that_model(workdir):
+def test_ensemble_of_two_copies_of_a_model_equals_that_model(workdir):
     graphdef, params, tokenizer, config, _ = load_model(workdir)
     src = jnp.asarray(next(source_batches(tokenizer, [s for s in LINES if s.strip()], 4, 32))[1])
-    single = greedy_search(graphdef, params, src, max_extra_len=8)
-    for ensemble in [((graphdef,), (params,)), ((graphdef, graphdef), (params, params))]:
+    single = greedy_search((graphdef,), (params,), src, max_extra_len=8)
+    for ensemble in [((graphdef, graphdef), (params, params))]:
         # Two copies average to the same log-probabilities, through the ensemble's own caches.
         ensembled = greedy_search(*ensemble, src, max_extra_len=8)
         for a, b in zip(single, ensembled):
             np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-        a = beam_search(graphdef, params, src, beam_size=3, alpha=0.6, max_extra_len=8)
+        a = beam_search((graphdef,), (params,), src, beam_size=3, alpha=0.6, max_extra_len=8)
         b = beam_search(*ensemble, src, beam_size=3, alpha=0.6, max_extra_len=8)
         for x, y in zip(a, b):
             np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
@@ -156,8 +156,14 @@ def test_decoding_many_lengths_compiles_a_handful_of_shapes_and_times_them_apart
     sentences = [" ".join(words[i % len(words)] for i in range(n)) for n in range(1, 61)]
     config.decode.beam_size, config.decode.batch_size = 1, 4
     times = DecodeTimes()
-    evaluate.translate_sentences(
-        graphdef, params, tokenizer, sentences, config.decode, config.data.max_len, times
+    translate_sentences(
+        (graphdef,),
+        (params,),
+        tokenizer,
+        sentences,
+        config.decode,
+        config.data.max_len,
+        times=times,
     )
     widths = {width for _, width in times.shapes}
     assert len(widths) <= 6 and len(times.shapes) == len(widths)  # one batch size

@@ -3,9 +3,11 @@
 The encoder runs once per sentence; each step feeds one token per hypothesis through
 `Transformer.decode_step`, which writes its keys and values into a preallocated cache.
 
-Every search also takes an ensemble: `graphdef` a tuple of graph definitions and `params` a
-tuple of their parameters, models that share one vocabulary. Each step then scores tokens by
-the mean of the models' log-probabilities; an ensemble of one computes what the model alone does.
+Every search takes an ensemble: `graphdefs` a tuple of graph definitions and `params` a tuple
+of their parameters, models that share one vocabulary; a single model is an ensemble of one.
+Each step scores tokens by the mean of the models' log-probabilities, so an ensemble of one
+computes what the model alone does. `translate_sentences` is the one loop from sentences to
+translations (length-sorted batches, n-best lists) that evaluation and the translate command use.
 """
 
 from __future__ import annotations
@@ -13,13 +15,16 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
+from collections.abc import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from translate.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from translate.config import DecodeConfig
+from translate.data import source_batches
+from translate.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 
 NEG_INF = -1.0e9
 
@@ -29,11 +34,9 @@ def length_penalty(length: jax.Array, alpha: float) -> jax.Array:
     return ((5.0 + jnp.asarray(length, jnp.float32)) / 6.0) ** alpha
 
 
-def merge_models(graphdef, params) -> list[nnx.Module]:
-    """The models of a single (graphdef, params) or an ensemble (tuple, tuple), as a list."""
-    if isinstance(graphdef, tuple):
-        return [nnx.merge(g, p) for g, p in zip(graphdef, params, strict=True)]
-    return [nnx.merge(graphdef, params)]
+def merge_models(graphdefs: tuple, params: tuple) -> list[nnx.Module]:
+    """The models of an ensemble (one or more), from their graph definitions and parameters."""
+    return [nnx.merge(g, p) for g, p in zip(graphdefs, params, strict=True)]
 
 
 def _encode_for_decoding(models, src, max_extra_len, copies):
@@ -62,13 +65,13 @@ def _next_log_probs(models, tokens, index, caches):
     return total / len(models), new_caches
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "max_extra_len"))
-def greedy_search(graphdef, params, src: jax.Array, max_extra_len: int = 50):
+@functools.partial(jax.jit, static_argnames=("graphdefs", "max_extra_len"))
+def greedy_search(graphdefs, params, src: jax.Array, max_extra_len: int = 50):
     """Arg-max decoding: tokens [B, L] (PAD after EOS) and their log-probabilities [B].
 
-    `graphdef` and `params` are one model's, or tuples of an ensemble's (module docstring).
+    `graphdefs` and `params` are an ensemble's tuples (module docstring).
     """
-    models = merge_models(graphdef, params)
+    models = merge_models(graphdefs, params)
     batch = src.shape[0]
     cache, limit, max_len = _encode_for_decoding(models, src, max_extra_len, 1)
     state = {
@@ -102,9 +105,9 @@ def greedy_search(graphdef, params, src: jax.Array, max_extra_len: int = 50):
     return state["tokens"], state["score"]
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "beam_size", "max_extra_len"))
+@functools.partial(jax.jit, static_argnames=("graphdefs", "beam_size", "max_extra_len"))
 def beam_search(
-    graphdef,
+    graphdefs,
     params,
     src: jax.Array,
     beam_size: int = 4,
@@ -122,7 +125,7 @@ def beam_search(
       tokens [B, W, L] of the finished hypotheses, best first (PAD after EOS), and their
       length-normalised scores [B, W].
     """
-    models = merge_models(graphdef, params)
+    models = merge_models(graphdefs, params)
     batch, width = src.shape[0], beam_size
     cache, limit, max_len = _encode_for_decoding(models, src, max_extra_len, width)
     state = {
@@ -166,8 +169,7 @@ def beam_search(
         live_tokens = jnp.take_along_axis(cand_tokens, live_pick[:, :, None], axis=1)
         live_parent = jnp.take_along_axis(parent, live_pick, axis=1)  # [B, W]
         rows = (jnp.arange(batch)[:, None] * width + live_parent).reshape(-1)  # [B * W]
-        # Self-attention keys and values follow their beams; the encoder side is per sentence.
-        cache = [[{**c, "k": c["k"][rows], "v": c["v"][rows]} for c in m] for m in cache]
+        cache = [model.reorder_cache(c, rows) for model, c in zip(models, cache)]
         return {
             "t": t + 1,
             "live_tokens": live_tokens,
@@ -182,25 +184,32 @@ def beam_search(
 
 
 def search(
-    graphdef, params, src: jax.Array, beam_size: int, alpha: float, max_extra_len: int
+    graphdefs,
+    params,
+    src: jax.Array,
+    beam_size: int,
+    alpha: float,
+    max_extra_len: int,
+    nbest: bool = False,
 ) -> tuple[jax.Array, jax.Array]:
-    """Hypotheses [B, W, L] best first and their scores [B, W]; beam size 1 is greedy (W = 1).
+    """Hypotheses [B, W, L] best first and their scores [B, W].
 
-    Beam scores are length-normalised log-probabilities; greedy scores are plain ones.
+    Beam size 1 is greedy decoding (W = 1, plain log-probabilities as scores) unless `nbest`
+    asks for beam search's length-normalised scores whatever the width.
     """
-    if beam_size == 1:
-        tokens, scores = greedy_search(graphdef, params, src, max_extra_len=max_extra_len)
+    if beam_size == 1 and not nbest:
+        tokens, scores = greedy_search(graphdefs, params, src, max_extra_len=max_extra_len)
         return tokens[:, None], scores[:, None]
     return beam_search(
-        graphdef, params, src, beam_size=beam_size, alpha=alpha, max_extra_len=max_extra_len
+        graphdefs, params, src, beam_size=beam_size, alpha=alpha, max_extra_len=max_extra_len
     )
 
 
 def translate_tokens(
-    graphdef, params, src: jax.Array, beam_size: int, alpha: float, max_extra_len: int
+    graphdefs, params, src: jax.Array, beam_size: int, alpha: float, max_extra_len: int
 ) -> jax.Array:
     """Best output tokens [B, L] for source tokens [B, S]; beam size 1 is greedy decoding."""
-    return search(graphdef, params, src, beam_size, alpha, max_extra_len)[0][:, 0]
+    return search(graphdefs, params, src, beam_size, alpha, max_extra_len)[0][:, 0]
 
 
 @dataclasses.dataclass
@@ -214,12 +223,13 @@ class DecodeTimes:
 
 
 def timed_search(
-    graphdef,
+    graphdefs,
     params,
     src: np.ndarray,
     beam_size: int,
     alpha: float,
     max_extra_len: int,
+    nbest: bool,
     times: DecodeTimes,
 ) -> tuple[np.ndarray, np.ndarray]:
     """`search` on the host, adding its seconds to `times`, compilation apart.
@@ -228,13 +238,84 @@ def timed_search(
     padding rows stop after one step, so that call's time is the compile (or the cache lookup,
     when another run compiled it) and the real batch's time is decoding alone.
     """
-    args = (beam_size, alpha, max_extra_len)
+    args = (beam_size, alpha, max_extra_len, nbest)
     if src.shape not in times.shapes:
         start = time.perf_counter()
-        jax.block_until_ready(search(graphdef, params, np.zeros_like(src), *args))
+        jax.block_until_ready(search(graphdefs, params, np.zeros_like(src), *args))
         times.compile_seconds += time.perf_counter() - start
         times.shapes.add(src.shape)
     start = time.perf_counter()
-    tokens, scores = jax.device_get(search(graphdef, params, src, *args))
+    tokens, scores = jax.device_get(search(graphdefs, params, src, *args))
     times.decode_seconds += time.perf_counter() - start
     return tokens, scores
+
+
+def distinct_translations(
+    tokenizer: Tokenizer, tokens: np.ndarray, scores: np.ndarray
+) -> list[tuple[float, str]]:
+    """(score, text) of hypotheses [W, L] sorted best first, each text once, at its best score.
+
+    Different pieces can spell one text ("▁" then EOS, or EOS alone, both give ""); an n-best
+    list of the same sentence twice would tell its reader nothing.
+    """
+    seen, out = set(), []
+    for row, score in zip(tokens, scores):
+        text = tokenizer.decode(row)
+        # A hypothesis still at NEG_INF was never finished; there is nothing to show.
+        if score > NEG_INF / 2 and text not in seen:
+            seen.add(text)
+            out.append((float(score), text))
+    return out
+
+
+def translate_sentences(
+    graphdefs: tuple,
+    params: tuple,
+    tokenizer: Tokenizer,
+    sentences: Sequence[str],
+    decode: DecodeConfig,
+    max_len: int,
+    nbest: int = 0,
+    times: DecodeTimes | None = None,
+    on_batch: Callable[[int], None] | None = None,
+) -> list[list[tuple[float, str]]]:
+    """Translations of each sentence as (score, text), best first, in input order.
+
+    Sentences are decoded in length-sorted batches (data.source_batches). Without `nbest` each
+    gets its best translation with score 0 (greedy or beam search, as `decode.beam_size` says);
+    with `nbest` the distinct translations among beam search's finished hypotheses, at most
+    `nbest`, with their length-normalised scores. A blank sentence gets [(0.0, "")].
+
+    Args:
+      graphdefs, params: an ensemble's tuples (module docstring).
+      times: receives the seconds spent compiling and decoding.
+      on_batch: called with the number of sentences done after every batch.
+    """
+    times = DecodeTimes() if times is None else times
+    results = [[(0.0, "")] for _ in sentences]
+    todo = [i for i, sentence in enumerate(sentences) if sentence.strip()]
+    batches = source_batches(tokenizer, [sentences[i] for i in todo], decode.batch_size, max_len)
+    for indices, src in batches:
+        tokens, scores = timed_search(
+            graphdefs,
+            params,
+            src,
+            decode.beam_size,
+            decode.length_penalty,
+            decode.max_extra_len,
+            nbest > 0,
+            times,
+        )  # [B, W, L], [B, W]
+        for row, i in enumerate(indices):
+            if i < 0:
+                continue
+            if nbest:
+                found = distinct_translations(tokenizer, tokens[row], scores[row])[:nbest]
+            else:
+                found = [(0.0, tokenizer.decode(tokens[row, 0]))]
+            results[todo[i]] = found
+        if on_batch is not None:
+            on_batch(int(np.sum(indices >= 0)))
+    if on_batch is not None and len(todo) < len(sentences):
+        on_batch(len(sentences) - len(todo))  # the blank sentences
+    return results

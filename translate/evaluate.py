@@ -30,9 +30,9 @@ import sacrebleu
 from absl import logging as absl_logging
 from sacremoses import MosesTokenizer
 
-from translate.config import Config, DecodeConfig, apply_override, parse_flags
-from translate.data import read_lines, source_batches
-from translate.decode import DecodeTimes, timed_search
+from translate.config import Config, apply_override, parse_flags
+from translate.data import read_lines
+from translate.decode import DecodeTimes, translate_sentences
 from translate.tokenizer import Tokenizer
 from translate.workdir import Workdir, check_shared_vocabulary, load_model
 
@@ -40,38 +40,6 @@ from translate.workdir import Workdir, check_shared_vocabulary, load_model
 def local_copy(params):
     """This host's full copy of replicated parameters, on its first device (for decoding)."""
     return jax.tree.map(lambda x: x.addressable_data(0), params)
-
-
-def translate_sentences(
-    graphdef,
-    params,
-    tokenizer: Tokenizer,
-    sentences: Sequence[str],
-    decode: DecodeConfig,
-    max_len: int,
-    times: DecodeTimes | None = None,
-) -> list[str]:
-    """Translates sentences in length-sorted batches; the output keeps the input order.
-
-    `graphdef` and `params` may be tuples: an ensemble (see translate.decode). `times`, if
-    given, receives the seconds spent compiling and decoding.
-    """
-    times = DecodeTimes() if times is None else times
-    out = [""] * len(sentences)
-    for indices, tokens in source_batches(tokenizer, sentences, decode.batch_size, max_len):
-        best, _ = timed_search(
-            graphdef,
-            params,
-            tokens,
-            decode.beam_size,
-            decode.length_penalty,
-            decode.max_extra_len,
-            times,
-        )
-        for i, row in zip(indices, best[:, 0]):
-            if i >= 0:
-                out[i] = tokenizer.decode(row)
-    return out
 
 
 def split_compounds(text: str) -> str:
@@ -140,8 +108,8 @@ def score(hypotheses: Sequence[str], references: Sequence[str], lang: str) -> di
 
 
 def evaluate(
-    graphdef,
-    params,
+    graphdefs: tuple,
+    params: tuple,
     tokenizer: Tokenizer,
     config: Config,
     sources: Sequence[str],
@@ -151,13 +119,15 @@ def evaluate(
 ) -> tuple[dict[str, Any], list[str]]:
     """Decodes `sources` and scores against `references`; returns (report, hypotheses).
 
+    `graphdefs` and `params` are an ensemble's tuples (translate.decode), one model or more.
     `step` is the checkpoint's training step; `averaged_steps`, when the parameters are a
     checkpoint average, the steps averaged (recorded in the report).
     """
     times = DecodeTimes()
-    hypotheses = translate_sentences(
-        graphdef, params, tokenizer, sources, config.decode, config.data.max_len, times
+    translations = translate_sentences(
+        graphdefs, params, tokenizer, sources, config.decode, config.data.max_len, times=times
     )
+    hypotheses = [best[0][1] for best in translations]
     seconds = times.decode_seconds
     report = score(hypotheses, references, config.data.tgt_lang)
     report.update(

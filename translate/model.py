@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -34,7 +34,18 @@ from flax import nnx
 from translate.config import Config, ModelConfig
 from translate.devices import resolve_attention
 
-Cache = list[dict[str, jax.Array]]
+
+class LayerCache(NamedTuple):
+    """One decoder layer's keys and values for cached decoding, in the products' layout."""
+
+    k: jax.Array  # [B, H, K, L] self-attention keys, transposed
+    v: jax.Array  # [B, H, L, K] self-attention values
+    cross_k: jax.Array  # [B, H, K, S] encoder-output keys, transposed
+    cross_v: jax.Array  # [B, H, S, K] encoder-output values
+    src_valid: jax.Array  # [B, S] True on real source tokens
+
+
+Cache = list[LayerCache]
 
 
 def resolve_dtype(name: str) -> Any:
@@ -335,16 +346,19 @@ class Transformer(nnx.Module):
         cache = []
         for layer in self.decoder:
             cross_k, cross_v = layer.cross_attention.project_kv_cached(memory)
-            cache.append(
-                {
-                    "k": jnp.zeros((b, h, k, max_len), self.dtype),
-                    "v": jnp.zeros((b, h, max_len, k), self.dtype),
-                    "cross_k": cross_k,  # [B, H, K, S]
-                    "cross_v": cross_v,  # [B, H, S, K]
-                    "src_valid": src_segments > 0,  # [B, S]
-                }
-            )
+            empty_k = jnp.zeros((b, h, k, max_len), self.dtype)
+            empty_v = jnp.zeros((b, h, max_len, k), self.dtype)
+            cache.append(LayerCache(empty_k, empty_v, cross_k, cross_v, src_segments > 0))
         return cache
+
+    @staticmethod
+    def reorder_cache(cache: Cache, rows: jax.Array) -> Cache:
+        """The cache of rows `rows` [B'] (beam search's surviving hypotheses).
+
+        Self-attention keys and values follow their rows; the encoder side is the same for
+        every hypothesis of a sentence and stays.
+        """
+        return [c._replace(k=c.k[rows], v=c.v[rows]) for c in cache]
 
     def decode_step(
         self, tokens: jax.Array, index: jax.Array, cache: Cache
@@ -356,23 +370,23 @@ class Transformer(nnx.Module):
             attn = layer.self_attention
             k_new, v_new = attn.project_kv_cached(y)  # [B, H, K, 1], [B, H, 1, K]
             # Written in place: the cache is a loop carry that nothing else reads.
-            k = jax.lax.dynamic_update_slice_in_dim(c["k"], k_new.astype(c["k"].dtype), index, 3)
-            v = jax.lax.dynamic_update_slice_in_dim(c["v"], v_new.astype(c["v"].dtype), index, 2)
+            k = jax.lax.dynamic_update_slice_in_dim(c.k, k_new.astype(c.k.dtype), index, 3)
+            v = jax.lax.dynamic_update_slice_in_dim(c.v, v_new.astype(c.v.dtype), index, 2)
             self_mask = (jnp.arange(k.shape[-1]) <= index)[None, None, :]  # [1, 1, L]
             self_out = attn.attend_cached(y, k, v, self_mask)
-            cross_mask = c["src_valid"][:, None, :]  # [B, 1, S]
+            cross_mask = c.src_valid[:, None, :]  # [B, 1, S]
             y = layer.finish(
                 y,
                 self_out,
                 functools.partial(
                     layer.cross_attention.attend_cached,
-                    keys_t=c["cross_k"],
-                    values=c["cross_v"],
+                    keys_t=c.cross_k,
+                    values=c.cross_v,
                     mask=cross_mask,
                 ),
                 None,
             )
-            new_cache.append({**c, "k": k, "v": v})
+            new_cache.append(c._replace(k=k, v=v))
         return self.logits(y[:, 0]).astype(jnp.float32), new_cache
 
 

@@ -15,7 +15,8 @@ import logging
 import pathlib
 import sys
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -147,6 +148,39 @@ def make_eval_step(graphdef, label_smoothing: float, mesh):
     )
 
 
+class Steps(NamedTuple):
+    """The trainer's jitted functions for one config, vocabulary and mesh (`make_steps`)."""
+
+    graphdef: nnx.GraphDef
+    # key -> (params, opt_state), created with their shardings.
+    init: Callable
+    # (params, opt_state, batch, step, dropout key) -> (params, opt_state, metrics).
+    train: Callable
+    # (params, batch) -> [loss sum, nll sum, target tokens] of its first micro-batch.
+    eval: Callable
+    # step -> learning rate.
+    schedule: optax.Schedule
+
+
+def make_steps(config: Config, vocab_size: int, mesh, optimizer=None) -> Steps:
+    """Assembles the model's graph, the optimizer and the jitted steps, once.
+
+    `optimizer` replaces the paper's Adam and schedule (tests use plain SGD); the schedule is
+    then the config's all the same, for logging.
+    """
+    graphdef, _ = abstract_model(config, vocab_size)
+    adam, schedule = make_optimizer(config)
+    optimizer = adam if optimizer is None else optimizer
+    smoothing = config.train.label_smoothing
+    return Steps(
+        graphdef,
+        make_init(config, vocab_size, optimizer, mesh),
+        make_train_step(graphdef, optimizer, smoothing, mesh),
+        make_eval_step(graphdef, smoothing, mesh),
+        schedule,
+    )
+
+
 def dev_loss(
     eval_step, params, corpus: TokenizedCorpus, layout: BatchLayout, mesh, row_slice: slice
 ) -> dict[str, float]:
@@ -199,17 +233,14 @@ def train_and_evaluate(
     row_slice = sharding.host_row_slice(layout.rows)
 
     keys = dict(zip(("params", "dropout"), jax.random.split(jax.random.key(t.seed))))
-    graphdef, shapes = abstract_model(config, data.tokenizer.vocab_size)
-    optimizer, schedule = make_optimizer(config)
+    steps = make_steps(config, data.tokenizer.vocab_size, mesh)
+    graphdef = steps.graphdef
     replicated = sharding.replicated(mesh)
-    init = make_init(config, data.tokenizer.vocab_size, optimizer, mesh)
-    train_step = make_train_step(graphdef, optimizer, t.label_smoothing, mesh)
-    eval_step = make_eval_step(graphdef, t.label_smoothing, mesh)
 
     manager = checkpoint.make_manager(workdir.checkpoints, keep=t.keep_checkpoints)
     position, step = DataPosition(), 0
     abstract = [
-        checkpoint.abstract_like(a, replicated) for a in jax.eval_shape(init, keys["params"])
+        checkpoint.abstract_like(a, replicated) for a in jax.eval_shape(steps.init, keys["params"])
     ]
     restored = checkpoint.restore_latest(
         manager,
@@ -222,8 +253,8 @@ def train_and_evaluate(
         position = DataPosition(**meta["data_position"])
         log.info("resumed from step %d (epoch %d, batch %d)", step, position.epoch, position.index)
     else:
-        params, opt_state = init(keys["params"])
-    num_params = sum(x.size for x in jax.tree.leaves(shapes))
+        params, opt_state = steps.init(keys["params"])
+    num_params = sum(x.size for x in jax.tree.leaves(abstract[0]))
     log.info(
         "model: %d parameters; batch %d micro x %d rows x %d tokens",
         num_params,
@@ -239,7 +270,7 @@ def train_and_evaluate(
     with stop:
         while step < t.num_train_steps:
             batch, position = next(batches)
-            params, opt_state, metrics = train_step(
+            params, opt_state, metrics = steps.train(
                 params, opt_state, sharding.put_batch(batch, mesh), step, keys["dropout"]
             )
             window.append(metrics)
@@ -252,7 +283,7 @@ def train_and_evaluate(
                 check_finite(window, window_step, t.on_nonfinite, manager.latest_step())
             if step % t.log_every_steps == 0 or last:
                 logged = summarize(window, time.perf_counter() - window_start, step - window_step)
-                logged["train/learning_rate"] = float(schedule(step - 1))
+                logged["train/learning_rate"] = float(steps.schedule(step - 1))
                 log_progress(step, t.num_train_steps, logged)
                 writer.write(step, logged)
                 window, window_start, window_step = [], time.perf_counter(), step
@@ -269,7 +300,7 @@ def train_and_evaluate(
                 raise Interrupted(stop.signum, step)
             if (step % t.eval_every_steps == 0 or last) and data.dev is not None:
                 eval_start = time.perf_counter()
-                metrics_eval = dev_loss(eval_step, params, data.dev, layout, mesh, row_slice)
+                metrics_eval = dev_loss(steps.eval, params, data.dev, layout, mesh, row_slice)
                 metrics_eval.update(dev_bleu(graphdef, params, data, config, step))
                 log.info(
                     "eval at step %d: %s",
@@ -287,7 +318,7 @@ def train_and_evaluate(
     sources, references = data.test_text
     host_params = evaluate.local_copy(params)
     report, hypotheses = evaluate.evaluate(
-        graphdef, host_params, data.tokenizer, config, sources, references, step
+        (graphdef,), (host_params,), data.tokenizer, config, sources, references, step
     )
     if jax.process_index() == 0:
         evaluate.write_report(workdir.path, report, sources, references, hypotheses)
@@ -309,7 +340,7 @@ def dev_bleu(graphdef, params, data: Data, config: Config, step: int) -> dict[st
     n = config.decode.eval_num_sentences or len(sources)
     host_params = evaluate.local_copy(params)
     report, _ = evaluate.evaluate(
-        graphdef, host_params, data.tokenizer, config, sources[:n], references[:n], step
+        (graphdef,), (host_params,), data.tokenizer, config, sources[:n], references[:n], step
     )
     return {
         "eval/bleu": report["bleu"],

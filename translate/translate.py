@@ -27,13 +27,10 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import BinaryIO
 
-import numpy as np
 from absl import logging as absl_logging
 
-from translate.config import DecodeConfig, parse_flags
-from translate.data import source_batches
-from translate.decode import NEG_INF, beam_search, translate_tokens
-from translate.tokenizer import Tokenizer
+from translate.config import parse_flags
+from translate.decode import translate_sentences
 from translate.workdir import check_shared_vocabulary, load_model
 
 # Lines read, decoded and written at a time: bounds memory on arbitrarily long input.
@@ -98,78 +95,6 @@ class Progress:
         sys.stderr.write("\n")
 
 
-def distinct_translations(
-    tokenizer: Tokenizer, tokens: np.ndarray, scores: np.ndarray
-) -> list[tuple[float, str]]:
-    """(score, text) of hypotheses [W, L] sorted best first, each text once, at its best score.
-
-    Different pieces can spell one text ("▁" then EOS, or EOS alone, both give ""); an n-best
-    list of the same sentence twice would tell its reader nothing.
-    """
-    seen, out = set(), []
-    for row, score in zip(tokens, scores):
-        text = tokenizer.decode(row)
-        # A hypothesis still at NEG_INF was never finished; there is nothing to show.
-        if score > NEG_INF / 2 and text not in seen:
-            seen.add(text)
-            out.append((float(score), text))
-    return out
-
-
-def translate_lines(
-    graphdef,
-    params,
-    tokenizer: Tokenizer,
-    lines: Sequence[str],
-    decode: DecodeConfig,
-    max_len: int,
-    nbest: int = 0,
-    on_batch=None,
-) -> list[list[tuple[float, str]]]:
-    """Translations of each line as (score, text), best first, in input order.
-
-    Without `nbest` each line gets its single best translation with score 0 (greedy or beam
-    search, as `decode.beam_size` says); with `nbest` the distinct translations among the
-    finished hypotheses of beam search, at most `nbest`, with their length-normalised scores.
-    An empty line gets [(0.0, "")].
-    `graphdef` and `params` may be tuples: an ensemble (translate.decode). `on_batch` is called
-    with the number of sentences after every batch.
-    """
-    results = [[(0.0, "")] for _ in lines]
-    todo = [i for i, line in enumerate(lines) if line.strip()]
-    sources = [lines[i] for i in todo]
-    for indices, tokens in source_batches(tokenizer, sources, decode.batch_size, max_len):
-        if nbest:
-            tokens, scores = beam_search(
-                graphdef,
-                params,
-                tokens,
-                beam_size=decode.beam_size,
-                alpha=decode.length_penalty,
-                max_extra_len=decode.max_extra_len,
-            )  # [B, W, L], [B, W]
-            tokens, scores = np.asarray(tokens), np.asarray(scores)
-        else:
-            best = translate_tokens(
-                graphdef,
-                params,
-                tokens,
-                decode.beam_size,
-                decode.length_penalty,
-                decode.max_extra_len,
-            )
-            tokens, scores = np.asarray(best)[:, None], np.zeros((len(indices), 1))
-        for row, i in enumerate(indices):
-            if i >= 0:
-                found = distinct_translations(tokenizer, tokens[row], scores[row])
-                results[todo[i]] = found[: max(nbest, 1)]
-        if on_batch is not None:
-            on_batch(int(np.sum(indices >= 0)))
-    if on_batch is not None and len(todo) < len(lines):
-        on_batch(len(lines) - len(todo))  # the empty lines
-    return results
-
-
 def format_lines(first_index: int, results: list[list[tuple[float, str]]], nbest: int) -> str:
     if not nbest:
         return "".join(hypotheses[0][1] + "\n" for hypotheses in results)
@@ -215,7 +140,7 @@ def main(argv: Sequence[str]) -> None:
     check_shared_vocabulary(workdirs)
     specs = specs * len(workdirs) if len(specs) == 1 else specs
     members = [load_checkpoint(w, spec) for w, spec in zip(workdirs, specs)]
-    graphdef, params = tuple(m[0] for m in members), tuple(m[1] for m in members)
+    graphdefs, params = tuple(m[0] for m in members), tuple(m[1] for m in members)
     tokenizer, config = members[0][2], members[0][3]
     decode = config.decode
     given = {
@@ -240,8 +165,8 @@ def main(argv: Sequence[str]) -> None:
     try:
         first = 0
         for chunk in read_chunks(source, flags["input"] or "<stdin>", LINES_PER_CHUNK):
-            results = translate_lines(
-                graphdef,
+            results = translate_sentences(
+                graphdefs,
                 params,
                 tokenizer,
                 chunk,
