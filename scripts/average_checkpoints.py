@@ -1,6 +1,6 @@
 """Average the parameters of a run's newest checkpoints into a new workdir (paper Sec. 6.1).
 
-    python scripts/average_checkpoints.py --workdir=runs/base --num=5 \
+    python -m scripts.average_checkpoints --workdir=runs/base --num=5 \
         [--steps=96000 --steps=97000 ...] [--output=runs/base/average_5] [--output_step=N]
     python -m translate.evaluate --workdir=runs/base/average_5 --src=... --ref=...
 
@@ -21,13 +21,11 @@ import sys
 import jax
 from absl import logging as absl_logging
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
-
-from translate import checkpoint  # noqa: E402
-from translate.config import config_from_dict, parse_flags  # noqa: E402
-from translate.model import abstract_model  # noqa: E402
-from translate.tokenizer import Tokenizer  # noqa: E402
-from translate.workdir import Workdir  # noqa: E402
+from translate import checkpoint
+from translate.config import config_from_dict, parse_flags
+from translate.model import abstract_model
+from translate.tokenizer import Tokenizer
+from translate.workdir import Workdir
 
 
 def average_workdir(

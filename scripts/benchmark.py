@@ -1,13 +1,13 @@
 """Training and decoding speed of a config on this machine's devices, with utilisation.
 
-    python scripts/benchmark.py --config=configs/small.py \
+    python -m scripts.benchmark --config=configs/small.py \
         --src=../shared/data/opennmt_toy_ende/train.en \
         --tgt=../shared/data/opennmt_toy_ende/train.de \
         --batch_tokens=2048 [--vocab=SPM_MODEL] [--steps=30] [--warmup=3] \
         [--decode_src=FILE] [--decode_workdir=DIR] [--decode_num=N] [--json=PATH] \
         [--config.a.b=value ...]
 
-    python scripts/benchmark.py --skip_training --decode_src=FILE [--decode_num=N] \
+    python -m scripts.benchmark --skip_training --decode_src=FILE [--decode_num=N] \
         (--decode_workdir=DIR | --config=CONFIG (--src=SRC --tgt=TGT | --vocab=SPM_MODEL))
 
 Training: batches of `batch_tokens` target token slots (and as many source slots) are packed
@@ -44,7 +44,6 @@ import json
 import os
 import pathlib
 import platform
-import re
 import resource
 import statistics
 import subprocess
@@ -57,23 +56,17 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
-
-from translate import evaluate, flops, sharding  # noqa: E402
-from translate.config import Config, apply_override, load_config, parse_flags  # noqa: E402
-from translate.data import (  # noqa: E402
-    BatchLayout,
-    make_batch,
-    plan_epoch,
-    read_lines,
-    read_parallel,
-    tokenize_parallel,
-)
-from translate.decode import DecodeTimes, translate_sentences  # noqa: E402
-from translate.model import Transformer, resolve_dtype  # noqa: E402
-from translate.tokenizer import Tokenizer, train_tokenizer  # noqa: E402
-from translate.train import make_steps  # noqa: E402
-from translate.workdir import load_model  # noqa: E402
+from translate import evaluate, flops, sharding
+from translate.batching import BatchLayout, make_batch, plan_epoch
+from translate.config import Config, apply_override, load_config, parse_flags
+from translate.corpus import tokenize_parallel
+from translate.decode import DecodeTimes, translate_sentences
+from translate.devices import published_peak
+from translate.model import Transformer, resolve_dtype
+from translate.text import ParallelText, read_lines, read_parallel, sample_sentences
+from translate.tokenizer import Tokenizer, train_tokenizer
+from translate.train import make_steps
+from translate.workdir import load_model
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -91,44 +84,6 @@ FLAGS = {
     "skip_training": False,
     "json": "",
 }
-
-# Dense tensor-core peaks (FLOP/s) that NVIDIA publishes, by JAX's device_kind and compute dtype.
-# Datasheets print two figures per dtype, with and without 2:4 structured sparsity; these are
-# the dense ones (half the sparse ones). The first pattern that matches the device name wins;
-# a device or dtype not listed (every CPU, float32, the H100/H200 NVL) has no published peak.
-# Sources:
-# - H100 SXM5 ("NVIDIA H100 80GB HBM3") and PCIe: NVIDIA H100 Tensor Core GPU datasheet,
-#   https://www.nvidia.com/en-us/data-center/h100/ (BF16/FP16 1,979 and 1,513 TFLOPS sparse).
-# - H200 SXM: NVIDIA H200 datasheet, https://www.nvidia.com/en-us/data-center/h200/ (1,979).
-# - A100 (SXM4 and PCIe, 40 and 80 GB): NVIDIA A100 datasheet,
-#   https://www.nvidia.com/en-us/data-center/a100/ (BF16/FP16 312 dense, 624 sparse).
-# - L4: https://www.nvidia.com/en-us/data-center/l4/ (BF16/FP16 242 TFLOPS sparse).
-# - L40S: https://www.nvidia.com/en-us/data-center/l40s/ (BF16/FP16 362.05 dense, 733 sparse).
-# - V100 SXM2, PCIe and V100S: NVIDIA V100 datasheet, https://www.nvidia.com/en-us/data-center/v100/
-#   ("Tensor Performance" 125, 112 and 130 TFLOPS, FP16; Volta has no bfloat16 tensor cores).
-# - GeForce RTX 4090: NVIDIA Ada Lovelace GPU architecture whitepaper, appendix table ("Peak
-#   FP16/BF16 Tensor TFLOPS with FP32 Accumulate" 165.2 dense, 330.4 sparse).
-TERA = 1e12
-PUBLISHED_PEAKS = [
-    (r"H100.*(HBM3|SXM)", {"bfloat16": 989.4 * TERA, "float16": 989.4 * TERA}),
-    (r"H100 PCIe", {"bfloat16": 756.5 * TERA, "float16": 756.5 * TERA}),
-    (r"H200(?!.*NVL)", {"bfloat16": 989.4 * TERA, "float16": 989.4 * TERA}),
-    (r"A100", {"bfloat16": 312.0 * TERA, "float16": 312.0 * TERA}),
-    (r"\bL4\b", {"bfloat16": 121.0 * TERA, "float16": 121.0 * TERA}),
-    (r"L40S", {"bfloat16": 362.05 * TERA, "float16": 362.05 * TERA}),
-    (r"V100S", {"float16": 130.0 * TERA}),
-    (r"V100.*PCIE", {"float16": 112.0 * TERA}),
-    (r"V100", {"float16": 125.0 * TERA}),
-    (r"RTX 4090", {"bfloat16": 165.2 * TERA, "float16": 165.2 * TERA}),
-]
-
-
-def published_peak(device_kind: str, dtype_name: str) -> float | None:
-    """The maker's dense peak FLOP/s of this device in this dtype, or None if not known."""
-    for pattern, peaks in PUBLISHED_PEAKS:
-        if re.search(pattern, device_kind, re.IGNORECASE):
-            return peaks.get(dtype_name)
-    return None
 
 
 def matmul_peak(dtype) -> tuple[float, int]:
@@ -162,7 +117,9 @@ def get_tokenizer(flags: dict, config: Config, src: list[str], tgt: list[str], t
     if flags["vocab"]:
         return Tokenizer(flags["vocab"])
     print(f"training a {config.data.vocab_size}-piece BPE model on {len(src)} pairs ...")
-    return train_tokenizer(src + tgt, config.data.vocab_size, tmp / "vocab.model")
+    text = ParallelText.from_lists(src, tgt, flags["src"])
+    sample = sample_sentences(text, config.data.vocab_sample_size, seed=0)
+    return train_tokenizer(sample, config.data.vocab_size, tmp / "vocab.model")
 
 
 def benchmark_training(flags: dict, config: Config, tokenizer: Tokenizer) -> dict:
@@ -197,8 +154,8 @@ def benchmark_training(flags: dict, config: Config, tokenizer: Tokenizer) -> dic
 
     timed = batches[flags["warmup"] :]
     slots = layout.num_micro * layout.rows * layout.row_len  # per side
-    real_src = np.array([(b["src_segments"] > 0).sum() for b in timed])
-    real_tgt = np.array([(b["tgt_segments"] > 0).sum() for b in timed])
+    real_src = np.array([(b.src_segments > 0).sum() for b in timed])
+    real_tgt = np.array([(b.tgt_segments > 0).sum() for b in timed])
     real_flops, padded_flops = [], []
     for b in timed:
         s, t = flops.batch_lengths(b)

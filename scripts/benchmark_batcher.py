@@ -1,6 +1,6 @@
 """Measure the batcher (planning an epoch + `make_batch`) on one CPU core in real tokens/s.
 
-    python scripts/benchmark_batcher.py [--data_dir=../shared/data/opennmt_toy_ende] \
+    python -m scripts.benchmark_batcher [--data_dir=../shared/data/opennmt_toy_ende] \
         [--num_pairs=1000000] [--num_batches=500]
 
 The corpus is the parallel text in `data_dir` (train.en, train.de), or synthetic pairs when that
@@ -23,19 +23,12 @@ import time
 
 import numpy as np
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
-
-from translate import synthetic  # noqa: E402
-from translate.config import load_config, parse_flags  # noqa: E402
-from translate.data import (  # noqa: E402
-    BatchLayout,
-    TokenizedCorpus,
-    make_batch,
-    plan_epoch,
-    read_parallel,
-    tokenize_parallel,
-)
-from translate.tokenizer import train_tokenizer  # noqa: E402
+from translate import synthetic
+from translate.batching import BatchLayout, make_batch, plan_epoch
+from translate.config import load_config, parse_flags
+from translate.corpus import TokenizedCorpus, tokenize_parallel
+from translate.text import read_parallel
+from translate.tokenizer import train_tokenizer
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -103,7 +96,7 @@ def main(argv: list[str]) -> None:
             start = time.perf_counter()
             batch = make_batch(corpus, rows, layout)
             elapsed = time.perf_counter() - start
-            real = int((batch["src_segments"] > 0).sum() + (batch["tgt_segments"] > 0).sum())
+            real = int((batch.src_segments > 0).sum() + (batch.tgt_segments > 0).sum())
             rates.append(real / (elapsed + per_batch_plan))
             seconds.append(elapsed)
             tokens.append(real)

@@ -1,7 +1,7 @@
 """Times Flax's own examples/wmt train step on the batches scripts/benchmark.py uses.
 
     pip download flax==0.12.8 --no-binary :all: --no-deps && tar xzf flax-0.12.8.tar.gz
-    python scripts/benchmark_flax_wmt.py --flax_wmt=flax-0.12.8/examples/wmt \
+    python -m scripts.benchmark_flax_wmt --flax_wmt=flax-0.12.8/examples/wmt \
         --config=configs/small.py --src=... --tgt=... --batch_tokens=2048 [--vocab=SPM_MODEL] \
         [--steps=20] [--attention_dropout=0.1] [--json=PATH]
 
@@ -35,19 +35,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-
-from benchmark import environment, get_tokenizer  # noqa: E402
-
-from translate.config import load_config, parse_flags  # noqa: E402
-from translate.data import (  # noqa: E402
-    BatchLayout,
-    make_batch,
-    plan_epoch,
-    read_parallel,
-    tokenize_parallel,  # noqa: E402
-)
+from scripts.benchmark import environment, get_tokenizer
+from translate.batching import BatchLayout, make_batch, plan_epoch
+from translate.config import load_config, parse_flags
+from translate.corpus import tokenize_parallel
+from translate.text import read_parallel
 
 FLAGS = {
     "flax_wmt": "",
@@ -177,7 +169,7 @@ def main(argv: list[str]) -> None:
             "inputs_segmentation": "src_segments",
             "targets_segmentation": "tgt_segments",
         }
-        return {k: batch[v][0].reshape(len(devices), *shape) for k, v in names.items()}
+        return {k: getattr(batch, v)[0].reshape(len(devices), *shape) for k, v in names.items()}
 
     batches = [make_batch(corpus, rows, layout) for rows in plan]
     times = []
@@ -187,7 +179,7 @@ def main(argv: list[str]) -> None:
         jax.block_until_ready(metrics)
         if step >= flags["warmup"]:
             times.append(time.perf_counter() - start)
-    real_tgt = np.median([(b["tgt_segments"] > 0).sum() for b in batches[flags["warmup"] :]])
+    real_tgt = np.median([(b.tgt_segments > 0).sum() for b in batches[flags["warmup"] :]])
     step_s = statistics.median(times)
     result = {
         "implementation": f"flax examples/wmt ({flags['flax_wmt']})",

@@ -1,6 +1,6 @@
 """Kill a training run at random moments, resume it, and compare it with an uninterrupted run.
 
-    python scripts/fault_injection.py --config=configs/tiny.py --kills=5 --seed=0 \
+    python -m scripts.fault_injection --config=configs/tiny.py --kills=5 --seed=0 \
         [--workdir=/tmp/faults] [--config.train.num_train_steps=60 ...]
 
 The reference run trains to the end without interruption. The faulty run is started, killed
@@ -25,10 +25,9 @@ import time
 
 import numpy as np
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from translate.config import parse_flags
 
-from translate.config import parse_flags  # noqa: E402
+ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 # Reasonable defaults for configs/tiny.py: enough steps and checkpoints for kills to land
 # between checkpoints as well as on them.

@@ -2,11 +2,11 @@
 
 Runs on a machine that has only the checkout and no network; the children run in its root:
 
-    python scripts/gpu_check.py --phase=tests --out=DIR      # pytest -m gpu: DIR/tests.json
-    python scripts/gpu_check.py --phase=bench --out=DIR      # base, big training: bench.json
-    python scripts/gpu_check.py --phase=decode --out=DIR     # beam 4, greedy: decode.json
-    python scripts/gpu_check.py --phase=multi30k --out=DIR   # train, test BLEU: multi30k.json
-    python scripts/gpu_check.py --phase=all --out=DIR        # the four, in that order
+    python -m scripts.gpu_check --phase=tests --out=DIR      # pytest -m gpu: DIR/tests.json
+    python -m scripts.gpu_check --phase=bench --out=DIR      # base, big training: bench.json
+    python -m scripts.gpu_check --phase=decode --out=DIR     # beam 4, greedy: decode.json
+    python -m scripts.gpu_check --phase=multi30k --out=DIR   # train, test BLEU: multi30k.json
+    python -m scripts.gpu_check --phase=all --out=DIR        # the four, in that order
 
 Options: --data=DIR (default gpu_data), --budget_s=540 per phase, --smoke (tiny shapes, a few
 steps and sentences: the whole script in minutes on a CPU), --grad_accum=K (bench: K
@@ -28,7 +28,7 @@ carry [".whl", "gpu_data"]:
 
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \\
         --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site && \\
-        python3 scripts/gpu_check.py --phase=bench --out=$OUT --commit=SHA
+        python3 -m scripts.gpu_check --phase=bench --out=$OUT --commit=SHA
 
 (--commit because the copy there may have no .git). The multi30k workdir in /tmp lasts only as
 long as that machine stays warm: run `--phase=decode --decode_workdir=/tmp/gpu_check_multi30k`
@@ -327,7 +327,8 @@ def phase_bench(args: argparse.Namespace, out: pathlib.Path, deadline: float) ->
         json_path.unlink(missing_ok=True)
         cmd = [
             sys.executable,
-            "scripts/benchmark.py",
+            "-m",
+            "scripts.benchmark",
             f"--config=configs/{name}.py",
             f"--src={news / 'train.en'}",
             f"--tgt={news / 'train.de'}",
@@ -348,7 +349,8 @@ def phase_decode(args: argparse.Namespace, out: pathlib.Path, deadline: float) -
     num = 16 if args.smoke else args.decode_num
     cmd = [
         sys.executable,
-        "scripts/benchmark.py",
+        "-m",
+        "scripts.benchmark",
         "--skip_training",
         f"--decode_src={news / 'train.en'}",
         f"--decode_num={num}",
@@ -472,7 +474,7 @@ def main(argv: list[str]) -> int:
     header = {
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "commit": args.commit or git_commit(),
-        "command": shlex.join(["python", "scripts/gpu_check.py", *argv]),
+        "command": shlex.join(["python", "-m", "scripts.gpu_check", *argv]),
         "smoke": args.smoke,
         "budget_seconds": args.budget_s,
         **environment,

@@ -1,6 +1,6 @@
 """Print a config's parameters per module, counted from shapes alone (nothing is allocated).
 
-    python scripts/model_summary.py --config=configs/base.py --vocab_size=37000
+    python -m scripts.model_summary --config=configs/base.py --vocab_size=37000
 
 The last line is `total parameters: N`.
 """
@@ -8,15 +8,12 @@ The last line is `total parameters: N`.
 from __future__ import annotations
 
 import collections
-import pathlib
 import sys
 
 import jax
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
-
-from translate.config import load_config, parse_flags  # noqa: E402
-from translate.model import abstract_model  # noqa: E402
+from translate.config import load_config, parse_flags
+from translate.model import abstract_model
 
 
 def main(argv: list[str]) -> None:

@@ -1,6 +1,6 @@
 """Draw where a trained model attends while it translates one sentence, as PNG heatmaps.
 
-    python scripts/plot_attention.py --workdir=/tmp/quickstart \
+    python -m scripts.plot_attention --workdir=/tmp/quickstart \
         --src="the small dog sees the old man ." [--output=DIR] [--layer=L] [--head=H]
 
 writes into DIR (default WORKDIR/attention):
@@ -25,17 +25,15 @@ import numpy as np
 from absl import logging as absl_logging
 
 matplotlib.use("Agg")  # files only, no display
-import matplotlib.pyplot as plt  # noqa: E402
-from flax import nnx  # noqa: E402
+import matplotlib.pyplot as plt
+from flax import nnx
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
-
-from translate.config import parse_flags  # noqa: E402
-from translate.data import source_batches  # noqa: E402
-from translate.decode import translate_tokens  # noqa: E402
-from translate.model import sinusoidal_positions  # noqa: E402
-from translate.tokenizer import BOS_ID, EOS_ID, PAD_ID  # noqa: E402
-from translate.workdir import load_model  # noqa: E402
+from translate.batching import Batch, source_batches
+from translate.config import parse_flags
+from translate.decode import translate_tokens
+from translate.model import sinusoidal_positions
+from translate.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from translate.workdir import load_model
 
 # Every picture has this size (inches) and resolution, so it is FIGSIZE * DPI pixels.
 FIGSIZE = (8.0, 8.0)
@@ -57,14 +55,14 @@ def translate_one(graphdef, params, tokenizer, config, text: str) -> tuple[list[
 def attention_maps(graphdef, params, src: list[int], out: list[int]) -> dict[str, np.ndarray]:
     """Every attention's weights [H, Tq, Tk] for a teacher-forced pass, by module path."""
     tgt_in = [BOS_ID] + out[:-1]
-    batch = {
-        "src": jnp.array([src]),
-        "src_segments": jnp.ones((1, len(src)), jnp.int32),
-        "src_positions": jnp.arange(len(src))[None],
-        "tgt_in": jnp.array([tgt_in]),
-        "tgt_segments": jnp.ones((1, len(tgt_in)), jnp.int32),
-        "tgt_positions": jnp.arange(len(tgt_in))[None],
-    }
+    batch = Batch(
+        src=jnp.array([src]),
+        src_segments=jnp.ones((1, len(src)), jnp.int32),
+        src_positions=jnp.arange(len(src))[None],
+        tgt_in=jnp.array([tgt_in]),
+        tgt_segments=jnp.ones((1, len(tgt_in)), jnp.int32),
+        tgt_positions=jnp.arange(len(tgt_in))[None],
+    )
     weights = nnx.merge(graphdef, params).attention_weights(batch)
     return {name: np.asarray(w[0]) for name, w in weights.items()}
 
@@ -100,7 +98,7 @@ def main(argv: list[str]) -> None:
     flags, _ = parse_flags(argv, {"workdir": "", "src": "", "output": "", "layer": -1, "head": 0})
     if not flags["workdir"] or not flags["src"].strip():
         raise SystemExit(
-            'usage: python scripts/plot_attention.py --workdir=DIR --src="a sentence" '
+            'usage: python -m scripts.plot_attention --workdir=DIR --src="a sentence" '
             "[--output=DIR] [--layer=L] [--head=H]"
         )
     absl_logging.set_verbosity(absl_logging.ERROR)  # Orbax's read-only manager warnings

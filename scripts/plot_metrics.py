@@ -1,6 +1,6 @@
 """Draw a training run's curves from WORKDIR/metrics.jsonl as PNG files.
 
-    python scripts/plot_metrics.py --workdir=/tmp/quickstart [--output=DIR]
+    python -m scripts.plot_metrics --workdir=/tmp/quickstart [--output=DIR]
 
 writes, each against the training step, DIR/metrics_loss.png (training and dev loss),
 metrics_learning_rate.png, metrics_tokens_per_sec.png and metrics_bleu.png (dev BLEU); a
@@ -17,12 +17,10 @@ import sys
 import matplotlib
 
 matplotlib.use("Agg")  # files only, no display
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
-
-from translate.config import parse_flags  # noqa: E402
-from translate.workdir import Workdir  # noqa: E402
+from translate.config import parse_flags
+from translate.workdir import Workdir
 
 # Every picture has this size (inches) and resolution, so it is FIGSIZE * DPI pixels.
 FIGSIZE = (8.0, 5.0)
@@ -77,7 +75,7 @@ def draw_curves(metrics, ylabel: str, curves, title: str, path: pathlib.Path) ->
 def main(argv: list[str]) -> list[pathlib.Path]:
     flags, _ = parse_flags(argv, {"workdir": "", "output": ""})
     if not flags["workdir"]:
-        raise SystemExit("usage: python scripts/plot_metrics.py --workdir=DIR [--output=DIR]")
+        raise SystemExit("usage: python -m scripts.plot_metrics --workdir=DIR [--output=DIR]")
     workdir = Workdir(flags["workdir"])
     source = workdir.metrics
     if not source.is_file():

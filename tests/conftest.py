@@ -54,3 +54,14 @@ def tiny_config() -> Config:
 @pytest.fixture
 def config() -> Config:
     return tiny_config()
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+    """A 200-piece BPE vocabulary trained on 400 pairs of the synthetic grammar."""
+    from translate import synthetic
+    from translate.tokenizer import train_tokenizer
+
+    pairs = synthetic.generate_pairs(400, seed=1)
+    texts = [s for pair in pairs for s in pair]
+    return train_tokenizer(texts, 200, tmp_path_factory.mktemp("vocab") / "vocab.model")

@@ -1,9 +1,8 @@
 """Checkpoint averaging (paper Sec. 6.1): translate/checkpoint.py, scripts/average_checkpoints.py
 and `translate.evaluate --average`."""
 
-import importlib.util
+import importlib
 import json
-import pathlib
 
 import jax
 import numpy as np
@@ -15,14 +14,6 @@ from translate.tokenizer import train_tokenizer
 from translate.workdir import Workdir, load_model
 
 STEPS = (1, 2, 3, 4)
-
-
-def load_script(name: str):
-    path = pathlib.Path(__file__).resolve().parent.parent / "scripts" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture
@@ -83,7 +74,7 @@ def test_evaluate_average_option_loads_the_mean_of_the_last_checkpoints(run):
 
 def test_averaged_workdir_loads_in_evaluate_with_the_averaged_steps(run, tmp_path):
     workdir, base = run
-    script = load_script("average_checkpoints")
+    script = importlib.import_module("scripts.average_checkpoints")
     assert script.average_workdir(workdir, tmp_path / "avg", num=2) == [3, 4]
     _, params, _, _, steps = load_model(tmp_path / "avg")
     assert steps == [3, 4]

@@ -5,6 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from translate.batching import Batch
 from translate.config import ModelConfig
 from translate.decode import beam_search, greedy_search, length_penalty, translate_tokens
 from translate.model import Transformer
@@ -45,14 +46,14 @@ def uncached_greedy(graphdef, params, src, max_extra_len):
     @jax.jit
     def next_logits(src_row, prefix, length):  # [S], [L], scalar -> [V] at position length-1
         positions = jnp.arange(prefix.shape[0])
-        batch = {
-            "src": src_row[None],
-            "src_segments": (src_row != PAD_ID).astype(jnp.int32)[None],
-            "src_positions": jnp.arange(src_row.shape[0])[None],
-            "tgt_in": prefix[None],
-            "tgt_segments": (positions < length).astype(jnp.int32)[None],
-            "tgt_positions": positions[None],
-        }
+        batch = Batch(
+            src=src_row[None],
+            src_segments=(src_row != PAD_ID).astype(jnp.int32)[None],
+            src_positions=jnp.arange(src_row.shape[0])[None],
+            tgt_in=prefix[None],
+            tgt_segments=(positions < length).astype(jnp.int32)[None],
+            tgt_positions=positions[None],
+        )
         return nnx.merge(graphdef, params)(batch)[0, length - 1]
 
     outputs = []
@@ -96,14 +97,14 @@ def sequence_log_prob(graphdef, params, src_row, out):
     model = nnx.merge(graphdef, params)
     n = int((src_row != PAD_ID).sum())
     tgt_in = jnp.array([[BOS_ID] + out[:-1]])
-    batch = {
-        "src": jnp.array([src_row[:n]]),
-        "src_segments": jnp.ones((1, n), jnp.int32),
-        "src_positions": jnp.arange(n)[None],
-        "tgt_in": tgt_in,
-        "tgt_segments": jnp.ones_like(tgt_in),
-        "tgt_positions": jnp.arange(len(out))[None],
-    }
+    batch = Batch(
+        src=jnp.array([src_row[:n]]),
+        src_segments=jnp.ones((1, n), jnp.int32),
+        src_positions=jnp.arange(n)[None],
+        tgt_in=tgt_in,
+        tgt_segments=jnp.ones_like(tgt_in),
+        tgt_positions=jnp.arange(len(out))[None],
+    )
     log_probs = jax.nn.log_softmax(model(batch)[0])
     return float(sum(log_probs[i, t] for i, t in enumerate(out)))
 

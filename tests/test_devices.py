@@ -3,7 +3,7 @@
 import jax.numpy as jnp
 import pytest
 
-from translate.devices import DeviceFacts, cpu_warning, resolve_attention
+from translate.devices import DeviceFacts, cpu_warning, published_peak, resolve_attention
 
 CPU = DeviceFacts("cpu", kind="cpu")
 H100 = DeviceFacts("gpu", "cuda", (9, 0), "NVIDIA H100 80GB HBM3")
@@ -55,3 +55,13 @@ def test_gpu_sized_config_on_cpu_warns(config):
     config.data.tokens_per_batch = 2048
     config.data.source = "tfds"
     assert "wmt14_translate/de-en" in cpu_warning(config, CPU)
+
+
+def test_published_peaks_are_dense_tensor_core_figures_and_unknown_elsewhere():
+    assert published_peak(H100.kind, "bfloat16") == 989.4e12  # 1,979 sparse / 2
+    assert published_peak(A100.kind, "bfloat16") == 312e12
+    assert published_peak(V100.kind, "bfloat16") is None  # Volta has no bf16 tensor cores
+    assert published_peak(V100.kind, "float16") == 125e12
+    assert published_peak(H100.kind, "float32") is None
+    assert published_peak(CPU.kind, "float32") is None
+    assert published_peak(MI300.kind, "bfloat16") is None

@@ -2,8 +2,9 @@
 
 import numpy as np
 
+from translate.batching import BatchLayout, make_batch
 from translate.config import ModelConfig
-from translate.data import BatchLayout, TokenizedCorpus, make_batch
+from translate.corpus import TokenizedCorpus
 from translate.flops import batch_lengths, forward_flops, train_flops
 
 

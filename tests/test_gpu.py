@@ -17,8 +17,9 @@ from conftest import tiny_config
 from flax import nnx
 
 from translate import sharding
+from translate.batching import BatchLayout, make_batch, plan_epoch
 from translate.config import Config, ModelConfig
-from translate.data import BatchLayout, TokenizedCorpus, make_batch, plan_epoch
+from translate.corpus import TokenizedCorpus
 from translate.decode import beam_search, greedy_search
 from translate.model import MultiHeadAttention, abstract_model, attention_mask
 from translate.optim import make_optimizer

@@ -5,6 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from translate.batching import Batch
 from translate.config import Config, ModelConfig
 from translate.model import Transformer, abstract_model, dropout, sinusoidal_positions
 
@@ -27,14 +28,14 @@ def unpacked_batch(src, tgt_in):
     def positions(x):
         return jnp.broadcast_to(jnp.arange(x.shape[1]), x.shape)
 
-    return {
-        "src": src,
-        "src_segments": (src > 0).astype(jnp.int32),
-        "src_positions": positions(src),
-        "tgt_in": tgt_in,
-        "tgt_segments": (tgt_in > 0).astype(jnp.int32),
-        "tgt_positions": positions(tgt_in),
-    }
+    return Batch(
+        src=src,
+        src_segments=(src > 0).astype(jnp.int32),
+        src_positions=positions(src),
+        tgt_in=tgt_in,
+        tgt_segments=(tgt_in > 0).astype(jnp.int32),
+        tgt_positions=positions(tgt_in),
+    )
 
 
 def random_tokens(key, shape):
@@ -65,14 +66,14 @@ def test_packed_rows_match_separate_rows():
     model = make_model()
     src, tgt = random_tokens(0, (2, 6)), random_tokens(1, (2, 5))
     separate = model(unpacked_batch(src, tgt))  # [2, 5, V]
-    packed = {
-        "src": src.reshape(1, 12),
-        "src_segments": jnp.repeat(jnp.array([[1, 2]]), 6, axis=1),
-        "src_positions": jnp.tile(jnp.arange(6), 2)[None],
-        "tgt_in": tgt.reshape(1, 10),
-        "tgt_segments": jnp.repeat(jnp.array([[1, 2]]), 5, axis=1),
-        "tgt_positions": jnp.tile(jnp.arange(5), 2)[None],
-    }
+    packed = Batch(
+        src=src.reshape(1, 12),
+        src_segments=jnp.repeat(jnp.array([[1, 2]]), 6, axis=1),
+        src_positions=jnp.tile(jnp.arange(6), 2)[None],
+        tgt_in=tgt.reshape(1, 10),
+        tgt_segments=jnp.repeat(jnp.array([[1, 2]]), 5, axis=1),
+        tgt_positions=jnp.tile(jnp.arange(5), 2)[None],
+    )
     together = model(packed).reshape(2, 5, VOCAB)
     np.testing.assert_allclose(separate, together, rtol=1e-5, atol=1e-5)
 
@@ -83,8 +84,8 @@ def test_cached_decode_matches_full_forward():
     tgt = random_tokens(1, (2, 7))
     full = model(unpacked_batch(src, tgt))  # [B, T, V]
     batch = unpacked_batch(src, tgt)
-    memory = model.encode(batch["src"], batch["src_segments"], batch["src_positions"])
-    cache = model.init_cache(memory, batch["src_segments"], max_len=10)
+    memory = model.encode(batch.src, batch.src_segments, batch.src_positions)
+    cache = model.init_cache(memory, batch.src_segments, max_len=10)
     for t in range(tgt.shape[1]):
         logits, cache = model.decode_step(tgt[:, t], jnp.array(t), cache)
         np.testing.assert_allclose(logits, full[:, t], rtol=1e-5, atol=1e-5)

@@ -68,7 +68,7 @@ def run_workers(mode: str, config, out_dir: pathlib.Path, timeout: float = 300) 
 
 def random_corpus():
     """The same small tokenized corpus in every process (and in the test)."""
-    from translate.data import TokenizedCorpus
+    from translate.corpus import TokenizedCorpus
 
     rng = np.random.default_rng(0)
     src = [list(rng.integers(4, VOCAB_SIZE, rng.integers(2, 12))) for _ in range(200)]
@@ -77,7 +77,7 @@ def random_corpus():
 
 
 def global_layout(config):
-    from translate.data import BatchLayout
+    from translate.batching import BatchLayout
 
     d = config.data
     return BatchLayout.from_config(
@@ -95,7 +95,7 @@ def flat_params(params) -> dict[str, np.ndarray]:
 def worker_steps(config, out_dir: pathlib.Path) -> None:
     """A few train steps through the trainer's building blocks, as train_and_evaluate runs them."""
     from translate import evaluate, sharding
-    from translate.data import DataPosition, iterate_batches
+    from translate.batching import DataPosition, iterate_batches
     from translate.train import make_steps
 
     mesh = sharding.make_mesh()
@@ -108,7 +108,7 @@ def worker_steps(config, out_dir: pathlib.Path) -> None:
     loaded = []
     for step in range(NUM_STEPS):
         batch, _ = next(batches)
-        loaded.append(batch["src"])
+        loaded.append(batch.src)
         params, opt_state, _ = step_fn(
             params, opt_state, sharding.put_batch(batch, mesh), step, jax.random.key(1)
         )
@@ -129,7 +129,7 @@ def worker_train_and_evaluate(config, out_dir: pathlib.Path) -> None:
     def recording_batches(*args, **kwargs):
         for batch, position in original_batches(*args, **kwargs):
             if not first_batches:
-                first_batches.append(batch["src"])
+                first_batches.append(batch.src)
             yield batch, position
 
     def recording_local_copy(params):
@@ -184,11 +184,11 @@ def steps_run(tmp_path_factory):
 
 
 def test_each_process_loads_its_own_rows_of_every_global_batch(steps_run):
-    from translate.data import DataPosition, iterate_batches
+    from translate.batching import DataPosition, iterate_batches
 
     config, outputs = steps_run
     batches = iterate_batches(random_corpus(), global_layout(config), 0, DataPosition())
-    whole = np.stack([next(batches)[0]["src"] for _ in range(NUM_STEPS)])  # [steps, A, R, L]
+    whole = np.stack([next(batches)[0].src for _ in range(NUM_STEPS)])  # [steps, A, R, L]
     halves = [out["src"] for out in outputs]
     assert halves[0].shape[2] == halves[1].shape[2] == whole.shape[2] // NUM_PROCESSES
     assert not np.array_equal(halves[0], halves[1])
@@ -205,7 +205,7 @@ def test_processes_hold_identical_parameters_after_training(steps_run):
 def test_two_processes_train_like_one_process_on_the_same_batches(steps_run):
     from test_train import run_steps
 
-    from translate.data import DataPosition, iterate_batches
+    from translate.batching import DataPosition, iterate_batches
 
     config, outputs = steps_run
     batches = iterate_batches(random_corpus(), global_layout(config), 0, DataPosition())
@@ -220,8 +220,8 @@ def test_two_processes_train_like_one_process_on_the_same_batches(steps_run):
 @pytest.mark.slow
 def test_train_and_evaluate_on_two_processes_shares_one_workdir(config, tmp_path):
     from translate import checkpoint
-    from translate.data import make_batch, plan_epoch
-    from translate.sources import load_data
+    from translate.batching import make_batch, plan_epoch
+    from translate.data import load_data
     from translate.workdir import Workdir
 
     run_workers("train_and_evaluate", config, tmp_path)
@@ -233,7 +233,7 @@ def test_train_and_evaluate_on_two_processes_shares_one_workdir(config, tmp_path
     layout = global_layout(config)
     whole = make_batch(data.train, plan_epoch(data.train, layout, config.train.seed, 0)[0], layout)
     np.testing.assert_array_equal(
-        np.concatenate([out["src"] for out in outputs], axis=1), whole["src"]
+        np.concatenate([out["src"] for out in outputs], axis=1), whole.src
     )
     assert checkpoint.latest_step(Workdir(workdir).checkpoints) == config.train.num_train_steps
     report = json.loads((workdir / "report.json").read_text())

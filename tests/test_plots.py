@@ -1,8 +1,7 @@
 """Attention weights (translate/model.py), the plotting scripts and the report that lists them."""
 
-import importlib.util
+import importlib
 import json
-import pathlib
 import struct
 
 import jax.numpy as jnp
@@ -12,18 +11,10 @@ from conftest import tiny_config
 from flax import nnx
 
 from translate import evaluate
+from translate.batching import Batch
 from translate.config import ModelConfig
 from translate.model import Transformer
 from translate.train import train_and_evaluate
-
-SCRIPTS = pathlib.Path(__file__).resolve().parent.parent / "scripts"
-
-
-def load_script(name):
-    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def png_size(path):
@@ -45,14 +36,14 @@ def test_attention_weights_are_distributions_and_leave_the_model_unchanged():
     config = ModelConfig(num_layers=2, d_model=32, num_heads=4, d_ff=64, compute_dtype="float32")
     model = Transformer(config, 24, rngs=nnx.Rngs(0))
     # Two sentences packed in one row: weights must stay inside each sentence.
-    batch = {
-        "src": jnp.array([[5, 6, 3, 7, 8, 9, 3]]),
-        "src_segments": jnp.array([[1, 1, 1, 2, 2, 2, 2]]),
-        "src_positions": jnp.array([[0, 1, 2, 0, 1, 2, 3]]),
-        "tgt_in": jnp.array([[2, 10, 2, 11, 12]]),
-        "tgt_segments": jnp.array([[1, 1, 2, 2, 2]]),
-        "tgt_positions": jnp.array([[0, 1, 0, 1, 2]]),
-    }
+    batch = Batch(
+        src=jnp.array([[5, 6, 3, 7, 8, 9, 3]]),
+        src_segments=jnp.array([[1, 1, 1, 2, 2, 2, 2]]),
+        src_positions=jnp.array([[0, 1, 2, 0, 1, 2, 3]]),
+        tgt_in=jnp.array([[2, 10, 2, 11, 12]]),
+        tgt_segments=jnp.array([[1, 1, 2, 2, 2]]),
+        tgt_positions=jnp.array([[0, 1, 0, 1, 2]]),
+    )
     before = model(batch)
     weights = model.attention_weights(batch)
     assert set(weights) == {
@@ -74,14 +65,14 @@ def test_attention_weights_are_distributions_and_leave_the_model_unchanged():
 def test_explicit_attention_weights_give_the_fused_attention_output():
     config = ModelConfig(num_layers=2, d_model=32, num_heads=4, d_ff=64, compute_dtype="float32")
     model = Transformer(config, 24, rngs=nnx.Rngs(1))
-    batch = {
-        "src": jnp.array([[5, 6, 7, 3]]),
-        "src_segments": jnp.ones((1, 4), jnp.int32),
-        "src_positions": jnp.arange(4)[None],
-        "tgt_in": jnp.array([[2, 8, 9]]),
-        "tgt_segments": jnp.ones((1, 3), jnp.int32),
-        "tgt_positions": jnp.arange(3)[None],
-    }
+    batch = Batch(
+        src=jnp.array([[5, 6, 7, 3]]),
+        src_segments=jnp.ones((1, 4), jnp.int32),
+        src_positions=jnp.arange(4)[None],
+        tgt_in=jnp.array([[2, 8, 9]]),
+        tgt_segments=jnp.ones((1, 3), jnp.int32),
+        tgt_positions=jnp.arange(3)[None],
+    )
     explicit = nnx.clone(model)
     for _, module in nnx.iter_modules(explicit):
         if hasattr(module, "keep_weights"):
@@ -91,7 +82,7 @@ def test_explicit_attention_weights_give_the_fused_attention_output():
 
 
 def test_plot_attention_writes_pictures_of_the_expected_size(workdir, tmp_path):
-    script = load_script("plot_attention")
+    script = importlib.import_module("scripts.plot_attention")
     script.main(
         [f"--workdir={workdir}", "--src=the small dog sees the cat .", f"--output={tmp_path}"]
     )
@@ -116,7 +107,7 @@ def test_plot_attention_writes_pictures_of_the_expected_size(workdir, tmp_path):
 
 
 def test_plot_metrics_writes_pictures_of_the_expected_size(workdir, tmp_path):
-    script = load_script("plot_metrics")
+    script = importlib.import_module("scripts.plot_metrics")
     written = script.main([f"--workdir={workdir}", f"--output={tmp_path}"])
     expected = (round(script.FIGSIZE[0] * script.DPI), round(script.FIGSIZE[1] * script.DPI))
     names = ["metrics_bleu.png", "metrics_learning_rate.png", "metrics_loss.png"]
@@ -136,7 +127,7 @@ def test_report_lists_the_training_curves_in_the_workdir(workdir, tmp_path):
 
     write()
     assert "metrics_loss.png" not in (tmp_path / "report.txt").read_text()
-    load_script("plot_metrics").main([f"--workdir={workdir}"])
+    importlib.import_module("scripts.plot_metrics").main([f"--workdir={workdir}"])
     write()
     text = (tmp_path / "report.txt").read_text()
     assert "metrics_loss.png" in text and "metrics_bleu.png" in text

@@ -65,7 +65,8 @@ def test_killed_and_resumed_run_matches_uninterrupted_run_bitwise(tmp_path):
     done = subprocess.run(
         [
             sys.executable,
-            "scripts/fault_injection.py",
+            "-m",
+            "scripts.fault_injection",
             "--kills=1",
             "--seed=1",
             f"--workdir={tmp_path}",
@@ -88,7 +89,8 @@ def test_many_kills_and_terms_leave_the_run_identical(tmp_path):
     done = subprocess.run(
         [
             sys.executable,
-            "scripts/fault_injection.py",
+            "-m",
+            "scripts.fault_injection",
             "--kills=5",
             "--seed=0",
             f"--workdir={tmp_path}",

@@ -9,12 +9,12 @@ from conftest import tiny_config
 from flax import nnx
 
 from translate import evaluate, translate
-from translate.data import source_batches
+from translate.batching import source_batches
 from translate.decode import DecodeTimes, beam_search, greedy_search, translate_sentences
 from translate.model import Transformer
 from translate.tokenizer import train_tokenizer
 from translate.train import train_and_evaluate
-from translate.workdir import Workdir, load_model
+from translate.workdir import Workdir, load_ensemble, load_model
 
 LINES = [
     "the small dog sees the cat .",
@@ -123,9 +123,9 @@ def test_ensemble_of_two_copies_of_a_model_equals_that_model(workdir):
 
 
 def test_ensemble_of_two_workdirs_translates_every_line(workdir, tmp_path):
-    out = run(tmp_path, LINES, f"--workdir={workdir}", f"--workdir={workdir}", "--checkpoint=3")
+    out = run(tmp_path, LINES, f"--workdir={workdir}", f"--workdir={workdir}", "--step=3")
     assert len(out) == len(LINES)
-    alone = run(tmp_path, LINES, f"--workdir={workdir}", "--checkpoint=3", name="alone.txt")
+    alone = run(tmp_path, LINES, f"--workdir={workdir}", "--step=3", name="alone.txt")
     assert out == alone
 
 
@@ -142,11 +142,20 @@ def test_ensemble_with_another_vocabulary_is_an_error_naming_both_workdirs(workd
         evaluate.main([f"--workdir={workdir}", f"--workdir={other}", "--src=x", "--ref=y"])
 
 
-def test_checkpoint_flag_rejects_what_it_cannot_read(workdir):
-    with pytest.raises(ValueError, match="holds only 2"):
-        translate.load_checkpoint(str(workdir), "average:3")
-    with pytest.raises(ValueError, match="expected latest, a step number or average:N"):
-        translate.load_checkpoint(str(workdir), "best")
+def test_checkpoint_flags_reject_what_they_cannot_read(workdir):
+    with pytest.raises(ValueError, match=r"--average=3: .*holds only 2"):
+        load_ensemble([workdir], average=3)
+    with pytest.raises(ValueError, match="not both"):
+        load_ensemble([workdir], step=3, average=2)
+    with pytest.raises(ValueError, match="must be >= 0"):
+        load_ensemble([workdir], average=-1)
+    command_lines = [
+        (translate.main, [f"--workdir={workdir}", "--average=3"]),
+        (evaluate.main, [f"--workdir={workdir}", "--average=3", "--src=x", "--ref=y"]),
+    ]
+    for main, argv in command_lines:  # both commands choose checkpoints through load_ensemble
+        with pytest.raises(ValueError, match=r"--average=3: .*holds only 2"):
+            main(argv)
 
 
 def test_decoding_many_lengths_compiles_a_handful_of_shapes_and_times_them_apart(workdir):

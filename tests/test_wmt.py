@@ -13,9 +13,9 @@ from tensorflow_datasets.core.data_sources import array_record
 from tensorflow_datasets.core.download import checksums
 
 from translate import wmt
+from translate.batching import BatchLayout, make_batch, plan_epoch
 from translate.config import load_config
-from translate.data import BatchLayout, make_batch, plan_epoch
-from translate.sources import load_data
+from translate.data import load_data
 from translate.workdir import Workdir
 
 CONFIGS = pathlib.Path(__file__).parent.parent / "configs"
@@ -134,8 +134,8 @@ def test_fake_wmt14_archives_prepare_through_the_real_builder_into_batches(fake_
     assert data.dev_text[0][0].startswith("newstest2013 en")
     layout = BatchLayout.from_config(32 * 8, 32, grad_accum_steps=1, num_devices=8)
     batch = make_batch(data.train, plan_epoch(data.train, layout, seed=0, epoch=0)[0], layout)
-    assert batch["src"].shape == (1, 8, 32) and (batch["src_segments"] > 0).any()
-    decoded = data.tokenizer.decode(batch["src"][0, 0])
+    assert batch.src.shape == (1, 8, 32) and (batch.src_segments > 0).any()
+    decoded = data.tokenizer.decode(batch.src[0, 0])
     assert decoded.split()[1] == "en"
 
 
@@ -170,7 +170,7 @@ def test_mocked_tfds_examples_flow_through_the_loader_into_batches(tmp_path, mon
     plan = plan_epoch(data.train, layout, seed=0, epoch=0)
     assert sorted(i for b in plan for row in b for i in row) == list(range(40))
     batch = make_batch(data.train, plan[0], layout)
-    assert batch["tgt_in"].shape == (2, 4, 32)
+    assert batch.tgt_in.shape == (2, 4, 32)
 
 
 def test_missing_data_offline_fails_at_once_naming_the_archives_and_manual_dir(

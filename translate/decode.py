@@ -22,8 +22,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from translate.batching import source_batches
 from translate.config import DecodeConfig
-from translate.data import source_batches
 from translate.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 
 NEG_INF = -1.0e9
@@ -281,7 +281,7 @@ def translate_sentences(
 ) -> list[list[tuple[float, str]]]:
     """Translations of each sentence as (score, text), best first, in input order.
 
-    Sentences are decoded in length-sorted batches (data.source_batches). Without `nbest` each
+    Sentences are decoded in length-sorted batches (batching.source_batches). Without `nbest` each
     gets its best translation with score 0 (greedy or beam search, as `decode.beam_size` says);
     with `nbest` the distinct translations among beam search's finished hypotheses, at most
     `nbest`, with their length-normalised scores. A blank sentence gets [(0.0, "")].

@@ -1,13 +1,15 @@
-"""What the local devices are, and the kernel choice that depends on them.
+"""What the local devices are: the kernel choice that depends on them, and their peak FLOP/s.
 
 The attention kernel is chosen from plain facts about the device (`DeviceFacts`), so the
 decision is a pure function that tests can feed any device, and a run never selects a kernel
-its device cannot compile.
+its device cannot compile. The published peaks give model-FLOPs utilisation (MFU) in the
+training log and the benchmark.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Any
 
 import jax
@@ -103,3 +105,42 @@ def cpu_warning(config: Config, facts: DeviceFacts) -> str | None:
         "If this machine has a GPU, JAX does not see it: `python -c 'import jax; "
         "print(jax.devices())'` should list it; see the README section 'On GPUs'"
     )
+
+
+# Dense tensor-core peaks (FLOP/s) that NVIDIA publishes, by JAX's device_kind and compute dtype.
+# Datasheets print two figures per dtype, with and without 2:4 structured sparsity; these are
+# the dense ones (half the sparse ones). The first pattern that matches the device name wins;
+# a device or dtype not listed (every CPU, float32, the H100/H200 NVL) has no published peak.
+# Sources:
+# - H100 SXM5 ("NVIDIA H100 80GB HBM3") and PCIe: NVIDIA H100 Tensor Core GPU datasheet,
+#   https://www.nvidia.com/en-us/data-center/h100/ (BF16/FP16 1,979 and 1,513 TFLOPS sparse).
+# - H200 SXM: NVIDIA H200 datasheet, https://www.nvidia.com/en-us/data-center/h200/ (1,979).
+# - A100 (SXM4 and PCIe, 40 and 80 GB): NVIDIA A100 datasheet,
+#   https://www.nvidia.com/en-us/data-center/a100/ (BF16/FP16 312 dense, 624 sparse).
+# - L4: https://www.nvidia.com/en-us/data-center/l4/ (BF16/FP16 242 TFLOPS sparse).
+# - L40S: https://www.nvidia.com/en-us/data-center/l40s/ (BF16/FP16 362.05 dense, 733 sparse).
+# - V100 SXM2, PCIe and V100S: NVIDIA V100 datasheet, https://www.nvidia.com/en-us/data-center/v100/
+#   ("Tensor Performance" 125, 112 and 130 TFLOPS, FP16; Volta has no bfloat16 tensor cores).
+# - GeForce RTX 4090: NVIDIA Ada Lovelace GPU architecture whitepaper, appendix table ("Peak
+#   FP16/BF16 Tensor TFLOPS with FP32 Accumulate" 165.2 dense, 330.4 sparse).
+TERA = 1e12
+PUBLISHED_PEAKS = [
+    (r"H100.*(HBM3|SXM)", {"bfloat16": 989.4 * TERA, "float16": 989.4 * TERA}),
+    (r"H100 PCIe", {"bfloat16": 756.5 * TERA, "float16": 756.5 * TERA}),
+    (r"H200(?!.*NVL)", {"bfloat16": 989.4 * TERA, "float16": 989.4 * TERA}),
+    (r"A100", {"bfloat16": 312.0 * TERA, "float16": 312.0 * TERA}),
+    (r"\bL4\b", {"bfloat16": 121.0 * TERA, "float16": 121.0 * TERA}),
+    (r"L40S", {"bfloat16": 362.05 * TERA, "float16": 362.05 * TERA}),
+    (r"V100S", {"float16": 130.0 * TERA}),
+    (r"V100.*PCIE", {"float16": 112.0 * TERA}),
+    (r"V100", {"float16": 125.0 * TERA}),
+    (r"RTX 4090", {"bfloat16": 165.2 * TERA, "float16": 165.2 * TERA}),
+]
+
+
+def published_peak(device_kind: str, dtype_name: str) -> float | None:
+    """The maker's dense peak FLOP/s of this device in this dtype, or None if not known."""
+    for pattern, peaks in PUBLISHED_PEAKS:
+        if re.search(pattern, device_kind, re.IGNORECASE):
+            return peaks.get(dtype_name)
+    return None

@@ -31,10 +31,10 @@ from absl import logging as absl_logging
 from sacremoses import MosesTokenizer
 
 from translate.config import Config, apply_override, parse_flags
-from translate.data import read_lines
 from translate.decode import DecodeTimes, translate_sentences
+from translate.text import read_lines
 from translate.tokenizer import Tokenizer
-from translate.workdir import Workdir, check_shared_vocabulary, load_model
+from translate.workdir import Workdir, load_ensemble
 
 
 def local_copy(params):
@@ -221,14 +221,9 @@ def main(argv: Sequence[str]) -> None:
         if not flags[name]:
             raise SystemExit(f"--{name} is required")
     workdirs = flags["workdir"]
-    check_shared_vocabulary(workdirs)
-    step = None if flags["step"] < 0 else flags["step"]
-    try:
-        members = [load_model(workdir, step, flags["average"]) for workdir in workdirs]
-    except ValueError as e:
-        raise SystemExit(f"--average={flags['average']}: {e}") from None
-    _, _, tokenizer, config, steps = members[0]
-    graphdef, params = tuple(m[0] for m in members), tuple(m[1] for m in members)
+    step = None if flags["step"] == -1 else flags["step"]
+    graphdef, params, tokenizer, config, members = load_ensemble(workdirs, step, flags["average"])
+    steps = members[0]
     for dotted, text in overrides.items():
         if not dotted.startswith("decode."):
             raise SystemExit(f"--config.{dotted}: only decode.* can be changed at evaluation")
@@ -244,7 +239,7 @@ def main(argv: Sequence[str]) -> None:
         graphdef, params, tokenizer, config, sources, references, steps[-1], steps
     )
     if len(members) > 1:
-        report["ensemble"] = [f"{w} step {m[4]}" for w, m in zip(workdirs, members)]
+        report["ensemble"] = [f"{w} step {s}" for w, s in zip(workdirs, members)]
     out_dir = flags["output"] or workdirs[0]
     write_report(out_dir, report, sources, references, hypotheses, plots_dir=workdirs[0])
     print(Workdir(out_dir).report_txt.read_text(), end="")

@@ -13,10 +13,14 @@ Causal self-attention is counted as the full square in both, as the kernel compu
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from translate.config import ModelConfig
+
+if TYPE_CHECKING:  # for annotations only: batching.py builds on this module, not the reverse
+    from translate.batching import Batch
 
 
 def forward_flops(
@@ -61,15 +65,15 @@ def train_flops(
     return 3.0 * forward_flops(model, vocab_size, src_lengths, tgt_lengths)
 
 
-def batch_lengths(batch: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+def batch_lengths(batch: Batch) -> tuple[np.ndarray, np.ndarray]:
     """Per-sentence (source, target) lengths of a packed batch from the data pipeline.
 
     Sentence k of a row on one side is sentence k of that row on the other, so counting the
     tokens of each (row, segment id) on both sides pairs them up.
     """
     lengths = []
-    for key in ("src_segments", "tgt_segments"):
-        seg = np.asarray(batch[key]).reshape(-1, batch[key].shape[-1])  # [rows, row_len]
+    for segments in (batch.src_segments, batch.tgt_segments):
+        seg = np.asarray(segments).reshape(-1, segments.shape[-1])  # [rows, row_len]
         rows = np.repeat(np.arange(seg.shape[0]), seg.shape[1])
         ids = rows * (seg.shape[1] + 1) + seg.reshape(-1)
         lengths.append(np.bincount(ids[seg.reshape(-1) > 0]))

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -33,6 +33,9 @@ from flax import nnx
 
 from translate.config import Config, ModelConfig
 from translate.devices import resolve_attention
+
+if TYPE_CHECKING:  # for annotations only: the data pipeline feeds the model, not the reverse
+    from translate.batching import Batch
 
 
 class LayerCache(NamedTuple):
@@ -298,28 +301,28 @@ class Transformer(nnx.Module):
         embedding = self.embed.embedding[...].astype(self.dtype)
         return jnp.einsum("...d,vd->...v", y, embedding, preferred_element_type=jnp.float32)
 
-    def hidden(self, batch: dict[str, jax.Array], *, dropout_key=None) -> jax.Array:
+    def hidden(self, batch: Batch, *, dropout_key=None) -> jax.Array:
         """Teacher-forced decoder output [B, T, D] for a batch of the data pipeline.
 
         Training projects it onto the vocabulary inside the loss (losses.projected_cross_entropy).
         """
         memory = self.encode(
-            batch["src"], batch["src_segments"], batch["src_positions"], dropout_key=dropout_key
+            batch.src, batch.src_segments, batch.src_positions, dropout_key=dropout_key
         )
         return self.decode(
-            batch["tgt_in"],
-            batch["tgt_segments"],
-            batch["tgt_positions"],
+            batch.tgt_in,
+            batch.tgt_segments,
+            batch.tgt_positions,
             memory,
-            batch["src_segments"],
+            batch.src_segments,
             dropout_key=dropout_key,
         )
 
-    def __call__(self, batch: dict[str, jax.Array], *, dropout_key=None) -> jax.Array:
+    def __call__(self, batch: Batch, *, dropout_key=None) -> jax.Array:
         """Teacher-forced logits [B, T, V] (float32) for a batch of the data pipeline."""
         return self.logits(self.hidden(batch, dropout_key=dropout_key)).astype(jnp.float32)
 
-    def attention_weights(self, batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
+    def attention_weights(self, batch: Batch) -> dict[str, jax.Array]:
         """Teacher-forced attention weights [B, H, Tq, Tk] by module path, for inspection.
 
         Keys look like "encoder.0.self_attention" or "decoder.1.cross_attention". The weights

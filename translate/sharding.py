@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import jax
 import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+if TYPE_CHECKING:  # for annotations only: batching.py builds on this module, not the reverse
+    from translate.batching import Batch
+
 
 DATA_AXIS = "data"
 
@@ -79,7 +83,7 @@ def host_row_slice(rows: int) -> slice:
     return slice(start, start + per_host)
 
 
-def put_batch(batch: dict[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Array]:
+def put_batch(batch: Batch, mesh: Mesh) -> Batch:
     """Assembles this host's rows into global arrays sharded on the `data` axis."""
     sharding = batch_sharding(mesh)
-    return {k: jax.make_array_from_process_local_data(sharding, v) for k, v in batch.items()}
+    return jax.tree.map(lambda v: jax.make_array_from_process_local_data(sharding, v), batch)

@@ -6,7 +6,6 @@ import hashlib
 import io
 import os
 import pathlib
-import random
 from collections.abc import Iterable, Sequence
 
 import sentencepiece as spm
@@ -68,24 +67,19 @@ def train_tokenizer(
     texts: Sequence[str],
     vocab_size: int,
     out_path: str | os.PathLike,
-    sample_size: int = 1_000_000,
-    seed: int = 0,
 ) -> Tokenizer:
-    """Trains a BPE model on a seeded random sample of `texts` (both languages) and saves it.
+    """Trains a BPE model on every sentence of `texts` (both languages) and saves it.
 
+    A large corpus is sampled first (text.sample_sentences, seeded, from both sides).
     The vocabulary may come out smaller than `vocab_size` on a small corpus (SentencePiece
     stops when no merge is left); the model's vocabulary size is read from the saved file.
     The file is written under a temporary name and renamed, so it is either whole or absent.
     """
     out_path = pathlib.Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    # Sample indices, not texts, so a large corpus is not copied to draw the sample.
-    picks = range(len(texts))
-    if len(texts) > sample_size:
-        picks = sorted(random.Random(seed).sample(picks, sample_size))
     model = io.BytesIO()
     spm.SentencePieceTrainer.train(
-        sentence_iterator=(texts[i] for i in picks),
+        sentence_iterator=iter(texts),
         model_writer=model,
         model_type="bpe",
         vocab_size=vocab_size,

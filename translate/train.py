@@ -26,16 +26,12 @@ from absl import logging as absl_logging
 from flax import nnx
 
 from translate import checkpoint, evaluate, sharding
+from translate.batching import BatchLayout, DataPosition, iterate_batches, make_batch, plan_epoch
 from translate.config import Config, load_config, parse_flags
-from translate.data import (
-    BatchLayout,
-    DataPosition,
-    TokenizedCorpus,
-    iterate_batches,
-    make_batch,
-    plan_epoch,
-)
-from translate.devices import DeviceFacts, cpu_warning, resolve_attention
+from translate.corpus import TokenizedCorpus
+from translate.data import Data, load_data
+from translate.devices import DeviceFacts, cpu_warning, published_peak, resolve_attention
+from translate.flops import batch_lengths, train_flops
 from translate.losses import projected_cross_entropy
 from translate.model import Transformer, abstract_model, resolve_dtype
 from translate.monitor import (
@@ -47,7 +43,6 @@ from translate.monitor import (
     summarize,
 )
 from translate.optim import make_optimizer
-from translate.sources import Data, load_data
 from translate.workdir import Workdir, check_config, write_config
 
 log = logging.getLogger("translate")
@@ -72,9 +67,9 @@ def make_train_step(graphdef, optimizer, label_smoothing: float, mesh):
     def loss_fn(params, micro, key):
         model = nnx.merge(graphdef, params)
         y = model.hidden(micro, dropout_key=key)  # [R, T, D]
-        weights = (micro["tgt_segments"] > 0).astype(jnp.float32)
+        weights = (micro.tgt_segments > 0).astype(jnp.float32)
         loss_sum, nll_sum, count, correct = projected_cross_entropy(
-            y, model.embed.embedding[...], micro["tgt_out"], weights, label_smoothing
+            y, model.embed.embedding[...], micro.tgt_out, weights, label_smoothing
         )
         return loss_sum, (nll_sum, count, correct)
 
@@ -91,7 +86,7 @@ def make_train_step(graphdef, optimizer, label_smoothing: float, mesh):
             return (grads, sums + jnp.stack([loss_sum, *aux])), None
 
         zeros = jax.tree.map(jnp.zeros_like, params)
-        num_micro = batch["src"].shape[0]
+        num_micro = batch.src.shape[0]
         (grads, sums), _ = jax.lax.scan(
             accumulate, (zeros, jnp.zeros(4)), (batch, jnp.arange(num_micro))
         )
@@ -130,11 +125,11 @@ def make_eval_step(graphdef, label_smoothing: float, mesh):
     def eval_step(params, batch):
         model = nnx.merge(graphdef, params)
         micro = jax.tree.map(lambda x: x[0], batch)
-        weights = (micro["tgt_segments"] > 0).astype(jnp.float32)
+        weights = (micro.tgt_segments > 0).astype(jnp.float32)
         loss_sum, nll_sum, count, _ = projected_cross_entropy(
             model.hidden(micro),
             model.embed.embedding[...],
-            micro["tgt_out"],
+            micro.tgt_out,
             weights,
             label_smoothing,
         )
@@ -266,6 +261,9 @@ def train_and_evaluate(
     writer = MetricWriter(workdir)
     batches = iterate_batches(data.train, layout, t.seed, position, row_slice)
     window, window_start, window_step = [], time.perf_counter(), step
+    # Model FLOPs of this host's rows (real tokens only), over its devices' published peak.
+    window_flops = 0.0
+    peak = published_peak(facts.kind, jnp.dtype(resolve_dtype(m.compute_dtype)).name)
     stop = StopSignal()
     with stop:
         while step < t.num_train_steps:
@@ -274,6 +272,7 @@ def train_and_evaluate(
                 params, opt_state, sharding.put_batch(batch, mesh), step, keys["dropout"]
             )
             window.append(metrics)
+            window_flops += train_flops(m, data.tokenizer.vocab_size, *batch_lengths(batch))
             step += 1
             last = step == t.num_train_steps
             stopping = stop.signum is not None  # read once: a signal may land at any moment
@@ -282,11 +281,16 @@ def train_and_evaluate(
                 window = jax.device_get(window)  # the one host sync of the window
                 check_finite(window, window_step, t.on_nonfinite, manager.latest_step())
             if step % t.log_every_steps == 0 or last:
-                logged = summarize(window, time.perf_counter() - window_start, step - window_step)
+                seconds = time.perf_counter() - window_start
+                logged = summarize(window, seconds, step - window_step)
                 logged["train/learning_rate"] = float(steps.schedule(step - 1))
+                logged["train/model_flops_per_sec"] = window_flops / seconds
+                if peak:
+                    logged["train/mfu"] = window_flops / seconds / (peak * jax.local_device_count())
                 log_progress(step, t.num_train_steps, logged)
                 writer.write(step, logged)
                 window, window_start, window_step = [], time.perf_counter(), step
+                window_flops = 0.0
             if save:
                 meta = {
                     "data_position": dataclasses.asdict(position),

@@ -2,7 +2,7 @@
 
     python -m translate.translate --workdir=/tmp/quickstart < input.en > output.de
     python -m translate.translate --workdir=A [--workdir=B ...] --input=in.en --output=out.de \
-        [--checkpoint=latest|STEP|average:N] [--beam_size=4] [--length_penalty=0.6] \
+        [--step=N | --average=N] [--beam_size=4] [--length_penalty=0.6] \
         [--max_extra_len=50] [--batch_size=64] [--nbest=N]
 
 One sentence per input line gives one translation per output line, in input order; an empty
@@ -13,9 +13,11 @@ input. With `--nbest=N` every non-empty line gives N lines `LINE<TAB>SCORE<TAB>T
 search ranks by), best first; an empty line gives the single line `LINE<TAB>0.0000<TAB>`.
 The N are distinct texts from the beam's hypotheses; fewer come out when pieces that spell
 the same text fill the beam (a wider --beam_size helps).
-Several --workdir flags decode with their ensemble (one shared vocabulary); --checkpoint is
-given once for all of them or once per workdir. Decoding options left unset come from the
-first workdir's config. Writing to --output shows progress and sentences/s on stderr.
+Without --step or --average the newest checkpoint decodes; `--step=N` picks one, and
+`--average=N` the mean of the newest N (as translate.evaluate). Several --workdir flags decode
+with their ensemble (one shared vocabulary), each workdir at the same choice. Decoding options
+left unset come from the first workdir's config. Writing to --output shows progress and
+sentences/s on stderr.
 """
 
 from __future__ import annotations
@@ -31,30 +33,10 @@ from absl import logging as absl_logging
 
 from translate.config import parse_flags
 from translate.decode import translate_sentences
-from translate.workdir import check_shared_vocabulary, load_model
+from translate.workdir import load_ensemble
 
 # Lines read, decoded and written at a time: bounds memory on arbitrarily long input.
 LINES_PER_CHUNK = 10_000
-
-
-def load_checkpoint(workdir: str, spec: str):
-    """Loads `latest`, a step number, or `average:N` of a workdir.
-
-    Returns:
-      (graphdef, params, tokenizer, config, description for messages).
-    """
-    kind, _, count = spec.partition(":")
-    if kind == "average" and count.isdigit():
-        try:
-            graphdef, params, tokenizer, config, steps = load_model(workdir, average=int(count))
-        except ValueError as e:
-            raise ValueError(f"--checkpoint={spec}: {e}") from None
-        return graphdef, params, tokenizer, config, f"{workdir} mean of steps {steps}"
-    if spec != "latest" and not spec.isdigit():
-        raise ValueError(f"--checkpoint={spec}: expected latest, a step number or average:N")
-    step = None if spec == "latest" else int(spec)
-    graphdef, params, tokenizer, config, step = load_model(workdir, step)
-    return graphdef, params, tokenizer, config, f"{workdir} step {step}"
 
 
 def read_chunks(stream: BinaryIO, name: str, size: int) -> Iterator[list[str]]:
@@ -116,7 +98,8 @@ def main(argv: Sequence[str]) -> None:
         list(argv),
         {
             "workdir": [],
-            "checkpoint": [],
+            "step": -1,  # -1: the newest
+            "average": 0,
             "input": "",
             "output": "",
             # Unset (0 or negative): the first workdir's config.decode value.
@@ -129,19 +112,10 @@ def main(argv: Sequence[str]) -> None:
     )
     if overrides:
         raise SystemExit("translate takes --beam_size and friends, not --config.* flags")
-    workdirs, specs = flags["workdir"], flags["checkpoint"] or ["latest"]
-    if not workdirs:
-        raise SystemExit("--workdir is required (repeat it for an ensemble)")
-    if len(specs) not in (1, len(workdirs)):
-        raise SystemExit(
-            f"{len(specs)} --checkpoint flags for {len(workdirs)} --workdir flags; "
-            "give one for all or one per workdir"
-        )
-    check_shared_vocabulary(workdirs)
-    specs = specs * len(workdirs) if len(specs) == 1 else specs
-    members = [load_checkpoint(w, spec) for w, spec in zip(workdirs, specs)]
-    graphdefs, params = tuple(m[0] for m in members), tuple(m[1] for m in members)
-    tokenizer, config = members[0][2], members[0][3]
+    step = None if flags["step"] == -1 else flags["step"]
+    graphdefs, params, tokenizer, config, _ = load_ensemble(
+        flags["workdir"], step, flags["average"]
+    )
     decode = config.decode
     given = {
         "beam_size": flags["beam_size"] > 0,

@@ -33,7 +33,7 @@ import urllib.request
 import zipfile
 from collections.abc import Sequence
 
-from translate.data import ParallelText
+from translate.text import ParallelText
 
 log = logging.getLogger("translate")
 

@@ -3,7 +3,7 @@
 Only this module spells a workdir's file names. A training workdir holds:
   config.json     the run's config, written once its data has loaded
   vocab.model     the shared SentencePiece vocabulary
-  tokens/         the training pairs tokenized once (translate/data.py, `tokenize_once`)
+  tokens/         the training pairs tokenized once (translate/corpus.py, `tokenize_once`)
   data/           the generated corpus, when data.source is "synthetic"
   checkpoints/    Orbax checkpoints (translate/checkpoint.py)
   metrics.jsonl, tensorboard/    what the run logged (translate/monitor.py)
@@ -20,6 +20,7 @@ import os
 import pathlib
 import shutil
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import jax
 
@@ -166,6 +167,51 @@ def load_model(path: str | os.PathLike, step: int | None = None, average: int = 
     else:
         step, params, _, meta = checkpoint.restore_latest(manager, abstract, check_meta=check)
     return graphdef, params, tokenizer, config, meta.get("averaged_steps", [step])
+
+
+class Ensemble(NamedTuple):
+    """One or more models read back for decoding; `graphdefs` and `params` are always tuples."""
+
+    graphdefs: tuple
+    params: tuple
+    tokenizer: Tokenizer
+    config: Config  # the first workdir's
+    steps: tuple[list[int], ...]  # per model: its step, or the steps averaged
+
+
+def load_ensemble(
+    paths: Sequence[str | os.PathLike], step: int | None = None, average: int = 0
+) -> Ensemble:
+    """The models of one or more workdirs, each at `step` (None: the newest) or the mean of
+    its newest `average` checkpoints: how every command picks its checkpoints (--step and
+    --average).
+
+    Raises ValueError naming the flag for a bad choice, and naming two workdirs whose
+    vocabularies differ.
+    """
+    if not paths:
+        raise ValueError("--workdir is required (repeat it for an ensemble)")
+    if average < 0 or (step is not None and step < 0):
+        raise ValueError(f"--step={step} --average={average}: both must be >= 0 when given")
+    if step is not None and average:
+        raise ValueError(
+            f"--step={step} and --average={average}: give a step or a number of checkpoints "
+            "to average, not both"
+        )
+    check_shared_vocabulary(paths)
+    members = []
+    for path in paths:
+        try:
+            members.append(load_model(path, step, average))
+        except ValueError as e:
+            raise ValueError(f"--workdir={path} --average={average}: {e}") from None
+    return Ensemble(
+        tuple(m[0] for m in members),
+        tuple(m[1] for m in members),
+        members[0][2],
+        members[0][3],
+        tuple(m[4] for m in members),
+    )
 
 
 def check_shared_vocabulary(paths: Sequence[str | os.PathLike]) -> None:

@@ -1,0 +1,93 @@
+"""Tokenize once into a memory-mapped cache: translate/corpus.py."""
+
+import json
+
+import numpy as np
+
+from translate import corpus, synthetic
+from translate.batching import (
+    BatchLayout,
+    make_batch,
+    plan_epoch,
+)
+from translate.corpus import tokenize_once, tokenize_parallel
+from translate.text import ParallelText
+from translate.tokenizer import train_tokenizer
+
+
+def test_pairs_longer_than_max_len_are_dropped_and_counted(tokenizer):
+    src = ["The man sees the dog.", " ".join(["The old man sees the dog"] * 10) + "."]
+    tgt = ["Der Mann sieht den Hund.", "Der Mann."]
+    corpus, dropped = tokenize_parallel(tokenizer, src, tgt, max_len=16)
+    assert len(corpus) == 1 and dropped == 1
+
+
+def pairs_text(n=300, seed=3):
+    src, tgt = zip(*synthetic.generate_pairs(n, seed=seed))
+    return list(src), list(tgt)
+
+
+def unreadable(indices):
+    raise AssertionError("the cached tokens should have been reused")
+
+
+def test_token_cache_is_reused_on_a_second_load(tokenizer, tmp_path):
+    src, tgt = pairs_text()
+    first, _ = tokenize_once(ParallelText.from_lists(src, tgt, "a"), tokenizer, 64, tmp_path)
+    manifest = (tmp_path / "manifest.json").read_text()
+    again, _ = tokenize_once(ParallelText(len(src), unreadable, "a"), tokenizer, 64, tmp_path)
+    assert isinstance(again.src_tokens, np.memmap) and again.src_tokens.dtype == np.uint16
+    np.testing.assert_array_equal(again.tgt_tokens, first.tgt_tokens)
+    np.testing.assert_array_equal(again.src_offsets, first.src_offsets)
+    assert (tmp_path / "manifest.json").read_text() == manifest
+
+
+def test_worker_processes_tokenize_like_one_process(tokenizer, tmp_path, monkeypatch):
+    monkeypatch.setattr(corpus, "ENCODE_CHUNK", 64)  # 300 pairs: five jobs over two workers
+    src, tgt = pairs_text()
+    text = ParallelText.from_lists(src, tgt, "a")
+    one, one_dropped = tokenize_once(text, tokenizer, 48, tmp_path / "one", num_workers=1)
+    two, two_dropped = tokenize_once(text, tokenizer, 48, tmp_path / "two", num_workers=2)
+    assert one_dropped == two_dropped > 0
+    for name in ("src_tokens", "src_offsets", "tgt_tokens", "tgt_offsets"):
+        np.testing.assert_array_equal(getattr(two, name), getattr(one, name), err_msg=name)
+
+
+def test_token_cache_is_rebuilt_when_the_vocabulary_changes(tokenizer, tmp_path):
+    src, tgt = pairs_text()
+    text = ParallelText.from_lists(src, tgt, "a")
+    tokenize_once(text, tokenizer, 256, tmp_path / "cache")
+    other = train_tokenizer(src + tgt, 120, tmp_path / "other.model")
+    corpus, _ = tokenize_once(text, other, 256, tmp_path / "cache")
+    assert corpus.src(0).tolist() == other.encode([src[0]])[0] != tokenizer.encode([src[0]])[0]
+    manifest = json.loads((tmp_path / "cache" / "manifest.json").read_text())
+    assert manifest["vocab_sha256"] == other.sha256
+    assert manifest["num_pairs"] == len(corpus) == len(src)
+
+
+def test_token_cache_is_rebuilt_when_the_training_files_change(tokenizer, tmp_path):
+    (tmp_path / "t.en").write_text("The dog sees the man.\n")
+    (tmp_path / "t.de").write_text("Der Hund sieht den Mann.\n")
+    text = ParallelText.from_files(tmp_path / "t.en", tmp_path / "t.de")
+    assert len(tokenize_once(text, tokenizer, 64, tmp_path / "cache")[0]) == 1
+    (tmp_path / "t.en").write_text("The dog sees the man.\nThe man.\n")
+    (tmp_path / "t.de").write_text("Der Hund sieht den Mann.\nDer Mann.\n")
+    text = ParallelText.from_files(tmp_path / "t.en", tmp_path / "t.de")
+    assert len(tokenize_once(text, tokenizer, 64, tmp_path / "cache")[0]) == 2
+
+
+def test_memmapped_corpus_batches_equal_in_memory_ones(tokenizer, tmp_path):
+    src, tgt = pairs_text(n=400)
+    src[5] = " ".join(["the old man sees the dog"] * 20)  # too long: dropped by both paths
+    in_memory, dropped = tokenize_parallel(tokenizer, src, tgt, max_len=64)
+    mapped, mapped_dropped = tokenize_once(
+        ParallelText.from_lists(src, tgt, "a"), tokenizer, 64, tmp_path
+    )
+    assert dropped == mapped_dropped >= 1
+    layout = BatchLayout.from_config(64 * 8, 64, grad_accum_steps=2, num_devices=2)
+    plan = plan_epoch(in_memory, layout, seed=1, epoch=0)
+    assert plan == plan_epoch(mapped, layout, seed=1, epoch=0)
+    for rows in plan:
+        expected, got = make_batch(in_memory, rows, layout), make_batch(mapped, rows, layout)
+        for key in expected._fields:
+            np.testing.assert_array_equal(getattr(got, key), getattr(expected, key), err_msg=key)

@@ -1,0 +1,238 @@
+"""Tokenize once: parallel text -> flat token arrays on disk, memory-mapped afterwards.
+
+The training set is tokenized once into flat token arrays in the workdir, beside the
+vocabulary (`tokenize_once`), so a resumed run neither re-reads nor re-tokenizes the text. The
+cache is rebuilt beside the old one and swapped in whole. Pairs longer than `max_len` tokens on
+either side (EOS included) are dropped, by one rule (`fits`) for cached and in-memory corpora.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import dataclasses
+import functools
+import itertools
+import json
+import multiprocessing
+import os
+import pathlib
+import shutil
+from collections.abc import Callable, Iterator, Sequence
+
+import numpy as np
+import sentencepiece as spm
+
+from translate.text import ParallelText
+from translate.tokenizer import Tokenizer
+
+# Pairs per encoding job of `tokenize_once`; each worker process holds a few jobs at a time.
+ENCODE_CHUNK = 10_000
+
+
+@dataclasses.dataclass
+class TokenizedCorpus:
+    """Sentence pairs as flat token arrays with offsets (no BOS/EOS stored).
+
+    The token arrays may be any integer dtype and memory-mapped (`tokenize_once` stores uint16
+    when the vocabulary fits).
+    """
+
+    src_tokens: np.ndarray  # [total source tokens] int32, or uint16 from the token cache
+    src_offsets: np.ndarray  # [N + 1] int64
+    tgt_tokens: np.ndarray
+    tgt_offsets: np.ndarray
+
+    @classmethod
+    def from_lists(cls, src: Sequence[Sequence[int]], tgt: Sequence[Sequence[int]]):
+        def flatten(seqs):
+            offsets = np.zeros(len(seqs) + 1, np.int64)
+            offsets[1:] = np.cumsum([len(s) for s in seqs])
+            flat = np.fromiter((t for s in seqs for t in s), np.int32, count=int(offsets[-1]))
+            return flat, offsets
+
+        return cls(*flatten(src), *flatten(tgt))
+
+    def __len__(self) -> int:
+        return len(self.src_offsets) - 1
+
+    def src(self, i: int) -> np.ndarray:
+        return self.src_tokens[self.src_offsets[i] : self.src_offsets[i + 1]]
+
+    def tgt(self, i: int) -> np.ndarray:
+        return self.tgt_tokens[self.tgt_offsets[i] : self.tgt_offsets[i + 1]]
+
+
+def fits(src_len: np.ndarray, tgt_len: np.ndarray, max_len: int) -> np.ndarray:
+    """Which pairs of these token counts (no EOS) are kept: both sides + EOS <= `max_len`."""
+    return (src_len + 1 <= max_len) & (tgt_len + 1 <= max_len)
+
+
+def tokenize_parallel(
+    tokenizer: Tokenizer, src: Sequence[str], tgt: Sequence[str], max_len: int
+) -> tuple[TokenizedCorpus, int]:
+    """Encodes pairs, dropping those longer than `max_len` tokens (EOS included) on either side.
+
+    Returns:
+      The kept pairs and the number dropped.
+    """
+    src_ids, tgt_ids = tokenizer.encode(src), tokenizer.encode(tgt)
+    src_len = np.fromiter(map(len, src_ids), np.int64, len(src_ids))
+    tgt_len = np.fromiter(map(len, tgt_ids), np.int64, len(tgt_ids))
+    keep = np.flatnonzero(fits(src_len, tgt_len, max_len)).tolist()
+    corpus = TokenizedCorpus.from_lists([src_ids[i] for i in keep], [tgt_ids[i] for i in keep])
+    return corpus, len(src_ids) - len(keep)
+
+
+def write_atomically(path: pathlib.Path, write: Callable[[pathlib.Path], None]) -> None:
+    """Calls `write(temporary path)`, then renames, so `path` is either whole or absent."""
+    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
+    write(tmp)
+    os.replace(tmp, path)
+
+
+def tokenize_once(
+    text: ParallelText,
+    tokenizer: Tokenizer,
+    max_len: int,
+    cache_dir: str | os.PathLike,
+    num_workers: int | None = None,
+) -> tuple[TokenizedCorpus, int]:
+    """Tokenizes `text` into `cache_dir` once, then memory-maps the stored tokens.
+
+    The cache holds `{src,tgt}.tokens` (flat token ids, uint16 when the vocabulary fits, else
+    int32), `{src,tgt}.offsets.npy` (int64, N + 1) and `manifest.json`. The manifest records the
+    vocabulary's sha256, the text's identity and `max_len`; if any differs, the cache is rebuilt.
+    Pairs longer than `max_len` tokens (EOS included) on either side are dropped.
+
+    Args:
+      text: the pairs to tokenize.
+      tokenizer: the shared vocabulary.
+      max_len: longest kept side, EOS included.
+      cache_dir: where the cache lives (created if needed).
+      num_workers: encoding processes; default one per CPU core (one, in-process, for a
+        corpus of a single job).
+
+    Returns:
+      The kept pairs (memory-mapped) and the number dropped.
+    """
+    cache_dir = pathlib.Path(cache_dir)
+    manifest_path = cache_dir / "manifest.json"
+    expected = {
+        "vocab_sha256": tokenizer.sha256,
+        "source": text.identity,
+        "max_len": max_len,
+    }
+    manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else {}
+    if {k: manifest.get(k) for k in expected} != expected:
+        # Build the new cache beside the old one and swap it in only when complete, so bad
+        # input or a kill mid-way leaves the old cache (or none) but never a mixture.
+        building = cache_dir.with_name(f"{cache_dir.name}.building{os.getpid()}")
+        shutil.rmtree(building, ignore_errors=True)
+        building.mkdir(parents=True)
+        try:
+            counts = write_token_cache(text, tokenizer, max_len, building, num_workers)
+            manifest = {**expected, **counts}
+            (building / "manifest.json").write_text(json.dumps(manifest, indent=2))
+        except BaseException:
+            shutil.rmtree(building, ignore_errors=True)
+            raise
+        retired = cache_dir.with_name(f"{cache_dir.name}.retired{os.getpid()}")
+        if cache_dir.exists():
+            os.replace(cache_dir, retired)
+        os.replace(building, cache_dir)
+        shutil.rmtree(retired, ignore_errors=True)
+    arrays = []
+    for side in ("src", "tgt"):
+        offsets = np.load(cache_dir / f"{side}.offsets.npy", mmap_mode="r")
+        path = cache_dir / f"{side}.tokens"
+        dtype = manifest["dtype"]
+        # np.memmap cannot map an empty file.
+        tokens = np.memmap(path, dtype, "r") if path.stat().st_size else np.zeros(0, dtype)
+        arrays += [tokens, offsets]
+    return TokenizedCorpus(*arrays), manifest["num_dropped"]
+
+
+@functools.cache
+def load_processor(model_path: str) -> spm.SentencePieceProcessor:
+    """One SentencePiece processor per (worker) process."""
+    return spm.SentencePieceProcessor(model_file=model_path)
+
+
+def encode_job(job: tuple[str, list[str], list[str], str]) -> tuple[np.ndarray, ...]:
+    """(model path, sources, targets, dtype) -> flat tokens and lengths, source then target.
+
+    Runs in a worker process, so turning SentencePiece's lists into arrays is parallel too.
+    """
+    model_path, src, tgt, dtype = job
+    out = []
+    for texts in (src, tgt):
+        ids = load_processor(model_path).encode(texts, out_type=int)
+        lengths = np.fromiter(map(len, ids), np.int64, len(ids))
+        out += [np.fromiter(itertools.chain.from_iterable(ids), dtype, int(lengths.sum())), lengths]
+    return tuple(out)
+
+
+def encode_in_order(jobs: Iterator[tuple], num_workers: int) -> Iterator[tuple[np.ndarray, ...]]:
+    """`encode_job` over `jobs`, in order, on `num_workers` processes.
+
+    At most two jobs per worker are in flight, so the text read ahead stays small.
+    """
+    if num_workers <= 1:
+        yield from map(encode_job, jobs)
+        return
+    # "spawn": forking a process that has started JAX's threads can deadlock.
+    context = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(num_workers, mp_context=context) as pool:
+        pending = collections.deque()
+        for job in jobs:
+            pending.append(pool.submit(encode_job, job))
+            if len(pending) > 2 * num_workers:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+
+
+def write_token_cache(
+    text: ParallelText,
+    tokenizer: Tokenizer,
+    max_len: int,
+    cache_dir: pathlib.Path,
+    num_workers: int | None,
+) -> dict:
+    """Encodes `text` in jobs over worker processes into the cache files; returns counts."""
+    dtype = np.uint16 if tokenizer.vocab_size <= np.iinfo(np.uint16).max + 1 else np.int32
+    dtype_name = np.dtype(dtype).name
+    num_jobs = -(-text.num_pairs // ENCODE_CHUNK)
+    num_workers = min(num_workers or os.cpu_count() or 1, num_jobs)
+
+    def jobs():  # read lazily, while the workers encode the jobs before
+        for start in range(0, text.num_pairs, ENCODE_CHUNK):
+            src, tgt = text.read(range(start, min(start + ENCODE_CHUNK, text.num_pairs)))
+            yield str(tokenizer.path), src, tgt, dtype_name
+
+    lengths = {"src": [], "tgt": []}
+    tmp = {side: cache_dir / f"{side}.tokens.tmp{os.getpid()}" for side in lengths}
+    num_dropped = 0
+    with open(tmp["src"], "wb") as src_file, open(tmp["tgt"], "wb") as tgt_file:
+        files = {"src": src_file, "tgt": tgt_file}
+        for src_flat, src_len, tgt_flat, tgt_len in encode_in_order(jobs(), num_workers):
+            keep = fits(src_len, tgt_len, max_len)
+            num_dropped += int((~keep).sum())
+            for side, flat, n in (("src", src_flat, src_len), ("tgt", tgt_flat, tgt_len)):
+                files[side].write(flat[np.repeat(keep, n)].tobytes())
+                lengths[side].append(n[keep])
+    if text.num_pairs == num_dropped:
+        raise ValueError(f"{text.identity}: no pair is at most {max_len} tokens long")
+    for side in lengths:
+        offsets = np.zeros(text.num_pairs - num_dropped + 1, np.int64)
+        np.cumsum(np.concatenate(lengths[side]), out=offsets[1:])
+
+        def save(path: pathlib.Path, offsets=offsets) -> None:
+            with open(path, "wb") as f:
+                np.save(f, offsets)
+
+        write_atomically(cache_dir / f"{side}.offsets.npy", save)
+        os.replace(tmp[side], cache_dir / f"{side}.tokens")
+    num_pairs = text.num_pairs - num_dropped
+    return {"dtype": dtype_name, "num_pairs": num_pairs, "num_dropped": num_dropped}
