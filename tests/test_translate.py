@@ -9,6 +9,7 @@ from conftest import tiny_config
 from flax import nnx
 
 from translate import evaluate, translate
+from translate import workdir as workdir_module
 from translate.batching import source_batches
 from translate.decode import DecodeTimes, beam_search, greedy_search, translate_sentences
 from translate.model import Transformer
@@ -37,13 +38,13 @@ def workdir(tmp_path_factory):
 
 @pytest.fixture
 def varied_outputs(monkeypatch):
-    """Makes the translate command's `load_model` give an untrained model with peaked distributions.
+    """Makes `load_model` (through which the command loads) give an untrained, peaked model.
 
     Six steps teach the tiny model to end every sentence at once, so its translations are all
     empty and their order cannot be seen; an untrained model with a larger embedding (as in
     test_decode.py) writes outputs that differ with the source.
     """
-    load = translate.load_model
+    load = workdir_module.load_model
 
     def load_untrained(workdir, step=None, average=0):
         _, _, tokenizer, config, step = load(workdir, step, average)
@@ -51,7 +52,7 @@ def varied_outputs(monkeypatch):
         model.embed.embedding[...] = model.embed.embedding[...] * 8.0
         return *nnx.split(model, nnx.Param), tokenizer, config, step
 
-    monkeypatch.setattr(translate, "load_model", load_untrained)
+    monkeypatch.setattr(workdir_module, "load_model", load_untrained)
 
 
 def run(tmp_path, lines, *flags, name="out.txt"):
@@ -67,7 +68,7 @@ def test_translate_keeps_input_order_and_line_count(workdir, tmp_path, monkeypat
     monkeypatch.setattr(translate, "LINES_PER_CHUNK", 3)
     out = run(tmp_path, LINES, f"--workdir={workdir}", "--beam_size=1", "--batch_size=2")
     assert len(out) == len(LINES)
-    graphdef, params, tokenizer, config, _ = translate.load_model(workdir)
+    graphdef, params, tokenizer, config, _ = workdir_module.load_model(workdir)
     config.decode.beam_size, config.decode.batch_size = 1, 1
     for line, translation in zip(LINES, out):
         if not line.strip():
