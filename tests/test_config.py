@@ -2,18 +2,117 @@
 
 import json
 import pathlib
+import re
 
 import pytest
 
-from translate.config import config_from_dict, load_config, parse_flags
+from translate.config import Config, config_from_dict, load_config, parse_flags
 
 CONFIGS = sorted((pathlib.Path(__file__).parent.parent / "configs").glob("*.py"))
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
-def test_every_config_file_loads(path):
+def test_every_config_file_loads_and_validates(path):
+    # load_config validates; every rule of Config.validate must let every shipped config pass.
     config = load_config(path)
+    assert config.validate() is config
     assert config.model.d_model % config.model.num_heads == 0
+
+
+def test_the_defaults_validate():
+    assert Config().validate() == Config()
+
+
+# Values that cannot work, as typed on the command line: each must stop the run at load time with
+# an error naming its flag and value, not fail later (num_heads=0 once raised ZeroDivisionError
+# inside the check) or lose data (keep_checkpoints=0 let Orbax delete every checkpoint).
+BAD_VALUES = [
+    ("model.num_layers", "0"),
+    ("model.d_model", "0"),
+    ("model.d_model", "-512"),
+    ("model.d_model", "511"),
+    ("model.d_model", "500"),  # not divisible by 8 heads
+    ("model.num_heads", "0"),
+    ("model.num_heads", "-8"),
+    ("model.num_heads", "3"),  # 512 is not divisible by 3: the message names both flags
+    ("model.d_ff", "0"),
+    ("model.dropout_rate", "1.0"),
+    ("model.dropout_rate", "nan"),
+    ("model.compute_dtype", "float64"),
+    ("model.attention", "flash"),
+    ("data.source", "web"),
+    ("data.tfds_train_split", ""),
+    ("data.src_lang", ""),
+    ("data.tgt_lang", ""),
+    ("data.tgt_lang", "en"),
+    ("data.vocab_size", "0"),
+    ("data.vocab_size", "4"),
+    ("data.vocab_sample_size", "0"),
+    ("data.max_len", "0"),
+    ("data.max_len", "257"),
+    ("data.row_len", "0"),
+    ("data.tokens_per_batch", "0"),
+    ("data.synthetic_num_train", "0"),
+    ("data.synthetic_num_dev", "0"),
+    ("data.synthetic_num_test", "-1"),
+    ("train.num_train_steps", "0"),
+    ("train.warmup_steps", "0"),
+    ("train.learning_rate_scale", "0.0"),
+    ("train.learning_rate_scale", "-1.0"),
+    ("train.learning_rate_scale", "nan"),
+    ("train.learning_rate_scale", "inf"),
+    ("train.adam_beta1", "1.0"),
+    ("train.adam_beta2", "-0.1"),
+    ("train.adam_eps", "0.0"),
+    ("train.adam_eps", "-inf"),
+    ("train.label_smoothing", "inf"),
+    ("train.grad_accum_steps", "0"),
+    ("train.grad_accum_steps", "98"),  # 25,000 // 256 = 97 rows, one per micro-batch at least
+    ("train.seed", "-1"),
+    ("train.log_every_steps", "0"),
+    ("train.checkpoint_every_steps", "0"),
+    ("train.keep_checkpoints", "0"),
+    ("train.keep_checkpoints", "-1"),
+    ("train.on_nonfinite", "ignore"),
+    ("train.eval_every_steps", "0"),
+    ("decode.beam_size", "0"),
+    ("decode.length_penalty", "-0.1"),
+    ("decode.length_penalty", "nan"),
+    ("decode.length_penalty", "inf"),
+    ("decode.max_extra_len", "-1"),
+    ("decode.batch_size", "0"),
+    ("decode.eval_num_sentences", "-1"),
+]
+
+
+@pytest.mark.parametrize("field,value", BAD_VALUES, ids=[f"{f}={v}" for f, v in BAD_VALUES])
+def test_a_value_that_cannot_work_is_an_error_naming_its_flag(field, value):
+    with pytest.raises(ValueError, match=re.escape(f"--config.{field}={value}")) as error:
+        load_config(CONFIGS[0].parent / "base.py", {field: value})
+    assert str(error.value).startswith("invalid config: --config.")
+
+
+@pytest.mark.parametrize(
+    "field,value,rule",
+    [
+        ("model.d_model", "512", "must be int, not str"),
+        ("train.keep_checkpoints", True, "must be int, not bool"),
+        ("data.src_lang", None, "must be str, not NoneType"),
+    ],
+)
+def test_a_config_file_value_of_the_wrong_type_is_an_error_naming_its_flag(field, value, rule):
+    # A config file sets attributes directly, so no flag parser has checked the type.
+    config = Config()
+    section, name = field.split(".")
+    setattr(getattr(config, section), name, value)
+    with pytest.raises(ValueError, match=re.escape(f"--config.{field}={value}: {rule}")):
+        config.validate()
+
+
+def test_an_int_may_stand_for_a_float():
+    config = Config()
+    config.train.learning_rate_scale = 2
+    assert config.validate() is config
 
 
 def test_base_config_is_the_paper_base_model():

@@ -16,7 +16,7 @@ from conftest import tiny_config
 
 from translate import checkpoint, monitor, synthetic, train
 from translate.tokenizer import train_tokenizer
-from translate.workdir import Workdir, load_model
+from translate.workdir import Workdir, WorkdirBusy, load_model, lock
 
 ROOT = pathlib.Path(__file__).parent.parent
 
@@ -208,3 +208,99 @@ def test_evaluate_without_a_checkpoint_is_a_clear_error(config, tmp_path):
     train_tokenizer(texts, 100, tmp_path / "vocab.model")
     with pytest.raises(FileNotFoundError, match="no checkpoint"):
         load_model(tmp_path)
+
+
+def test_corrupt_newest_checkpoint_is_set_aside_and_training_saves_that_step_again(config, trained):
+    checkpoints = Workdir(trained).checkpoints
+    for path in (checkpoints / "6").rglob("*"):
+        if path.is_file() and path.stat().st_size > 0 and "meta" not in str(path):
+            path.write_bytes(b"\0" * 7)
+    config.train.num_train_steps = 6
+    for _ in range(2):  # the second run finds a whole step 6 and only evaluates
+        train.train_and_evaluate(config, trained)
+    assert checkpoint.latest_step(checkpoints) == 6
+    assert load_model(trained)[4] == [6]
+    aside = checkpoints.with_name("checkpoints.corrupt") / "6"
+    assert aside.is_dir() and any(aside.rglob("*")), "the corrupt step is kept, not deleted"
+
+
+def test_swapped_vocabulary_stops_training_before_the_workdir_changes(config, trained):
+    other = trained.parent / "other_vocab.model"
+    texts = [s for pair in synthetic.generate_pairs(300, seed=9) for s in pair]
+    train_tokenizer(texts, 150, other)
+    shutil.copy(other, trained / "vocab.model")
+    before = {p: p.read_bytes() for p in trained.rglob("*") if p.is_file()}
+    config.train.num_train_steps = 9
+    with pytest.raises(ValueError, match="not the vocabulary the checkpoints"):
+        train.train_and_evaluate(config, trained)
+    after = {p: p.read_bytes() for p in trained.rglob("*") if p.is_file()}
+    assert after == before, "tokens/ and config.json were left as they were"
+
+
+def test_force_keeps_a_users_own_files_in_the_data_directory(config, trained):
+    data = Workdir(trained).data
+    (data / "my_corpus.en").write_text("my own sentence\n")
+    train.train_and_evaluate(config, trained, force=True)
+    assert (data / "my_corpus.en").read_text() == "my own sentence\n"
+
+
+def test_force_deletes_the_generated_corpus(trained):
+    workdir = Workdir(trained)
+    assert workdir.holds_generated_corpus()
+    assert workdir.data in workdir.generated()
+    (workdir.data / "notes.txt").write_text("mine")
+    assert not workdir.holds_generated_corpus() and workdir.data not in workdir.generated()
+
+
+def test_a_second_trainer_on_a_busy_workdir_stops_at_once_naming_the_first(config, tmp_path):
+    workdir = Workdir(tmp_path)
+    with lock(workdir):
+        with pytest.raises(WorkdirBusy, match=rf"in use by .*pid {os.getpid()}"):
+            train.train_and_evaluate(config, tmp_path)
+    assert not workdir.checkpoints.exists(), "the refused trainer wrote nothing"
+
+
+def test_a_killed_trainers_lock_is_free_at_once(tmp_path):
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from translate.workdir import Workdir, lock\n"
+            "with lock(Workdir(sys.argv[1])):\n    print('locked', flush=True); time.sleep(60)",
+            str(tmp_path),
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert holder.stdout.readline().strip() == "locked"
+    with pytest.raises(WorkdirBusy, match=f"pid {holder.pid}"):
+        with lock(Workdir(tmp_path)):
+            pass
+    holder.kill()
+    holder.wait(timeout=30)
+    with lock(Workdir(tmp_path)):  # no stale lock after SIGKILL
+        pass
+
+
+def test_an_error_after_a_save_waits_for_that_save_to_finish(config, tmp_path, monkeypatch):
+    """A non-finite stop right after a save: the run's checkpoint manager is closed (which
+    finishes its background write) before the error propagates."""
+    closed = []
+    make_manager = checkpoint.make_manager
+
+    def recording_manager(*args, **kwargs):
+        manager = make_manager(*args, **kwargs)
+        original_close = manager.close
+        manager.close = lambda: (original_close(), closed.append(True))
+        return manager
+
+    monkeypatch.setattr(checkpoint, "make_manager", recording_manager)
+    config.train.num_train_steps = 9
+    config.train.checkpoint_every_steps = config.train.log_every_steps = 1
+    config.train.learning_rate_scale = 1e30  # step 1 is finite and saved; step 2 stops the run
+    with pytest.raises(FloatingPointError):
+        train.train_and_evaluate(config, tmp_path)
+    assert closed, "the manager was closed on the error path"
+    assert checkpoint.latest_step(Workdir(tmp_path).checkpoints) is not None
+    assert not list(Workdir(tmp_path).checkpoints.glob("*.orbax-checkpoint-tmp*"))

@@ -9,6 +9,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import orbax.checkpoint as ocp
+from jax.experimental import multihost_utils
 
 
 def make_manager(
@@ -71,12 +72,17 @@ def restore_latest(
     abstract_opt_state: Any | None = None,
     check_meta: Callable[[dict[str, Any]], None] = lambda meta: None,
     log: Callable[[str], None] = print,
+    set_aside: bool = False,
 ) -> tuple[int, Any, Any, dict[str, Any]] | None:
     """Restores the newest readable step, falling back past unreadable ones.
 
     Args:
       check_meta: called with a step's metadata before its arrays are read; what it raises
         (e.g. a vocabulary mismatch) stops the restore instead of falling back.
+      set_aside: move each unreadable step passed on the way into `<directory>.corrupt/`
+        (never delete it), so training can save that step again; for the trainer, which
+        restores and then writes. Process 0 moves them; nothing is moved when no step can be
+        read.
 
     Returns:
       (step, params, opt_state, meta), or None when the manager holds no step at all.
@@ -85,29 +91,55 @@ def restore_latest(
       RuntimeError: if there are steps but none of them can be read.
     """
     steps = sorted(manager.all_steps(), reverse=True)
-    errors = []
+    errors, unreadable = [], []
+
+    def fall_back(step: int, e: Exception) -> None:
+        errors.append(f"step {step}: {type(e).__name__}: {str(e)[:200]}")
+        unreadable.append(step)
+        log(
+            f"checkpoint at step {step} in {manager.directory} is unreadable "
+            f"({type(e).__name__}); falling back to the previous one"
+        )
+
     for step in steps:
         try:
             meta = read_meta(manager, step)
         except Exception as e:  # noqa: BLE001 - any unreadable step falls back to the previous
-            errors.append(f"step {step}: {type(e).__name__}: {str(e)[:200]}")
-            log(
-                f"checkpoint at step {step} in {manager.directory} is unreadable "
-                f"({type(e).__name__}); falling back to the previous one"
-            )
+            fall_back(step, e)
             continue
         check_meta(meta)
         try:
-            return (step, *restore(manager, step, abstract_params, abstract_opt_state))
+            restored = (step, *restore(manager, step, abstract_params, abstract_opt_state))
         except Exception as e:  # noqa: BLE001
-            errors.append(f"step {step}: {type(e).__name__}: {str(e)[:200]}")
-            log(
-                f"checkpoint at step {step} in {manager.directory} is unreadable "
-                f"({type(e).__name__}); falling back to the previous one"
-            )
+            fall_back(step, e)
+            continue
+        if set_aside and unreadable:
+            move_aside(manager, unreadable, log)
+        return restored
     if steps:
         raise RuntimeError(f"no readable checkpoint in {manager.directory}:\n" + "\n".join(errors))
     return None
+
+
+def move_aside(manager: ocp.CheckpointManager, steps: list[int], log: Callable[[str], None]):
+    """Moves the directories of `steps` into `<directory>.corrupt/` and says where."""
+    directory = pathlib.Path(manager.directory)
+    if jax.process_index() == 0:
+        aside = directory.with_name(directory.name + ".corrupt")
+        aside.mkdir(exist_ok=True)
+        for step in steps:
+            source = directory / str(step)
+            if not source.exists():
+                log(f"checkpoint at step {step}: {source} not found, so not moved aside")
+                continue
+            target, n = aside / str(step), 1
+            while target.exists():  # an earlier corrupt copy of the same step stays too
+                target, n = aside / f"{step}.{n}", n + 1
+            source.rename(target)
+            log(f"moved the unreadable checkpoint at step {step} to {target}")
+    if jax.process_count() > 1:  # every host sees the moves before it reloads
+        multihost_utils.sync_global_devices("checkpoints set aside")
+    manager.reload()
 
 
 def check_vocabulary(meta: dict[str, Any], tokenizer, workdir) -> None:

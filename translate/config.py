@@ -11,8 +11,10 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import json
+import math
 import pathlib
 import typing
+from collections.abc import Callable
 from typing import Any
 
 
@@ -126,39 +128,132 @@ class Config:
     decode: DecodeConfig = dataclasses.field(default_factory=DecodeConfig)
 
     def validate(self) -> Config:
-        """Raises ValueError naming the field if the config cannot work; returns self."""
-        m, d, t, de = self.model, self.data, self.train, self.decode
-        checks = [
-            (m.d_model % m.num_heads == 0, "model.d_model must be divisible by model.num_heads"),
+        """Raises ValueError naming the flag of the first value that cannot work; returns self.
+
+        The message names the flag as it is typed, with its value and the rule it breaks:
+        `invalid config: --config.train.keep_checkpoints=0: must be >= 1`.
+        """
+        m, d = self.model, self.data
+
+        def flag(field: str) -> str:
+            section, name = field.split(".")
+            return f"--config.{field}={getattr(getattr(self, section), name)}"
+
+        # Types first, so that every rule below may compare and divide: a config file can set
+        # any Python value, and NaN or inf passes a range check such as `> 0`.
+        for section in dataclasses.fields(self):
+            for name, kind in typing.get_type_hints(type(getattr(self, section.name))).items():
+                field = f"{section.name}.{name}"
+                value = getattr(getattr(self, section.name), name)
+                if not _has_type(value, kind):
+                    raise ValueError(
+                        f"invalid config: {flag(field)}: must be {kind.__name__}, "
+                        f"not {type(value).__name__}"
+                    )
+                if kind is float and not math.isfinite(value):
+                    raise ValueError(f"invalid config: {flag(field)}: must be finite")
+
+        # (field, condition on its value, rule). Checked in order, so a condition may rely on a
+        # rule above it: d_model % num_heads needs num_heads >= 1.
+        rules: list[tuple[str, Callable[[Any], bool], str]] = [
+            ("model.num_layers", lambda v: v >= 1, "must be >= 1"),
+            ("model.num_heads", lambda v: v >= 1, "must be >= 1"),
+            # The position encoding pairs a sine and a cosine per frequency (Sec. 3.5).
+            ("model.d_model", lambda v: v >= 2 and v % 2 == 0, "must be even and >= 2"),
             (
-                m.compute_dtype in ("auto", "float32", "bfloat16", "float16"),
-                "model.compute_dtype must be auto, float32, bfloat16 or float16",
+                "model.d_model",
+                lambda v: v % m.num_heads == 0,
+                f"must be divisible by {flag('model.num_heads')}",
             ),
-            (0.0 <= m.dropout_rate < 1.0, "model.dropout_rate must be in [0, 1)"),
+            ("model.d_ff", lambda v: v >= 1, "must be >= 1"),
+            ("model.dropout_rate", lambda v: 0.0 <= v < 1.0, "must be in [0, 1)"),
             (
-                m.attention in ("auto", "xla", "cudnn"),
-                "model.attention must be auto, xla or cudnn",
+                "model.compute_dtype",
+                lambda v: v in ("auto", "float32", "bfloat16", "float16"),
+                "must be auto, float32, bfloat16 or float16",
             ),
             (
-                d.source in ("files", "synthetic", "tfds"),
-                "data.source must be 'files', 'synthetic' or 'tfds'",
+                "model.attention",
+                lambda v: v in ("auto", "xla", "cudnn"),
+                "must be auto, xla or cudnn",
             ),
-            (d.src_lang != d.tgt_lang, "data.src_lang and data.tgt_lang must differ"),
-            (d.max_len <= d.row_len, "data.max_len must not exceed data.row_len"),
-            (d.tokens_per_batch >= d.row_len, "data.tokens_per_batch must be >= data.row_len"),
-            (t.grad_accum_steps >= 1, "train.grad_accum_steps must be >= 1"),
-            (t.on_nonfinite in ("stop", "skip"), "train.on_nonfinite must be 'stop' or 'skip'"),
-            (t.warmup_steps >= 1, "train.warmup_steps must be >= 1"),
-            (0.0 <= t.label_smoothing < 1.0, "train.label_smoothing must be in [0, 1)"),
-            (de.beam_size >= 1, "decode.beam_size must be >= 1"),
+            (
+                "data.source",
+                lambda v: v in ("files", "synthetic", "tfds"),
+                "must be 'files', 'synthetic' or 'tfds'",
+            ),
+            # Empty dev and test splits mean none; without a training split there is no run.
+            ("data.tfds_train_split", lambda v: v != "", "must be non-empty"),
+            ("data.src_lang", lambda v: v != "", "must be non-empty"),
+            ("data.tgt_lang", lambda v: v != "", "must be non-empty"),
+            (
+                "data.tgt_lang",
+                lambda v: v != d.src_lang,
+                f"must differ from {flag('data.src_lang')}",
+            ),
+            # The four special ids (pad, unk, bos, eos) and at least one piece; SentencePiece
+            # itself asks for more on a corpus with more distinct characters.
+            ("data.vocab_size", lambda v: v >= 5, "must be >= 5"),
+            ("data.vocab_sample_size", lambda v: v >= 1, "must be >= 1"),
+            ("data.row_len", lambda v: v >= 1, "must be >= 1"),
+            # Every pair holds at least its EOS; a longer pair than a row could never be packed.
+            ("data.max_len", lambda v: v >= 1, "must be >= 1"),
+            ("data.max_len", lambda v: v <= d.row_len, f"must not exceed {flag('data.row_len')}"),
+            (
+                "data.tokens_per_batch",
+                lambda v: v >= d.row_len,
+                f"must be >= {flag('data.row_len')}",
+            ),
+            ("data.synthetic_num_train", lambda v: v >= 1, "must be >= 1"),
+            ("data.synthetic_num_dev", lambda v: v >= 1, "must be >= 1"),
+            ("data.synthetic_num_test", lambda v: v >= 1, "must be >= 1"),
+            ("train.num_train_steps", lambda v: v >= 1, "must be >= 1"),
+            ("train.warmup_steps", lambda v: v >= 1, "must be >= 1"),
+            ("train.learning_rate_scale", lambda v: v > 0.0, "must be > 0"),
+            # Adam divides by (1 - beta^t) and by sqrt(v) + eps (Sec. 5.3).
+            ("train.adam_beta1", lambda v: 0.0 <= v < 1.0, "must be in [0, 1)"),
+            ("train.adam_beta2", lambda v: 0.0 <= v < 1.0, "must be in [0, 1)"),
+            ("train.adam_eps", lambda v: v > 0.0, "must be > 0"),
+            ("train.label_smoothing", lambda v: 0.0 <= v < 1.0, "must be in [0, 1)"),
+            ("train.grad_accum_steps", lambda v: v >= 1, "must be >= 1"),
+            # Each micro-batch needs a row (and on several devices a row per device).
+            (
+                "train.grad_accum_steps",
+                lambda v: v <= d.tokens_per_batch // d.row_len,
+                "must not exceed the rows of a batch, "
+                f"{flag('data.tokens_per_batch')} // {flag('data.row_len')}",
+            ),
+            # NumPy's generators take no negative seed, JAX's key no seed beyond 64 bits.
+            ("train.seed", lambda v: 0 <= v < 2**63, "must be in [0, 2**63)"),
+            ("train.log_every_steps", lambda v: v >= 1, "must be >= 1"),
+            ("train.checkpoint_every_steps", lambda v: v >= 1, "must be >= 1"),
+            # Orbax keeps this many and deletes the rest: 0 would keep no checkpoint at all.
+            ("train.keep_checkpoints", lambda v: v >= 1, "must be >= 1"),
+            ("train.on_nonfinite", lambda v: v in ("stop", "skip"), "must be 'stop' or 'skip'"),
+            ("train.eval_every_steps", lambda v: v >= 1, "must be >= 1"),
+            ("decode.beam_size", lambda v: v >= 1, "must be >= 1"),
+            ("decode.length_penalty", lambda v: v >= 0.0, "must be >= 0"),
+            ("decode.max_extra_len", lambda v: v >= 0, "must be >= 0"),
+            ("decode.batch_size", lambda v: v >= 1, "must be >= 1"),
+            ("decode.eval_num_sentences", lambda v: v >= 0, "must be >= 0 (0 = whole dev set)"),
         ]
-        for ok, message in checks:
-            if not ok:
-                raise ValueError(f"invalid config: {message}")
+        for field, ok, rule in rules:
+            section, name = field.split(".")
+            if not ok(getattr(getattr(self, section), name)):
+                raise ValueError(f"invalid config: {flag(field)}: {rule}")
         return self
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+def _has_type(value: Any, kind: Any) -> bool:
+    """Whether a field of type `kind` may hold `value` (an int may stand for a float)."""
+    if isinstance(value, bool):
+        return kind is bool
+    if kind is float:
+        return isinstance(value, (int, float))
+    return isinstance(value, kind)
 
 
 def _parse_value(text: str, kind: Any, flag: str) -> Any:

@@ -18,6 +18,7 @@ import multiprocessing
 import os
 import pathlib
 import shutil
+import socket
 from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
@@ -84,9 +85,14 @@ def tokenize_parallel(
     return corpus, len(src_ids) - len(keep)
 
 
+def owner() -> str:
+    """This process's mark in temporary names: host and pid, unique on a shared filesystem."""
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
 def write_atomically(path: pathlib.Path, write: Callable[[pathlib.Path], None]) -> None:
     """Calls `write(temporary path)`, then renames, so `path` is either whole or absent."""
-    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
+    tmp = path.with_name(f"{path.name}.tmp{owner()}")
     write(tmp)
     os.replace(tmp, path)
 
@@ -127,7 +133,7 @@ def tokenize_once(
     if {k: manifest.get(k) for k in expected} != expected:
         # Build the new cache beside the old one and swap it in only when complete, so bad
         # input or a kill mid-way leaves the old cache (or none) but never a mixture.
-        building = cache_dir.with_name(f"{cache_dir.name}.building{os.getpid()}")
+        building = cache_dir.with_name(f"{cache_dir.name}.building{owner()}")
         shutil.rmtree(building, ignore_errors=True)
         building.mkdir(parents=True)
         try:
@@ -137,7 +143,7 @@ def tokenize_once(
         except BaseException:
             shutil.rmtree(building, ignore_errors=True)
             raise
-        retired = cache_dir.with_name(f"{cache_dir.name}.retired{os.getpid()}")
+        retired = cache_dir.with_name(f"{cache_dir.name}.retired{owner()}")
         if cache_dir.exists():
             os.replace(cache_dir, retired)
         os.replace(building, cache_dir)
@@ -212,7 +218,7 @@ def write_token_cache(
             yield str(tokenizer.path), src, tgt, dtype_name
 
     lengths = {"src": [], "tgt": []}
-    tmp = {side: cache_dir / f"{side}.tokens.tmp{os.getpid()}" for side in lengths}
+    tmp = {side: cache_dir / f"{side}.tokens.tmp{owner()}" for side in lengths}
     num_dropped = 0
     with open(tmp["src"], "wb") as src_file, open(tmp["tgt"], "wb") as tgt_file:
         files = {"src": src_file, "tgt": tgt_file}

@@ -10,6 +10,7 @@ final evaluation.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import pathlib
@@ -43,7 +44,13 @@ from translate.monitor import (
     summarize,
 )
 from translate.optim import make_optimizer
-from translate.workdir import Workdir, check_config, write_config
+from translate.workdir import (
+    Workdir,
+    check_config,
+    check_vocabulary_unchanged,
+    lock,
+    write_config,
+)
 
 log = logging.getLogger("translate")
 
@@ -195,17 +202,31 @@ def train_and_evaluate(
 ) -> dict[str, Any] | None:
     """Trains to `config.train.num_train_steps`, resuming from the workdir; returns the test report.
 
-    Returns None when the data has no test split.
+    Holds the workdir's lock throughout (a second trainer there stops at once). Returns None
+    when the data has no test split.
     """
-    t, workdir = config.train, Workdir(workdir)
+    config.validate()  # also for configs built in Python: before the workdir is touched
+    workdir = Workdir(workdir)
+    with lock(workdir), contextlib.ExitStack() as on_exit:
+        return train_in_workdir(config, workdir, force, on_exit)
+
+
+def train_in_workdir(
+    config: Config, workdir: Workdir, force: bool, on_exit: contextlib.ExitStack
+) -> dict[str, Any] | None:
+    """The phases of `train_and_evaluate`, in a workdir this process has locked.
+
+    What is entered into `on_exit` is closed however the run ends.
+    """
+    t = config.train
     facts = DeviceFacts.of()
     m = config.model
     # Before the workdir changes: a kernel this device cannot run is a config error.
     attention = resolve_attention(
         m.attention, resolve_dtype(m.compute_dtype), m.d_model // m.num_heads, facts
     )
-    workdir.path.mkdir(parents=True, exist_ok=True)
     check_config(config, workdir, force)
+    check_vocabulary_unchanged(workdir)  # before the data is opened and tokenized again
 
     mesh = sharding.make_mesh()
     log.info(
@@ -232,7 +253,11 @@ def train_and_evaluate(
     graphdef = steps.graphdef
     replicated = sharding.replicated(mesh)
 
-    manager = checkpoint.make_manager(workdir.checkpoints, keep=t.keep_checkpoints)
+    # Closed on every way out, an exception included: a save in flight is finished first, so
+    # the checkpoint an error message calls intact is whole.
+    manager = on_exit.enter_context(
+        checkpoint.make_manager(workdir.checkpoints, keep=t.keep_checkpoints)
+    )
     position, step = DataPosition(), 0
     abstract = [
         checkpoint.abstract_like(a, replicated) for a in jax.eval_shape(steps.init, keys["params"])
@@ -242,6 +267,7 @@ def train_and_evaluate(
         *abstract,
         check_meta=lambda meta: checkpoint.check_vocabulary(meta, data.tokenizer, workdir.path),
         log=log.info,
+        set_aside=True,
     )
     if restored is not None:
         step, params, opt_state, meta = restored

@@ -9,16 +9,21 @@ Only this module spells a workdir's file names. A training workdir holds:
   metrics.jsonl, tensorboard/    what the run logged (translate/monitor.py)
   report.json, report.txt, hypotheses.txt    the test-set evaluation (translate/evaluate.py)
   metrics_*.png   training curves drawn by scripts/plot_metrics.py
+  train.lock      held by the trainer that runs in it (an advisory lock; see `lock`)
 A workdir written by scripts/average_checkpoints.py holds config.json, vocab.model and one
 parameters-only checkpoint.
 """
 
 from __future__ import annotations
 
+import contextlib
+import datetime
+import fcntl
 import json
 import os
 import pathlib
 import shutil
+import socket
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -45,6 +50,7 @@ class Workdir:
         self.report_json = self.path / "report.json"
         self.report_txt = self.path / "report.txt"
         self.hypotheses = self.path / "hypotheses.txt"
+        self.lock = self.path / "train.lock"
 
     def metric_plots(self) -> list[pathlib.Path]:
         """Training-curve pictures drawn by scripts/plot_metrics.py, by name."""
@@ -55,15 +61,59 @@ class Workdir:
         return self.path / f"metrics_{name}.png"
 
     def generated(self) -> list[pathlib.Path]:
-        """What a training run creates besides config.json, and `--force` deletes."""
-        return [
-            self.checkpoints,
-            self.data,
-            self.tokens,
-            self.tensorboard,
-            self.metrics,
-            self.vocab,
-        ]
+        """What a training run creates besides config.json, and `--force` deletes.
+
+        `data/` counts only while it holds nothing but the generated corpus's files, so a
+        user's own corpus kept there is never deleted.
+        """
+        paths = [self.checkpoints, self.tokens, self.tensorboard, self.metrics, self.vocab]
+        return paths + [self.data] if self.holds_generated_corpus() else paths
+
+    def holds_generated_corpus(self) -> bool:
+        """Whether `data/` holds only files named as data.py writes the synthetic corpus."""
+        names = {f"{split}.{lang}" for split in ("train", "dev", "test") for lang in ("en", "de")}
+        if not self.data.is_dir():
+            return False
+        return all(p.is_file() and p.name in names for p in self.data.iterdir())
+
+
+@contextlib.contextmanager
+def lock(workdir: Workdir):
+    """Holds the workdir's advisory lock, so two trainers never share one workdir.
+
+    A second trainer stops at once with an error naming the process (and host) that holds it.
+    The operating system drops the lock when its process exits, however it exits, so a
+    killed run leaves no stale lock. On several hosts, process 0 holds it for the job;
+    read-only commands (evaluate, translate) take no lock.
+    """
+    if jax.process_index() != 0:
+        yield
+        return
+    workdir.path.mkdir(parents=True, exist_ok=True)
+    with open(workdir.lock, "a+", encoding="utf-8") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            owner = f.read().strip() or "another process"
+            raise WorkdirBusy(
+                f"--workdir={workdir.path} is in use by {owner}; wait for that run to end or "
+                "use another --workdir"
+            ) from None
+        f.seek(0)
+        f.truncate()
+        since = datetime.datetime.now().isoformat(timespec="seconds")
+        f.write(f"translate.train (pid {os.getpid()} on {socket.gethostname()}, since {since})\n")
+        f.flush()
+        try:
+            yield
+        finally:
+            f.truncate(0)  # still locked: no reader sees a half-cleared owner
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+class WorkdirBusy(RuntimeError):
+    """Another trainer holds the workdir's lock."""
 
 
 def check_config(config: Config, workdir: Workdir, force: bool) -> None:
@@ -95,6 +145,24 @@ def check_config(config: Config, workdir: Workdir, force: bool) -> None:
                     "--workdir or pass --force to overwrite its checkpoints"
                 )
     sharding.sync_processes("workdir checked")  # every host has read config.json before it changes
+
+
+def check_vocabulary_unchanged(workdir: Workdir) -> None:
+    """Refuses a `vocab.model` that the newest readable checkpoint was not trained with.
+
+    Runs before the data is opened, so a swapped vocabulary stops the run before the token
+    cache is rebuilt or config.json rewritten.
+    """
+    if not workdir.vocab.is_file() or checkpoint.latest_step(workdir.checkpoints) is None:
+        return
+    manager = checkpoint.make_manager(workdir.checkpoints, read_only=True)
+    for step in sorted(manager.all_steps(), reverse=True):
+        try:
+            meta = checkpoint.read_meta(manager, step)
+        except Exception:  # noqa: BLE001 - an unreadable step is the restore's to set aside
+            continue
+        checkpoint.check_vocabulary(meta, Tokenizer(workdir.vocab), workdir.path)
+        return
 
 
 def write_config(config: Config, workdir: Workdir) -> None:
