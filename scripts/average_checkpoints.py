@@ -9,12 +9,19 @@ The output is a workdir with the run's config and vocabulary and one checkpoint 
 only, saved at `--output_step`, by default the newest averaged step) whose metadata lists the
 averaged steps; `translate.evaluate` reads it like any workdir and records those steps in its
 report. `python -m translate.evaluate --average=5` does the same without writing anything.
+
+--output must not exist, be empty, or hold an earlier average written by this script (its
+config.json, vocab.model and checkpoints whose metadata lists `averaged_steps`, nothing else);
+anything else, such as another run's workdir, is refused and left as it was. The new average
+is written beside --output and swapped in once complete, so a failed run keeps the old one.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import pathlib
+import secrets
 import shutil
 import sys
 
@@ -40,11 +47,12 @@ def average_workdir(
     Returns:
       The averaged steps, oldest first.
     """
-    workdir, output = pathlib.Path(workdir).absolute(), pathlib.Path(output).absolute()
+    workdir, output = pathlib.Path(workdir).resolve(), pathlib.Path(output).resolve()
     if output == workdir:
         # A parameters-only checkpoint there would become the step that training resumes from.
-        raise ValueError("--output must not be the training workdir itself")
-    run, out = Workdir(workdir), Workdir(output)
+        raise ValueError(f"--output={output} must not be the training workdir itself (--workdir)")
+    run = Workdir(workdir)
+    check_output(output, run)
     config_text = run.config.read_text()
     config = config_from_dict(json.loads(config_text))
     tokenizer = Tokenizer(run.vocab)
@@ -62,13 +70,98 @@ def average_workdir(
     device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
     params = checkpoint.average_params(manager, steps, checkpoint.abstract_like(shapes, device))
 
-    output.mkdir(parents=True, exist_ok=True)
-    out.config.write_text(config_text)
-    shutil.copyfile(run.vocab, out.vocab)
     out_step = steps[-1] if output_step is None else output_step
     meta = {"step": out_step, "averaged_steps": steps, "averaged_from": str(workdir)}
-    checkpoint.save_params(checkpoint.make_manager(out.checkpoints, keep=1), out_step, params, meta)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    # Written whole beside --output, then swapped in: a failure leaves --output as it was.
+    new = beside(output, "new")
+    new.mkdir()
+    try:
+        out = Workdir(new)
+        out.config.write_text(config_text)
+        shutil.copyfile(run.vocab, out.vocab)
+        manager = checkpoint.make_manager(out.checkpoints, keep=1)
+        checkpoint.save_params(manager, out_step, params, meta)
+        check_output(output, run)  # still true: nothing else began writing there meanwhile
+        swap_in(new, output)
+    finally:
+        shutil.rmtree(new, ignore_errors=True)  # gone after a swap
     return steps
+
+
+def beside(output: pathlib.Path, what: str) -> pathlib.Path:
+    """An unused hidden name in --output's directory, for a directory on its way in or out."""
+    return output.with_name(f".{output.name}.{secrets.token_hex(4)}.{what}")
+
+
+def check_output(output: pathlib.Path, run: Workdir) -> None:
+    """Raises ValueError unless `output` is absent, empty, or an earlier average alone.
+
+    An earlier average holds only the config.json, vocab.model and checkpoints/ that this
+    script writes, and every step of its checkpoints lists `averaged_steps` in its metadata (a
+    training checkpoint never does). The error names --output and what was found there;
+    nothing is changed.
+    """
+    if output.is_relative_to(run.checkpoints.resolve()):
+        raise ValueError(f"--output={output} is inside the checkpoints of --workdir={run.path}")
+    if not output.exists() and not output.is_symlink():
+        return
+    if not output.is_dir():
+        raise ValueError(f"--output={output} exists and is not a directory; nothing was written")
+    out = Workdir(output)
+    names = sorted(p.name for p in output.iterdir())
+    if not names:
+        return
+    refusal = (
+        "--output={} holds {}; only a new or empty directory, or an earlier average written by "
+        "this script, is written to, so nothing there was changed: give another --output"
+    )
+    others = [n for n in names if n not in (out.config.name, out.vocab.name, out.checkpoints.name)]
+    if others:
+        found = ", ".join(others[:8]) + (f" and {len(others) - 8} more" if len(others) > 8 else "")
+        reports = {out.report_json.name, out.report_txt.name, out.hypotheses.name}
+        if set(others) <= reports:
+            raise ValueError(
+                f"--output={output} holds translate.evaluate's report ({found}), which would "
+                "no longer describe the new average; nothing there was changed: move those "
+                "files away to replace the average, or give another --output"
+            )
+        run_files = {out.metrics.name, out.tokens.name, out.lock.name} & set(others)
+        what = "files of a training run" if run_files else "files this script does not write"
+        raise ValueError(refusal.format(output, f"{what} ({found})"))
+    steps = []
+    if out.checkpoints.is_dir():
+        manager = checkpoint.make_manager(out.checkpoints, read_only=True)
+        steps = sorted(manager.all_steps())
+    if not steps:
+        raise ValueError(refusal.format(output, f"{', '.join(names)} but no checkpoint"))
+    for step in steps:
+        try:
+            averaged = "averaged_steps" in checkpoint.read_meta(manager, step)
+        except Exception:  # noqa: BLE001 - unreadable, so not recognisably an average
+            averaged = False
+        if not averaged:
+            found = f"a checkpoint at step {step} that is not an average (a training run's)"
+            raise ValueError(refusal.format(output, found))
+
+
+def swap_in(new: pathlib.Path, output: pathlib.Path) -> None:
+    """Puts directory `new` at `output`, then deletes what `output` held (an earlier average).
+
+    Two renames: a process killed between them leaves the earlier average under a hidden
+    `.NAME.*.old` name beside --output, and no --output.
+    """
+    if not output.exists() or not any(output.iterdir()):
+        os.replace(new, output)  # a rename replaces an empty directory too
+        return
+    old = beside(output, "old")
+    os.replace(output, old)
+    try:
+        os.replace(new, output)
+    except BaseException:
+        os.replace(old, output)
+        raise
+    shutil.rmtree(old)
 
 
 def main(argv: list[str]) -> None:

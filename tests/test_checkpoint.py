@@ -3,6 +3,8 @@ and `translate.evaluate --average`."""
 
 import importlib
 import json
+import pathlib
+import shutil
 
 import jax
 import numpy as np
@@ -106,3 +108,74 @@ def test_evaluate_report_names_the_averaged_steps(run, tmp_path):
     text = (tmp_path / "out" / "report.txt").read_text()
     assert "mean parameters of the 3 checkpoints at steps [2, 3, 4]" in text
     assert "tokenized BLEU" in text and "sacreBLEU" in text
+
+
+def files_under(path):
+    return {p.relative_to(path): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
+
+
+def test_averaging_into_another_runs_workdir_is_refused_and_changes_nothing(run, tmp_path):
+    workdir, _ = run
+    script = importlib.import_module("scripts.average_checkpoints")
+    other = tmp_path / "other"
+    shutil.copytree(workdir, other)
+    Workdir(other).metrics.write_text('{"step": 4}\n')
+    Workdir(other).tokens.mkdir()
+    (tmp_path / "link").symlink_to(other)
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine")
+    before = files_under(tmp_path)
+    refusals = [
+        (other, r"holds files of a training run \(metrics.jsonl, tokens\)"),
+        (tmp_path / "link", r"holds files of a training run"),
+        (mine, r"holds files this script does not write \(notes.txt\)"),
+        (Workdir(workdir).checkpoints / "avg", "inside the checkpoints of --workdir"),
+        (Workdir(workdir).config, "not a directory"),
+    ]
+    for output, message in refusals:
+        with pytest.raises(ValueError, match=message) as error:
+            script.average_workdir(workdir, output, num=2, output_step=10)
+        assert f"--output={output.resolve()}" in str(error.value)
+        with pytest.raises(SystemExit, match=message):
+            script.main([f"--workdir={workdir}", "--num=2", f"--output={output}"])
+    # Only config.json, vocab.model and checkpoints/, as an average holds; but a run's steps.
+    shutil.rmtree(Workdir(other).tokens)
+    Workdir(other).metrics.unlink()
+    before = files_under(tmp_path)
+    with pytest.raises(ValueError, match="checkpoint at step 1 that is not an average"):
+        script.average_workdir(workdir, other, num=2, output_step=10)
+    assert files_under(tmp_path) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link", "mine", "other", "run"]
+
+
+def test_averaging_again_replaces_an_earlier_average_only_once_the_new_one_is_whole(
+    run, tmp_path, monkeypatch
+):
+    workdir, base = run
+    script = importlib.import_module("scripts.average_checkpoints")
+    avg = tmp_path / "avg"
+    avg.mkdir()  # an empty directory is written to
+    assert script.average_workdir(workdir, avg, num=2) == [3, 4]
+    assert script.average_workdir(workdir, avg, steps=[1, 2]) == [1, 2]  # an older output step
+    _, params, _, _, steps = load_model(avg)
+    assert steps == [1, 2]
+    assert_params_equal_base_plus(params, base, 1.5)
+    assert checkpoint.make_manager(Workdir(avg).checkpoints, read_only=True).all_steps() == [2]
+    before = files_under(avg)
+
+    def disk_full(*args, **kwargs):
+        raise OSError("No space left on device")
+
+    monkeypatch.setattr(checkpoint, "save_params", disk_full)
+    with pytest.raises(OSError, match="No space left"):
+        script.average_workdir(workdir, avg, num=2)
+    assert files_under(avg) == before
+    monkeypatch.undo()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["avg", "run"]  # nothing left beside
+
+    # translate.evaluate's report of the earlier average would describe the wrong model.
+    (avg / "report.json").write_text("{}")
+    with pytest.raises(ValueError, match=r"translate.evaluate's report \(report.json\)"):
+        script.average_workdir(workdir, avg, num=2)
+    assert files_under(avg) == {**before, pathlib.Path("report.json"): b"{}"}

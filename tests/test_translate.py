@@ -1,6 +1,9 @@
 """The translate command (translate/translate.py) and ensembles in translate/decode.py."""
 
+import os
 import shutil
+import stat
+import sys
 
 import jax.numpy as jnp
 import numpy as np
@@ -178,3 +181,98 @@ def test_decoding_many_lengths_compiles_a_handful_of_shapes_and_times_them_apart
     widths = {width for _, width in times.shapes}
     assert len(widths) <= 6 and len(times.shapes) == len(widths)  # one batch size
     assert times.compile_seconds > 0 and times.decode_seconds > 0
+
+
+def test_output_that_is_the_input_is_refused_before_anything_is_opened(
+    workdir, tmp_path, monkeypatch
+):
+    source = tmp_path / "in.txt"
+    text = "".join(line + "\n" for line in LINES)
+    source.write_text(text, encoding="utf-8")
+    (tmp_path / "link.txt").symlink_to(source)
+    os.link(source, tmp_path / "hard.txt")
+    monkeypatch.chdir(tmp_path)
+    for given_input, given_output in [
+        (str(source), str(source)),
+        ("in.txt", "./in.txt"),
+        (str(source), "in.txt"),
+        ("in.txt", "link.txt"),
+        ("link.txt", str(tmp_path / "nowhere" / ".." / "in.txt")),
+        ("in.txt", "hard.txt"),
+    ]:
+        argv = [f"--workdir={workdir}", f"--input={given_input}", f"--output={given_output}"]
+        with pytest.raises(SystemExit, match="same file") as error:
+            translate.main(argv)
+        assert f"--input={given_input}" in str(error.value)
+        assert f"--output={given_output}" in str(error.value)
+        assert source.read_text(encoding="utf-8") == text
+    # `< in.txt --output=in.txt`: standard input reads the file that would be replaced.
+    with open(source, encoding="utf-8") as stdin:
+        monkeypatch.setattr(sys, "stdin", stdin)
+        with pytest.raises(SystemExit, match="--output=in.txt is the file that standard input"):
+            translate.main([f"--workdir={workdir}", "--output=in.txt"])
+    assert source.read_text(encoding="utf-8") == text
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hard.txt", "in.txt", "link.txt"]
+
+
+def test_output_onto_a_workdirs_own_files_is_refused(workdir, tmp_path):
+    copy = tmp_path / "copy"
+    shutil.copytree(workdir, copy)
+    source = tmp_path / "in.txt"
+    source.write_text("the cat sleeps .\n", encoding="utf-8")
+    run_files = Workdir(copy)
+    step = next(p for p in run_files.checkpoints.iterdir() if p.is_dir())
+    targets = [
+        run_files.config,
+        run_files.vocab,
+        run_files.metrics,
+        next(p for p in step.rglob("*") if p.is_file()),
+        step / "new.txt",
+        run_files.tokens / "new.txt",
+    ]
+    before = {p: p.read_bytes() for p in copy.rglob("*") if p.is_file()}
+    for target in targets:
+        # Named directly and as the second of an ensemble's workdirs.
+        for workdirs in [[copy], [workdir, copy]]:
+            argv = [f"--workdir={w}" for w in workdirs] + [f"--input={source}"]
+            with pytest.raises(
+                SystemExit, match=f"--output={target} is a file of --workdir={copy}"
+            ):
+                translate.main([*argv, f"--output={target}"])
+    with pytest.raises(SystemExit, match=f"--output={copy} is a directory"):
+        translate.main([f"--workdir={workdir}", f"--input={source}", f"--output={copy}"])
+    assert {p: p.read_bytes() for p in copy.rglob("*") if p.is_file()} == before
+
+
+def test_an_interrupted_translation_leaves_the_earlier_output_as_it_was(
+    workdir, tmp_path, monkeypatch
+):
+    target = tmp_path / "out.txt"
+    target.write_text("an earlier translation\n", encoding="utf-8")
+    target.chmod(0o640)
+    monkeypatch.setattr(translate, "LINES_PER_CHUNK", 3)
+    decode = translate.translate_sentences
+    calls = []
+
+    def interrupted_at_the_second_chunk(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return decode(*args, **kwargs)
+
+    monkeypatch.setattr(translate, "translate_sentences", interrupted_at_the_second_chunk)
+    with pytest.raises(KeyboardInterrupt):
+        run(tmp_path, LINES, f"--workdir={workdir}", "--beam_size=1")
+    assert target.read_text(encoding="utf-8") == "an earlier translation\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt", "out.txt"]  # no temp file
+
+    monkeypatch.setattr(translate, "translate_sentences", decode)
+    (tmp_path / "via.txt").symlink_to(target)
+    assert len(run(tmp_path, LINES, f"--workdir={workdir}", "--beam_size=1", name="via.txt")) == 7
+    assert (tmp_path / "via.txt").is_symlink()  # written through the link, as open() would
+    assert stat.S_IMODE(target.stat().st_mode) == 0o640  # the replaced file's permissions
+    run(tmp_path, LINES, f"--workdir={workdir}", "--beam_size=1", name="new.txt")
+    umask = os.umask(0)
+    os.umask(umask)
+    assert stat.S_IMODE((tmp_path / "new.txt").stat().st_mode) == 0o666 & ~umask
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt", "new.txt", "out.txt", "via.txt"]

@@ -18,12 +18,24 @@ Without --step or --average the newest checkpoint decodes; `--step=N` picks one,
 with their ensemble (one shared vocabulary), each workdir at the same choice. Decoding options
 left unset come from the first workdir's config. Writing to --output shows progress and
 sentences/s on stderr.
+
+--output is written to a temporary file beside it that replaces it only once every line is
+translated, so a failed or interrupted run leaves an existing --output as it was (standard
+output, a pipe or a device streams as it goes). An --output that is the --input file (however
+spelled: ./x, a symlink), a directory, or a file that a --workdir's training reads back
+(config.json, vocab.model, anything under checkpoints/ or tokens/, metrics.jsonl) is refused
+before any file is opened.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import os
 import pathlib
+import secrets
+import shutil
+import stat
 import sys
 import time
 from collections.abc import Iterator, Sequence
@@ -33,7 +45,7 @@ from absl import logging as absl_logging
 
 from translate.config import parse_flags
 from translate.decode import translate_sentences
-from translate.workdir import load_ensemble
+from translate.workdir import Workdir, load_ensemble
 
 # Lines read, decoded and written at a time: bounds memory on arbitrarily long input.
 LINES_PER_CHUNK = 10_000
@@ -92,6 +104,113 @@ def count_lines(path: pathlib.Path) -> int:
         return sum(1 for _ in f)
 
 
+def same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
+    """Whether two paths name one file: the same resolved path, or one inode when both exist."""
+    if os.path.realpath(a) == os.path.realpath(b):
+        return True
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one of them does not exist (yet)
+        return False
+
+
+def regular_stdin() -> os.stat_result | None:
+    """The status of the file standard input reads, when it is a regular file (`< x`)."""
+    try:
+        status = os.fstat(sys.stdin.fileno())
+    except (AttributeError, OSError, ValueError):  # replaced or closed (as under pytest)
+        return None
+    return status if stat.S_ISREG(status.st_mode) else None
+
+
+def check_output(output: str, input_path: str, workdirs: Sequence[str]) -> None:
+    """Refuses, before anything is opened, an --output whose writing would destroy data.
+
+    Raises SystemExit naming the flags when --output is the --input file (or the file that
+    standard input reads), a directory, or a file of a --workdir's run. A device or FIFO
+    (/dev/stdout, /dev/null) is written as a stream and destroys nothing.
+    """
+    with contextlib.suppress(OSError):
+        mode = os.stat(output).st_mode
+        if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+            return
+    if input_path and same_file(output, input_path):
+        raise SystemExit(
+            f"--output={output} is the same file as --input={input_path}; writing the "
+            "translation would overwrite the text being translated: give another --output"
+        )
+    stdin = None if input_path else regular_stdin()
+    with contextlib.suppress(OSError):
+        if stdin and os.path.samestat(stdin, os.stat(output)):
+            raise SystemExit(
+                f"--output={output} is the file that standard input reads (no --input); "
+                "writing the translation would overwrite the text being translated: give "
+                "another --output"
+            )
+    if os.path.isdir(output):
+        raise SystemExit(f"--output={output} is a directory; give a file name")
+    real = pathlib.Path(os.path.realpath(output))
+    for path in workdirs:
+        run = Workdir(os.path.realpath(path))
+        inside = [run.checkpoints, run.tokens]
+        if any(real.is_relative_to(d) for d in inside) or any(
+            same_file(output, f) for f in (run.config, run.vocab, run.metrics, run.lock)
+        ):
+            raise SystemExit(
+                f"--output={output} is a file of --workdir={path} ({real}); writing there "
+                "would damage that run: give an --output outside its config.json, vocab.model, "
+                "metrics.jsonl, checkpoints/ and tokens/"
+            )
+    if not real.parent.is_dir():
+        raise SystemExit(f"--output={output}: the directory {real.parent} does not exist")
+
+
+class AtomicOutput:
+    """A binary file that replaces `path` only on `commit`; `discard` leaves `path` as it was.
+
+    It is written beside the file --output finally names (through symlinks), so the rename
+    stays on one file system and an existing output keeps its permissions.
+    """
+
+    def __init__(self, path: str):
+        self.path = pathlib.Path(os.path.realpath(path))
+        self.tmp = self.path.with_name(f".{self.path.name}.{secrets.token_hex(4)}.tmp")
+        self.committed = False
+        # 0o666 through the umask, as open() would create the output itself.
+        fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        self.file = os.fdopen(fd, "wb")
+        if self.path.exists():
+            with contextlib.suppress(OSError):
+                shutil.copymode(self.path, self.tmp)
+
+    def write(self, data: bytes) -> None:
+        self.file.write(data)
+
+    def flush(self) -> None:
+        self.file.flush()
+
+    def commit(self) -> None:
+        self.file.flush()
+        os.fsync(self.file.fileno())
+        self.file.close()
+        os.replace(self.tmp, self.path)
+        self.committed = True
+
+    def discard(self) -> None:
+        """Removes the temporary file unless `commit` has renamed it into place."""
+        self.file.close()
+        if not self.committed:
+            self.tmp.unlink(missing_ok=True)
+
+
+def open_output(path: str) -> tuple[BinaryIO | AtomicOutput, bool]:
+    """(stream, whether it is an `AtomicOutput`): a device, FIFO or socket is written as is."""
+    with contextlib.suppress(FileNotFoundError):
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return open(path, "wb"), False
+    return AtomicOutput(path), True
+
+
 def main(argv: Sequence[str]) -> None:
     absl_logging.set_verbosity(absl_logging.ERROR)  # Orbax's read-only manager warnings
     flags, overrides = parse_flags(
@@ -112,6 +231,8 @@ def main(argv: Sequence[str]) -> None:
     )
     if overrides:
         raise SystemExit("translate takes --beam_size and friends, not --config.* flags")
+    if flags["output"]:
+        check_output(flags["output"], flags["input"], flags["workdir"])
     step = None if flags["step"] == -1 else flags["step"]
     graphdefs, params, tokenizer, config, _ = load_ensemble(
         flags["workdir"], step, flags["average"]
@@ -132,11 +253,14 @@ def main(argv: Sequence[str]) -> None:
         )
 
     source = open(flags["input"], "rb") if flags["input"] else sys.stdin.buffer
-    target = open(flags["output"], "wb") if flags["output"] else sys.stdout.buffer
+    target, atomic = sys.stdout.buffer, False
     progress = None
-    if flags["output"]:
-        progress = Progress(count_lines(pathlib.Path(flags["input"])) if flags["input"] else None)
     try:
+        if flags["output"]:
+            target, atomic = open_output(flags["output"])
+            progress = Progress(
+                count_lines(pathlib.Path(flags["input"])) if flags["input"] else None
+            )
         first = 0
         for chunk in read_chunks(source, flags["input"] or "<stdin>", LINES_PER_CHUNK):
             results = translate_sentences(
@@ -152,12 +276,17 @@ def main(argv: Sequence[str]) -> None:
             target.write(format_lines(first, results, flags["nbest"]).encode("utf-8"))
             target.flush()
             first += len(chunk)
+        if atomic:
+            target.commit()
     finally:
         if progress:
             progress.close()
-        for stream in (source, target):
-            if stream not in (sys.stdin.buffer, sys.stdout.buffer):
-                stream.close()
+        if source is not sys.stdin.buffer:
+            source.close()
+        if atomic:
+            target.discard()  # after a commit: nothing to do
+        elif target is not sys.stdout.buffer:
+            target.close()
 
 
 if __name__ == "__main__":
