@@ -10,11 +10,16 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import inspect
+import io
 import json
 import math
 import pathlib
+import sys
+import textwrap
+import tokenize
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 
@@ -95,7 +100,9 @@ class TrainConfig:
     grad_accum_steps: int = 1
     # Seed for parameters, data order and dropout.
     seed: int = 0
+    # Steps between lines of the training log (loss, speed) in metrics.jsonl and TensorBoard.
     log_every_steps: int = 100
+    # Steps between checkpoints; a run resumes from the newest.
     checkpoint_every_steps: int = 1000
     # Checkpoints kept on disk (enough to average the last few).
     keep_checkpoints: int = 5
@@ -276,25 +283,53 @@ def _parse_value(text: str, kind: Any, flag: str) -> Any:
 
 def apply_override(config: Config, dotted: str, text: str) -> None:
     """Sets `config.<section>.<field>` from its command-line text, checking name and type."""
-    flag = f"--config.{dotted}"
-    parts = dotted.split(".")
-    sections = {f.name for f in dataclasses.fields(config)}
-    if len(parts) != 2 or parts[0] not in sections:
-        raise ValueError(f"{flag}: unknown config section; sections are {sorted(sections)}")
-    section = getattr(config, parts[0])
-    hints = typing.get_type_hints(type(section))
-    if parts[1] not in hints:
-        raise ValueError(
-            f"{flag}: unknown field {parts[1]!r} of config.{parts[0]}; fields are {sorted(hints)}"
-        )
-    setattr(section, parts[1], _parse_value(text, hints[parts[1]], flag))
+    kind = config_field_type(dotted)
+    section, name = dotted.split(".")
+    setattr(getattr(config, section), name, _parse_value(text, kind, f"--config.{dotted}"))
+
+
+def packaged_configs_dir() -> pathlib.Path:
+    """The example configs: `translate/configs/` once installed, `configs/` in a checkout.
+
+    pyproject.toml installs the checkout's top-level `configs/` as the package
+    `translate.configs`; an editable install and a plain checkout read it where it is.
+    """
+    package = pathlib.Path(__file__).parent
+    installed = package / "configs"
+    return installed if installed.is_dir() else package.parent / "configs"
+
+
+def packaged_config_names() -> list[str]:
+    return sorted(p.stem for p in packaged_configs_dir().glob("*.py") if p.stem != "__init__")
+
+
+def find_config(name_or_path: str | pathlib.Path) -> pathlib.Path:
+    """A config file by path (`configs/base.py`), or an example config by name (`base`).
+
+    Raises FileNotFoundError naming --config and the example configs when neither exists.
+    """
+    path = pathlib.Path(name_or_path)
+    if path.is_file():
+        return path
+    text = str(name_or_path)
+    if text and path.name == text and not path.suffix:
+        packaged = packaged_configs_dir() / f"{text}.py"
+        if packaged.is_file():
+            return packaged
+    raise FileNotFoundError(
+        f"--config={text}: no config file at {path}, and no example config of that name "
+        f"(examples: {', '.join(packaged_config_names())})"
+    )
 
 
 def load_config(path: str | pathlib.Path, overrides: dict[str, str] | None = None) -> Config:
-    """Loads `get_config()` from a Python config file and applies dotted overrides."""
-    path = pathlib.Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"--config: no config file at {path}")
+    """Loads `get_config()` from a Python config file and applies dotted overrides.
+
+    Args:
+      path: a config file, or the name of an example config (`base`, `multi30k`, ...).
+      overrides: `section.field -> text`, as `--config.section.field=text` flags give them.
+    """
+    path = find_config(path)
     spec = importlib.util.spec_from_file_location(f"_config_{path.stem}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -302,7 +337,7 @@ def load_config(path: str | pathlib.Path, overrides: dict[str, str] | None = Non
         raise ValueError(f"--config: {path} defines no get_config()")
     config = module.get_config()
     if not isinstance(config, Config):
-        raise TypeError(f"--config: get_config() in {path} must return translate.config.Config")
+        raise ValueError(f"--config: get_config() in {path} must return translate.config.Config")
     for dotted, text in (overrides or {}).items():
         apply_override(config, dotted, text)
     return config.validate()
@@ -319,44 +354,195 @@ def config_from_dict(values: dict[str, Any]) -> Config:
     return config
 
 
-def parse_flags(argv: list[str], known: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
-    """Splits `--name=value` flags into the entry point's own flags and config overrides.
+@dataclasses.dataclass(frozen=True)
+class Flag:
+    """An entry point's own flag: its default, whose type parses the value, and what it does.
+
+    A list default collects the flag's repeated values; None takes any text.
+    """
+
+    default: Any
+    help: str
+
+
+def field_descriptions(section: type) -> dict[str, str]:
+    """Each field's description: the `#` comment above it in this file, its one source.
+
+    A comment describes the field below it and the fields right after that have none of their
+    own (`adam_beta1`, `adam_beta2`, `adam_eps` share "Adam hyper-parameters"); a comment at
+    the end of a field's line describes that field alone. Read with `tokenize`, so a string
+    that holds `#` or `:` is never taken for a comment or a field.
+    """
+    source = textwrap.dedent(inspect.getsource(section))
+    tokens = list(tokenize.generate_tokens(io.StringIO(source).readline))
+    body = next(t.end[1] for t in tokens if t.type == tokenize.INDENT)
+    descriptions: dict[str, str] = {}
+    comment: list[str] = []  # the comment lines above the next field
+    shared, last_field, last_row = "", "", -2
+    for i, token in enumerate(tokens):
+        at_body = token.start[1] == body
+        text = token.string.lstrip("#").strip()
+        if token.type == tokenize.COMMENT and token.line.lstrip().startswith("#"):
+            if at_body:
+                comment.append(text)
+        elif token.type == tokenize.COMMENT and token.start[0] == last_row:
+            descriptions[last_field] = text
+        elif at_body and token.type == tokenize.OP and token.string == "@":
+            break
+        elif at_body and token.type == tokenize.NAME:
+            if token.string in ("def", "class"):
+                break
+            if tokens[i + 1].string != ":":
+                continue
+            if comment:
+                shared, comment = " ".join(comment), []
+            elif token.start[0] != last_row + 1:
+                shared = ""
+            descriptions[token.string] = shared
+            last_field, last_row = token.string, token.start[0]
+    return descriptions
+
+
+def config_field_type(dotted: str) -> Any:
+    """The type of `Config.<section>.<field>`; ValueError naming the flag when there is none."""
+    flag = f"--config.{dotted}"
+    parts = dotted.split(".")
+    sections = {f.name: f.type for f in dataclasses.fields(Config)}
+    if len(parts) != 2 or parts[0] not in sections:
+        raise ValueError(f"{flag}: unknown config section; sections are {sorted(sections)}")
+    hints = typing.get_type_hints(typing.get_type_hints(Config)[parts[0]])
+    if parts[1] not in hints:
+        raise ValueError(
+            f"{flag}: unknown field {parts[1]!r} of config.{parts[0]}; fields are {sorted(hints)}"
+        )
+    return hints[parts[1]]
+
+
+CONFIG_SECTIONS = ("model", "data", "train", "decode")
+# What a bool flag given without "=" may take as its value from the next argument.
+_BOOL_WORDS = ("true", "false", "1", "0")
+
+
+def _flag_type(default: Any) -> Any:
+    if isinstance(default, list) or default is None:
+        return str
+    return type(default)
+
+
+def format_help(doc: str, known: dict[str, Any], sections: Sequence[str]) -> str:
+    """An entry point's --help: its docstring, its flags, then the config fields it takes.
+
+    Every line after the docstring comes from `known` (the entry point's `Flag`s) and from
+    the comments beside the config dataclasses' fields, so the help cannot fall behind them.
+    """
+    width = 100
+
+    def entry(name: str, kind: Any, default: Any, text: str) -> list[str]:
+        head = f"  --{name}={kind.__name__.upper()}"
+        if isinstance(default, list):
+            head += "  (repeatable)"
+        elif default is not None:
+            head += f"  (default {default!r})"
+        body = textwrap.wrap(text or "(no description)", width - 6)
+        return [head, *(f"      {line}" for line in body)]
+
+    lines = [textwrap.dedent(doc).strip(), "", "flags:"]
+    for name, spec in known.items():
+        flag = spec if isinstance(spec, Flag) else Flag(spec, "")
+        lines += entry(name, _flag_type(flag.default), flag.default, flag.help)
+    lines += ["  -h, --help", "      Show this help and exit."]
+    if sections:
+        lines += [
+            "",
+            "config fields (--config.SECTION.FIELD=VALUE or --config.SECTION.FIELD VALUE; "
+            "the defaults",
+            "shown are the paper's base model, which a config file changes):",
+        ]
+    defaults = Config()
+    for section in sections:
+        values = getattr(defaults, section)
+        described = field_descriptions(type(values))
+        for name, kind in typing.get_type_hints(type(values)).items():
+            lines += entry(
+                f"config.{section}.{name}", kind, getattr(values, name), described.get(name, "")
+            )
+    return "\n".join(lines) + "\n"
+
+
+def parse_flags(
+    argv: Sequence[str],
+    known: dict[str, Any],
+    doc: str = "",
+    sections: Sequence[str] = CONFIG_SECTIONS,
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """Splits flags into the entry point's own flags and config overrides; -h prints the help.
+
+    `--name=value` and `--name value` both work. A bool flag alone means true, and takes a
+    following `true`, `false`, `1` or `0` as its value.
 
     Args:
       argv: command-line arguments without the program name.
-      known: the entry point's own flags and their defaults; a default's type parses the value
-        (a list default collects repeated flags).
+      known: the entry point's own flags: a `Flag` each (or a bare default, undocumented); a
+        default's type parses the value, a list default collects repeated flags.
+      doc: what --help prints above the flags: the entry point's usage (its module docstring).
+      sections: the config sections whose fields `--config.SECTION.FIELD` may set, all by
+        default; () for a command that takes no config overrides.
 
     Returns:
       (flags, overrides): flag values by name, and `section.field -> text` config overrides.
+
+    Raises:
+      SystemExit(0) after printing the help for -h or --help.
+      ValueError naming the flag for an unknown flag, a missing value or a value of the
+        wrong type.
     """
-    flags = {
-        name: (list(default) if isinstance(default, list) else default)
-        for name, default in known.items()
-    }
+    argv = list(argv)
+    if "-h" in argv or "--help" in argv:
+        sys.stdout.write(format_help(doc, known, sections))
+        raise SystemExit(0)
+    defaults = {n: (s.default if isinstance(s, Flag) else s) for n, s in known.items()}
+    flags = {n: (list(d) if isinstance(d, list) else d) for n, d in defaults.items()}
     overrides: dict[str, str] = {}
-    for arg in argv:
+    position = 0
+    while position < len(argv):
+        arg = argv[position]
+        position += 1
         if not arg.startswith("--"):
-            raise ValueError(f"unexpected argument {arg!r}; flags look like --name=value")
+            raise ValueError(
+                f"unexpected argument {arg!r}; flags look like --name=value or --name value"
+            )
         name, has_value, text = arg[2:].partition("=")
         if name.startswith("config."):
-            if not has_value:
-                raise ValueError(f"--{name} needs a value: --{name}=VALUE")
-            overrides[name[len("config.") :]] = text
-            continue
-        if name not in known:
-            raise ValueError(
-                f"unknown flag --{name}; known flags: " + ", ".join(f"--{k}" for k in sorted(known))
-            )
-        default = known[name]
-        if isinstance(default, bool) and not has_value:
-            flags[name] = True
-        elif not has_value:
-            raise ValueError(f"--{name} needs a value: --{name}=VALUE")
-        elif isinstance(default, list):
-            flags[name].append(text)
-        elif default is None or isinstance(default, str):
-            flags[name] = text
+            dotted = name[len("config.") :]
+            kind = config_field_type(dotted)
+            if dotted.split(".")[0] not in sections:
+                allowed = ", ".join(f"--config.{s}.*" for s in sections)
+                raise ValueError(
+                    f"--{name}: this command takes "
+                    + (f"only {allowed}" if sections else "no --config.* flags")
+                )
+        elif name in defaults:
+            kind = _flag_type(defaults[name])
         else:
-            flags[name] = _parse_value(text, type(default), f"--{name}")
+            raise ValueError(
+                f"unknown flag --{name}; known flags: "
+                + ", ".join(f"--{k}" for k in sorted(defaults))
+                + " (--help lists them)"
+            )
+        if not has_value:
+            following = argv[position] if position < len(argv) else None
+            if kind is bool:
+                text = "true"
+                if following is not None and following.lower() in _BOOL_WORDS:
+                    text, position = following, position + 1
+            elif following is None or following.startswith("--"):
+                raise ValueError(f"--{name} needs a value: --{name}=VALUE or --{name} VALUE")
+            else:
+                text, position = following, position + 1
+        if name.startswith("config."):
+            overrides[name[len("config.") :]] = text
+        elif isinstance(defaults[name], list):
+            flags[name].append(text)
+        else:
+            flags[name] = _parse_value(text, kind, f"--{name}")
     return flags, overrides

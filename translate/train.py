@@ -26,9 +26,9 @@ import optax
 from absl import logging as absl_logging
 from flax import nnx
 
-from translate import checkpoint, evaluate, sharding
+from translate import checkpoint, cli, evaluate, sharding
 from translate.batching import BatchLayout, DataPosition, iterate_batches, make_batch, plan_epoch
-from translate.config import Config, load_config, parse_flags
+from translate.config import Config, Flag, load_config, packaged_config_names, parse_flags
 from translate.corpus import TokenizedCorpus
 from translate.data import Data, load_data
 from translate.devices import DeviceFacts, cpu_warning, published_peak, resolve_attention
@@ -389,14 +389,39 @@ def setup_logging() -> None:
     absl_logging.set_verbosity(absl_logging.ERROR)  # Orbax's per-save INFO/WARNING lines
 
 
+USAGE = """Train the Transformer and evaluate it on the test set (translate-train).
+
+    translate-train --config=NAME_OR_FILE --workdir=DIR [--config.SECTION.FIELD=VALUE ...] \\
+        [--force]
+
+e.g. `translate-train --config=quickstart --workdir=/tmp/quickstart` (or `python -m
+translate.train ...`). Running the same command again resumes from the newest checkpoint.
+"""
+
+
 def main(argv: list[str]) -> None:
+    flags, overrides = parse_flags(
+        argv,
+        {
+            "config": Flag(
+                "",
+                "Required. A config file (configs/base.py) or an example config by name: "
+                + ", ".join(packaged_config_names())
+                + ".",
+            ),
+            "workdir": Flag("", "Required. The run directory: checkpoints, logs, report."),
+            "force": Flag(
+                False,
+                "Delete what an earlier run generated in --workdir (checkpoints, tokens, logs) "
+                "and start afresh; without it a workdir of another model is refused.",
+            ),
+        },
+        doc=USAGE,
+    )
+    for name in ("config", "workdir"):
+        if not flags[name]:
+            raise ValueError(f"--{name} is required (--help lists every flag)")
     setup_logging()
-    flags, overrides = parse_flags(argv, {"config": "", "workdir": "", "force": False})
-    if not flags["config"] or not flags["workdir"]:
-        raise SystemExit(
-            "usage: python -m translate.train --config=configs/NAME.py "
-            "--workdir=DIR [--config.SECTION.FIELD=VALUE ...] [--force]"
-        )
     config = load_config(flags["config"], overrides)
     sharding.initialize_distributed()
     try:
@@ -407,4 +432,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    cli.run(main)
