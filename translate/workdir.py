@@ -7,7 +7,8 @@ Only this module spells a workdir's file names. A training workdir holds:
   data/           the generated corpus, when data.source is "synthetic"
   checkpoints/    Orbax checkpoints (translate/checkpoint.py)
   metrics.jsonl, tensorboard/    what the run logged (translate/monitor.py)
-  report.json, report.txt, hypotheses.txt    the test-set evaluation (translate/evaluate.py)
+  report.json, report.txt, hypotheses.txt    the test-set evaluation at the end of training
+  evaluations/    translate.evaluate's reports, one directory each (the same three files)
   metrics_*.png   training curves drawn by scripts/plot_metrics.py
   train.lock      held by the trainer that runs in it (an advisory lock; see `lock`)
 A workdir written by scripts/average_checkpoints.py holds config.json, vocab.model and one
@@ -51,6 +52,7 @@ class Workdir:
         self.report_txt = self.path / "report.txt"
         self.hypotheses = self.path / "hypotheses.txt"
         self.lock = self.path / "train.lock"
+        self.evaluations = self.path / "evaluations"
 
     def metric_plots(self) -> list[pathlib.Path]:
         """Training-curve pictures drawn by scripts/plot_metrics.py, by name."""
