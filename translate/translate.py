@@ -1,23 +1,25 @@
 """Translate text from the command line with a trained workdir, or an ensemble of workdirs.
 
-    python -m translate.translate --workdir=/tmp/quickstart < input.en > output.de
-    python -m translate.translate --workdir=A [--workdir=B ...] --input=in.en --output=out.de \
-        [--step=N | --average=N] [--beam_size=4] [--length_penalty=0.6] \
+    translate-text --workdir=/tmp/quickstart < input.en > output.de
+    translate-text --workdir=A [--workdir=B ...] --input=in.en --output=out.de \\
+        [--step=N | --average=N] [--beam_size=4] [--length_penalty=0.6] \\
         [--max_extra_len=50] [--batch_size=64] [--nbest=N]
+    translate-text --workdir=/tmp/quickstart    (type a sentence, read its translation)
 
-One sentence per input line gives one translation per output line, in input order; an empty
-line gives an empty line. Input is read `LINES_PER_CHUNK` lines at a time and each chunk is
-decoded in length-sorted batches, so memory stays bounded and output streams however long the
-input. With `--nbest=N` every non-empty line gives N lines `LINE<TAB>SCORE<TAB>TRANSLATION`
-(LINE counts input lines from 0; SCORE is the length-normalised log-probability that beam
-search ranks by), best first; an empty line gives the single line `LINE<TAB>0.0000<TAB>`.
-The N are distinct texts from the beam's hypotheses; fewer come out when pieces that spell
-the same text fill the beam (a wider --beam_size helps).
-Without --step or --average the newest checkpoint decodes; `--step=N` picks one, and
-`--average=N` the mean of the newest N (as translate.evaluate). Several --workdir flags decode
-with their ensemble (one shared vocabulary), each workdir at the same choice. Decoding options
-left unset come from the first workdir's config. Writing to --output shows progress and
-sentences/s on stderr.
+(`python -m translate.translate` is the same command.) One sentence per input line gives one
+translation per output line, in input order; an empty line gives an empty line. Lines are
+decoded as soon as they arrive: typed at a terminal or written to a pipe one at a time, each
+line is translated and written at once; from a file, or a pipe that holds many lines, up to
+`LINES_PER_CHUNK` lines are decoded together in length-sorted batches, so memory stays bounded
+and output streams however long the input. With `--nbest=N` every non-empty line gives N lines
+`LINE<TAB>SCORE<TAB>TRANSLATION` (LINE counts input lines from 0; SCORE is the length-normalised
+log-probability that beam search ranks by), best first; an empty line gives the single line
+`LINE<TAB>0.0000<TAB>`. The N are distinct texts from the beam's hypotheses; fewer come out when
+pieces that spell the same text fill the beam (a wider --beam_size helps). Without --step or
+--average the newest checkpoint decodes; `--step=N` picks one, and `--average=N` the mean of the
+newest N (as translate.evaluate). Several --workdir flags decode with their ensemble (one shared
+vocabulary), each workdir at the same choice. Decoding options left unset come from the first
+workdir's config. Writing to --output shows progress and sentences/s on stderr.
 
 --output is written to a temporary file beside it that replaces it only once every line is
 translated, so a failed or interrupted run leaves an existing --output as it was (standard
@@ -30,10 +32,11 @@ before any file is opened.
 from __future__ import annotations
 
 import contextlib
-import itertools
+import io
 import os
 import pathlib
 import secrets
+import select
 import shutil
 import stat
 import sys
@@ -43,26 +46,68 @@ from typing import BinaryIO
 
 from absl import logging as absl_logging
 
-from translate.config import parse_flags
+from translate import cli
+from translate.config import DecodeConfig, Flag, field_descriptions, parse_flags
 from translate.decode import translate_sentences
 from translate.workdir import Workdir, load_ensemble
 
-# Lines read, decoded and written at a time: bounds memory on arbitrarily long input.
+# Most lines decoded and written at a time: bounds memory on arbitrarily long input.
 LINES_PER_CHUNK = 10_000
+# Bytes asked of the operating system per read.
+READ_BYTES = 1 << 16
 
 
 def read_chunks(stream: BinaryIO, name: str, size: int) -> Iterator[list[str]]:
-    """Lists of at most `size` lines without their line ends; only "\\n" ends a line."""
+    """Lists of at most `size` lines without their line ends; only "\\n" ends a line.
+
+    A chunk ends at `size` lines or where the input pauses: the lines already written are
+    decoded while no more are waiting. A file, or a pipe that a fast writer keeps full, gives
+    chunks of `size` lines (decoded in length-sorted batches, fast); a terminal, or a pipe
+    written a line at a time, gives each line as soon as it arrives (interactive).
+    """
+    try:
+        fd = stream.fileno()
+    except (AttributeError, OSError, io.UnsupportedOperation):  # in memory: all there at once
+        fd = None
     number = 0
-    while raw_lines := list(itertools.islice(stream, size)):
-        chunk = []
-        for raw in raw_lines:
+
+    def decode(raw: bytes) -> str:
+        try:
+            return raw.decode("utf-8").rstrip("\r")
+        except UnicodeDecodeError as e:
+            raise ValueError(f"{name}:{number}: not valid UTF-8 ({e.reason})") from None
+
+    pending = bytearray()  # read but not yet a whole line
+    chunk: list[str] = []
+    while True:
+        data = stream.read(READ_BYTES) if fd is None else os.read(fd, READ_BYTES)
+        if data:
+            pending += data
+            *whole, rest = pending.split(b"\n")
+            pending = bytearray(rest)
+            for raw in whole:
+                number += 1
+                chunk.append(decode(raw))
+                if len(chunk) == size:
+                    yield chunk
+                    chunk = []
+            if fd is None or waiting(fd):
+                continue
+        elif pending:  # the last line has no line end
             number += 1
-            try:
-                chunk.append(raw.decode("utf-8").rstrip("\r\n"))
-            except UnicodeDecodeError as e:
-                raise ValueError(f"{name}:{number}: not valid UTF-8 ({e.reason})") from None
-        yield chunk
+            chunk.append(decode(bytes(pending)))
+            pending.clear()
+        if chunk:
+            yield chunk
+            chunk = []
+        if not data:
+            return
+
+
+def waiting(fd: int) -> bool:
+    """Whether reading `fd` would return at once (more input is there, or its end)."""
+    readable, _, _ = select.select([fd], [], [], 0)
+    return bool(readable)
 
 
 class Progress:
@@ -212,25 +257,36 @@ def open_output(path: str) -> tuple[BinaryIO | AtomicOutput, bool]:
 
 
 def main(argv: Sequence[str]) -> None:
-    absl_logging.set_verbosity(absl_logging.ERROR)  # Orbax's read-only manager warnings
-    flags, overrides = parse_flags(
+    decode_fields = field_descriptions(DecodeConfig)
+    flags, _ = parse_flags(
         list(argv),
         {
-            "workdir": [],
-            "step": -1,  # -1: the newest
-            "average": 0,
-            "input": "",
-            "output": "",
+            "workdir": Flag([], "Required. A training workdir; repeat it for an ensemble."),
+            "step": Flag(-1, "The checkpoint step to decode with; -1: the newest."),
+            "average": Flag(0, "Decode with the mean parameters of the newest N checkpoints."),
+            "input": Flag("", "The text to translate, one sentence a line; default stdin."),
+            "output": Flag(
+                "",
+                "Where the translations go (replaced only once all are written); default stdout.",
+            ),
             # Unset (0 or negative): the first workdir's config.decode value.
-            "beam_size": 0,
-            "length_penalty": -1.0,
-            "max_extra_len": -1,
-            "batch_size": 0,
-            "nbest": 0,
+            **{
+                name: Flag(
+                    unset, decode_fields[name] + " Left at the default shown: the workdir's config."
+                )
+                for name, unset in [
+                    ("beam_size", 0),
+                    ("length_penalty", -1.0),
+                    ("max_extra_len", -1),
+                    ("batch_size", 0),
+                ]
+            },
+            "nbest": Flag(0, "Write the N best translations of each line with their scores."),
         },
+        doc=__doc__,
+        sections=(),
     )
-    if overrides:
-        raise SystemExit("translate takes --beam_size and friends, not --config.* flags")
+    absl_logging.set_verbosity(absl_logging.ERROR)  # Orbax's read-only manager warnings
     if flags["output"]:
         check_output(flags["output"], flags["input"], flags["workdir"])
     step = None if flags["step"] == -1 else flags["step"]
@@ -290,4 +346,4 @@ def main(argv: Sequence[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    cli.run(main)
