@@ -23,13 +23,12 @@ import os
 import pathlib
 import secrets
 import shutil
-import sys
 
 import jax
 from absl import logging as absl_logging
 
-from translate import checkpoint
-from translate.config import config_from_dict, parse_flags
+from translate import checkpoint, cli
+from translate.config import Flag, config_from_dict, parse_flags
 from translate.model import abstract_model
 from translate.tokenizer import Tokenizer
 from translate.workdir import Workdir
@@ -167,7 +166,16 @@ def swap_in(new: pathlib.Path, output: pathlib.Path) -> None:
 def main(argv: list[str]) -> None:
     absl_logging.set_verbosity(absl_logging.ERROR)  # Orbax's per-save INFO/WARNING lines
     flags, _ = parse_flags(
-        argv, {"workdir": "", "num": 5, "steps": [], "output": "", "output_step": -1}
+        argv,
+        {
+            "workdir": Flag("", "Required. The training workdir whose checkpoints are averaged."),
+            "num": Flag(5, "Average the newest N checkpoints."),
+            "steps": Flag([], "Average these steps instead of the newest --num (repeat it)."),
+            "output": Flag("", "The new workdir; default WORKDIR/average_N."),
+            "output_step": Flag(-1, "The step to save the average at; -1: the newest averaged."),
+        },
+        doc=__doc__,
+        sections=(),
     )
     if not flags["workdir"]:
         raise SystemExit(__doc__)
@@ -187,4 +195,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    cli.run(main)

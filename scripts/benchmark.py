@@ -47,7 +47,6 @@ import platform
 import resource
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 
@@ -56,9 +55,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from translate import evaluate, flops, sharding
+from translate import cli, evaluate, flops, sharding
 from translate.batching import BatchLayout, make_batch, plan_epoch
-from translate.config import Config, apply_override, load_config, parse_flags
+from translate.config import Config, Flag, apply_override, load_config, parse_flags
 from translate.corpus import tokenize_parallel
 from translate.decode import DecodeTimes, translate_sentences
 from translate.devices import published_peak
@@ -71,18 +70,18 @@ from translate.workdir import load_model
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 FLAGS = {
-    "config": "",
-    "src": "",
-    "tgt": "",
-    "batch_tokens": 2048,
-    "vocab": "",
-    "steps": 30,
-    "warmup": 3,
-    "decode_src": "",
-    "decode_workdir": "",
-    "decode_num": 0,
-    "skip_training": False,
-    "json": "",
+    "config": Flag("", "A config file or an example config's name (see translate-train --help)."),
+    "src": Flag("", "Source side of the parallel text that batches are packed from."),
+    "tgt": Flag("", "Target side, aligned with --src."),
+    "batch_tokens": Flag(2048, "Target token slots per batch (and as many source slots)."),
+    "vocab": Flag("", "A SentencePiece model to use instead of training one on --src/--tgt."),
+    "steps": Flag(30, "Timed training steps (after --warmup); the figures are medians."),
+    "warmup": Flag(3, "Untimed training steps first (compilation)."),
+    "decode_src": Flag("", "Also time beam and greedy decoding of this file's sentences."),
+    "decode_workdir": Flag("", "Decode with the trained model of this workdir."),
+    "decode_num": Flag(0, "Decode only the first N sentences of --decode_src (0: all)."),
+    "skip_training": Flag(False, "Time decoding only (needs --decode_src)."),
+    "json": Flag("", "Write every printed figure to this JSON file."),
 }
 
 
@@ -298,7 +297,7 @@ def benchmark_training_speed(flags: dict, config: Config, result: dict):
 
 
 def main(argv: list[str]) -> None:
-    flags, overrides = parse_flags(argv, FLAGS)
+    flags, overrides = parse_flags(argv, FLAGS, doc=__doc__)
     check_flags(flags)
     config = load_config(flags["config"], overrides) if flags["config"] else None
     result = {"config": flags["config"], "overrides": overrides, **environment()}
@@ -409,4 +408,4 @@ def print_table(r: dict) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    cli.run(main)

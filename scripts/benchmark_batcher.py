@@ -17,15 +17,14 @@ from __future__ import annotations
 import os
 import pathlib
 import platform
-import sys
 import tempfile
 import time
 
 import numpy as np
 
-from translate import synthetic
+from translate import cli, synthetic
 from translate.batching import BatchLayout, make_batch, plan_epoch
-from translate.config import load_config, parse_flags
+from translate.config import Flag, load_config, parse_flags
 from translate.corpus import TokenizedCorpus, tokenize_parallel
 from translate.text import read_parallel
 from translate.tokenizer import train_tokenizer
@@ -74,10 +73,15 @@ def main(argv: list[str]) -> None:
     flags, _ = parse_flags(
         argv,
         {
-            "data_dir": str(ROOT.parent / "shared" / "data" / "opennmt_toy_ende"),
-            "num_pairs": 1_000_000,
-            "num_batches": 500,
+            "data_dir": Flag(
+                str(ROOT.parent / "shared" / "data" / "opennmt_toy_ende"),
+                "Directory of train.en and train.de; synthetic pairs when it is missing.",
+            ),
+            "num_pairs": Flag(1_000_000, "Pairs in the corpus (the text replicated to this many)."),
+            "num_batches": Flag(500, "Batches timed; the result is their median."),
         },
+        doc=__doc__,
+        sections=(),
     )
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})  # one core, as promised
@@ -117,4 +121,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    cli.run(main)

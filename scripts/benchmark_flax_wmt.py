@@ -36,22 +36,23 @@ import jax.numpy as jnp
 import numpy as np
 
 from scripts.benchmark import environment, get_tokenizer
+from translate import cli
 from translate.batching import BatchLayout, make_batch, plan_epoch
-from translate.config import load_config, parse_flags
+from translate.config import Flag, load_config, parse_flags
 from translate.corpus import tokenize_parallel
 from translate.text import read_parallel
 
 FLAGS = {
-    "flax_wmt": "",
-    "config": "",
-    "src": "",
-    "tgt": "",
-    "batch_tokens": 2048,
-    "vocab": "",
-    "steps": 20,
-    "warmup": 3,
-    "attention_dropout": 0.1,
-    "json": "",
+    "flax_wmt": Flag("", "Required. The examples/wmt directory of Flax's source distribution."),
+    "config": Flag("", "Required. A config file or an example config's name."),
+    "src": Flag("", "Required. Source side of the parallel text that batches are packed from."),
+    "tgt": Flag("", "Required. Target side, aligned with --src."),
+    "batch_tokens": Flag(2048, "Target token slots per batch (and as many source slots)."),
+    "vocab": Flag("", "A SentencePiece model to use instead of training one on --src/--tgt."),
+    "steps": Flag(20, "Timed training steps (after --warmup); the figure is the median."),
+    "warmup": Flag(3, "Untimed training steps first (compilation)."),
+    "attention_dropout": Flag(0.1, "The example's dropout on attention probabilities."),
+    "json": Flag("", "Write the figures to this JSON file."),
 }
 
 
@@ -91,7 +92,7 @@ def stub_modules() -> None:
 
 
 def main(argv: list[str]) -> None:
-    flags, overrides = parse_flags(argv, FLAGS)
+    flags, overrides = parse_flags(argv, FLAGS, doc=__doc__)
     for name in ("flax_wmt", "config", "src", "tgt"):
         if not flags[name]:
             raise SystemExit(f"--{name} is required")
@@ -201,4 +202,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    cli.run(main)

@@ -25,7 +25,8 @@ import time
 
 import numpy as np
 
-from translate.config import parse_flags
+from translate import cli
+from translate.config import Flag, parse_flags
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -122,13 +123,14 @@ def main(argv: list[str]) -> int:
     flags, overrides = parse_flags(
         argv,
         {
-            "config": "configs/tiny.py",
-            "kills": 3,
-            "seed": 0,
-            "workdir": "",
-            "max_delay": 3.0,
-            "sigterm_fraction": 0.5,
+            "config": Flag("configs/tiny.py", "The config both runs train."),
+            "kills": Flag(3, "How many times the faulty run is killed and restarted."),
+            "seed": Flag(0, "Seed of the kill moments and signals."),
+            "workdir": Flag("", "Directory for the two runs; default a new temporary one."),
+            "max_delay": Flag(3.0, "Longest wait, in seconds after training began, to a kill."),
+            "sigterm_fraction": Flag(0.5, "Share of kills by SIGTERM (the rest SIGKILL)."),
         },
+        doc=__doc__,
     )
     overrides = {**DEFAULT_OVERRIDES, **overrides}
     base = pathlib.Path(flags["workdir"] or tempfile.mkdtemp(prefix="faults-"))
@@ -161,4 +163,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    cli.run(main)

@@ -8,16 +8,25 @@ The last line is `total parameters: N`.
 from __future__ import annotations
 
 import collections
-import sys
 
 import jax
 
-from translate.config import load_config, parse_flags
+from translate import cli
+from translate.config import Flag, load_config, parse_flags
 from translate.model import abstract_model
 
 
 def main(argv: list[str]) -> None:
-    flags, overrides = parse_flags(argv, {"config": "configs/base.py", "vocab_size": 0})
+    flags, overrides = parse_flags(
+        argv,
+        {
+            "config": Flag("base", "A config file or an example config's name."),
+            "vocab_size": Flag(
+                0, "Vocabulary size to count with; 0: the config's data.vocab_size."
+            ),
+        },
+        doc=__doc__,
+    )
     config = load_config(flags["config"], overrides)
     vocab_size = flags["vocab_size"] or config.data.vocab_size
     _, shapes = abstract_model(config, vocab_size)  # jax.eval_shape underneath
@@ -52,4 +61,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    cli.run(main)

@@ -17,7 +17,6 @@ over that translation, where the row of each target piece is the query that pred
 from __future__ import annotations
 
 import pathlib
-import sys
 
 import jax.numpy as jnp
 import matplotlib
@@ -28,8 +27,9 @@ matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt
 from flax import nnx
 
+from translate import cli
 from translate.batching import Batch, source_batches
-from translate.config import parse_flags
+from translate.config import Flag, parse_flags
 from translate.decode import translate_tokens
 from translate.model import sinusoidal_positions
 from translate.tokenizer import BOS_ID, EOS_ID, PAD_ID
@@ -95,7 +95,18 @@ def draw_heatmap(
 
 
 def main(argv: list[str]) -> None:
-    flags, _ = parse_flags(argv, {"workdir": "", "src": "", "output": "", "layer": -1, "head": 0})
+    flags, _ = parse_flags(
+        argv,
+        {
+            "workdir": Flag("", "Required. A trained workdir."),
+            "src": Flag("", "Required. The sentence to translate and draw."),
+            "output": Flag("", "Directory for the pictures; default WORKDIR/attention."),
+            "layer": Flag(-1, "The layer to draw, from 0; -1: the last."),
+            "head": Flag(0, "The attention head to draw, from 0."),
+        },
+        doc=__doc__,
+        sections=(),
+    )
     if not flags["workdir"] or not flags["src"].strip():
         raise SystemExit(
             'usage: python -m scripts.plot_attention --workdir=DIR --src="a sentence" '
@@ -151,4 +162,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    cli.run(main)

@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import json
 import pathlib
-import sys
 
 import matplotlib
 
 matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt
 
-from translate.config import parse_flags
+from translate import cli
+from translate.config import Flag, parse_flags
 from translate.workdir import Workdir
 
 # Every picture has this size (inches) and resolution, so it is FIGSIZE * DPI pixels.
@@ -73,7 +73,15 @@ def draw_curves(metrics, ylabel: str, curves, title: str, path: pathlib.Path) ->
 
 
 def main(argv: list[str]) -> list[pathlib.Path]:
-    flags, _ = parse_flags(argv, {"workdir": "", "output": ""})
+    flags, _ = parse_flags(
+        argv,
+        {
+            "workdir": Flag("", "Required. A training workdir (its metrics.jsonl is drawn)."),
+            "output": Flag("", "Directory for the PNG files; default the workdir."),
+        },
+        doc=__doc__,
+        sections=(),
+    )
     if not flags["workdir"]:
         raise SystemExit("usage: python -m scripts.plot_metrics --workdir=DIR [--output=DIR]")
     workdir = Workdir(flags["workdir"])
@@ -96,4 +104,4 @@ def main(argv: list[str]) -> list[pathlib.Path]:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    cli.run(main)

@@ -22,12 +22,16 @@ from translate.workdir import WorkdirBusy
 # line), a workdir that another run holds (WorkdirBusy). The same types raised inside a
 # library are bugs or surprises and keep their traceback.
 USER_ERRORS = (ValueError, OSError, WorkdirBusy)
-# Where this project's own code lives: the package (with its installed example configs) and,
-# in a checkout, scripts/ and configs/.
-_PROJECT_DIRS = tuple(
-    str(pathlib.Path(__file__).resolve().parent.parent / name) + os.sep
-    for name in ("translate", "scripts", "configs")
-)
+
+
+def _project_dirs() -> tuple[str, ...]:
+    """Where this project's own code lives: the package (with its installed example configs)
+    and, in a checkout, scripts/ and configs/ beside it."""
+    package = pathlib.Path(__file__).resolve().parent
+    dirs = [package]
+    if (package.parent / "pyproject.toml").is_file():
+        dirs += [package.parent / "scripts", package.parent / "configs"]
+    return tuple(str(d) + os.sep for d in dirs)
 
 
 def user_error_message(error: BaseException) -> str | None:
@@ -41,7 +45,7 @@ def user_error_message(error: BaseException) -> str | None:
     if not isinstance(error, USER_ERRORS):
         return None
     frames = traceback.extract_tb(error.__traceback__)
-    if not frames or not os.path.realpath(frames[-1].filename).startswith(_PROJECT_DIRS):
+    if not frames or not os.path.realpath(frames[-1].filename).startswith(_project_dirs()):
         return None
     message = str(error)
     if isinstance(error, OSError) and error.filename is not None and error.strerror:

@@ -1,0 +1,244 @@
+"""The command line (translate/config.py's flags and help, translate/cli.py) and the install."""
+
+import dataclasses
+import importlib
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import tomllib
+import typing
+
+import numpy as np
+import pytest
+
+from translate import cli, config, workdir
+from translate.config import Flag, field_descriptions, find_config, load_config, parse_flags
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+# Every entry point that reads its flags with parse_flags.
+ENTRY_POINTS = [
+    "translate.train",
+    "translate.evaluate",
+    "translate.translate",
+    "scripts.average_checkpoints",
+    "scripts.benchmark",
+    "scripts.benchmark_batcher",
+    "scripts.benchmark_flax_wmt",
+    "scripts.fault_injection",
+    "scripts.model_summary",
+    "scripts.plot_attention",
+    "scripts.plot_metrics",
+]
+
+
+def help_of(module: str, capsys) -> str:
+    with pytest.raises(SystemExit) as stopped:
+        importlib.import_module(module).main(["--help"])
+    assert stopped.value.code == 0
+    return capsys.readouterr().out
+
+
+def test_every_config_field_has_a_description():
+    for section in dataclasses.fields(config.Config):
+        kind = typing.get_type_hints(config.Config)[section.name]
+        described = field_descriptions(kind)
+        for name in typing.get_type_hints(kind):
+            assert described.get(name), f"config.{section.name}.{name} has no # comment above it"
+
+
+def test_field_descriptions_come_from_the_comment_above_and_are_shared_by_a_group():
+    described = field_descriptions(config.TrainConfig)
+    assert described["warmup_steps"] == (
+        "Linear warm-up steps of the learning-rate schedule (Sec. 5.3)."
+    )
+    assert described["adam_eps"] == described["adam_beta1"] == "Adam hyper-parameters (Sec. 5.3)."
+    # A comment of two lines is one description.
+    assert described["on_nonfinite"].startswith("A step whose loss or gradient is not finite")
+    assert described["on_nonfinite"].endswith('"skip" carries on and counts such steps in the log.')
+
+
+def test_help_lists_a_known_field_with_its_default_and_description(capsys):
+    text = help_of("translate.train", capsys)
+    assert "--config.train.warmup_steps=INT  (default 4000)" in text
+    assert "Linear warm-up steps of the learning-rate schedule (Sec. 5.3)." in text
+    assert "--config.model.dropout_rate=FLOAT  (default 0.1)" in text
+    assert "--workdir=STR" in text and "--force=BOOL  (default False)" in text
+
+
+@pytest.mark.parametrize("module", ENTRY_POINTS)
+def test_every_entry_point_help_describes_every_flag(module, capsys):
+    text = help_of(module, capsys)
+    assert "(no description)" not in text
+    assert "-h, --help" in text
+
+
+def test_evaluate_help_lists_only_the_decode_fields_it_takes(capsys):
+    text = help_of("translate.evaluate", capsys)
+    assert "--config.decode.beam_size=INT  (default 4)" in text
+    assert "--config.model." not in text and "--config.train." not in text
+
+
+def test_flags_take_their_value_after_a_space_or_an_equals_sign():
+    known = {"workdir": Flag("", "w"), "step": Flag(-1, "s"), "scale": Flag(1.0, "x")}
+    spaced = parse_flags(["--workdir", "/tmp/x", "--step", "-3", "--config.train.seed", "4"], known)
+    joined = parse_flags(["--workdir=/tmp/x", "--step=-3", "--config.train.seed=4"], known)
+    assert spaced == joined == ({"workdir": "/tmp/x", "step": -3, "scale": 1.0}, {"train.seed": "4"})
+
+
+def test_a_bool_flag_alone_is_true_and_takes_a_following_true_or_false():
+    known = {"force": Flag(False, "f"), "workdir": Flag("", "w")}
+    assert parse_flags(["--force", "--workdir", "w"], known)[0]["force"] is True
+    assert parse_flags(["--force", "false", "--workdir", "w"], known)[0]["force"] is False
+    assert parse_flags(["--force=0"], known)[0]["force"] is False
+    assert parse_flags(["--workdir", "w", "--force"], known)[0] == {"force": True, "workdir": "w"}
+
+
+def test_a_flag_without_its_value_is_an_error_naming_it():
+    with pytest.raises(ValueError, match="--workdir needs a value"):
+        parse_flags(["--workdir"], {"workdir": Flag("", "w")})
+    with pytest.raises(ValueError, match="--workdir needs a value"):
+        parse_flags(["--workdir", "--force"], {"workdir": Flag("", "w"), "force": Flag(False, "")})
+    with pytest.raises(ValueError, match="--config.train.seed needs a value"):
+        parse_flags(["--config.train.seed"], {})
+
+
+def test_config_flags_outside_the_commands_sections_are_refused():
+    with pytest.raises(ValueError, match="only --config.decode"):
+        parse_flags(["--config.train.seed=1"], {}, sections=("decode",))
+    with pytest.raises(ValueError, match="no --config"):
+        parse_flags(["--config.decode.beam_size=1"], {}, sections=())
+    with pytest.raises(ValueError, match="unknown field 'beam'"):
+        parse_flags(["--config.decode.beam", "1"], {})
+
+
+def test_example_configs_are_found_by_name_and_files_by_path():
+    assert find_config("tiny") == ROOT / "configs" / "tiny.py"
+    assert load_config("tiny") == load_config(ROOT / "configs" / "tiny.py")
+    with pytest.raises(FileNotFoundError, match="--config=tyni: .*examples: base, big"):
+        find_config("tyni")
+
+
+def test_bad_flag_exits_2_with_one_line_and_no_traceback():
+    done = subprocess.run(
+        [sys.executable, "-m", "translate.train", "--config=tiny", "--wrkdir=/tmp/x"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    assert done.returncode == 2
+    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
+    assert done.stderr.startswith("python -m translate.train: error: unknown flag --wrkdir")
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--config=tiny", "--workdir=W", "--config.train.seed=-1"], "must be in [0, 2**63)"),
+        (["--config=tiny", "--workdir=W", "--config.model.d_model=wide"], "cannot parse 'wide'"),
+        (["--config=nothing/here.py", "--workdir=W"], "no config file at nothing/here.py"),
+        (["--workdir=W"], "--config is required"),
+    ],
+)
+def test_user_errors_of_train_are_one_line_with_status_2(argv, message, tmp_path, capsys):
+    argv = [a.replace("=W", f"={tmp_path / 'run'}") for a in argv]
+    with pytest.raises(SystemExit) as stopped:
+        cli.run(importlib.import_module("translate.train").main, argv)
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err, err
+    assert not (tmp_path / "run").exists()  # refused before anything was written
+
+
+def test_a_busy_workdir_is_a_user_error(tmp_path, capsys):
+    with workdir.lock(workdir.Workdir(tmp_path)), pytest.raises(SystemExit) as stopped:
+        cli.run(importlib.import_module("translate.train").main, ["--config=tiny", "--workdir", str(tmp_path)])
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "is in use by translate.train (pid" in err
+
+
+def test_a_bug_keeps_its_traceback():
+    def library_error(argv):
+        np.zeros(4).reshape(3)  # numpy raises this ValueError: a bug, not a user's mistake
+
+    def own_bug(argv):
+        return {}["missing"]
+
+    with pytest.raises(ValueError, match="cannot reshape"):
+        cli.run(library_error, [])
+    with pytest.raises(KeyError):
+        cli.run(own_bug, [])
+
+
+def test_pyproject_declares_requirements_txt():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    lines = (ROOT / "requirements.txt").read_text().splitlines()
+    pins = [line.split("#")[0].strip() for line in lines if line.split("#")[0].strip()]
+    assert sorted(project["dependencies"] + project["optional-dependencies"]["test"]) == sorted(
+        pins
+    )
+    assert "absl-py>=1.4" in project["dependencies"]
+    assert set(project["scripts"]) == {"translate-train", "translate-evaluate", "translate-text"}
+
+
+@pytest.mark.slow
+def test_pip_install_into_a_fresh_venv_exposes_the_console_scripts(tmp_path):
+    """`pip install .` of a clean copy of the checkout into a new venv, then the commands.
+
+    The venv sees this interpreter's site-packages through a .pth file, so pip finds every
+    dependency installed and downloads none; the build backend (setuptools) comes from the
+    package index or pip's cache, as in any `pip install .`.
+    """
+    clone = tmp_path / "clone"
+    files = subprocess.run(
+        ["git", "ls-files", "-co", "--exclude-standard", "-z"],
+        cwd=ROOT,
+        capture_output=True,
+        check=True,
+    ).stdout.split(b"\0")
+    for name in filter(None, (f.decode() for f in files)):
+        if (ROOT / name).is_file():
+            (clone / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, clone / name)
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", venv], check=True)
+    (site,) = venv.glob("lib/python*/site-packages")
+    (site / "outer.pth").write_text(
+        "\n".join(p for p in sys.path if p.endswith("site-packages")) + "\n"
+    )
+    python = venv / "bin" / "python"
+    done = subprocess.run(
+        [python, "-m", "pip", "install", "--quiet", str(clone)], capture_output=True, text=True
+    )
+    offline = ("NewConnectionError", "Max retries", "Temporary failure in name resolution")
+    if done.returncode != 0 and any(sign in done.stderr for sign in offline):
+        pytest.skip(f"pip could not fetch the build backend: {done.stderr[-300:]}")
+    assert done.returncode == 0, done.stderr[-2000:]
+    elsewhere = tmp_path / "elsewhere"  # no checkout on the path: the installed package runs
+    elsewhere.mkdir()
+    env = {**os.environ, "PYTHONPATH": ""}
+    for command in ("translate-train", "translate-evaluate", "translate-text"):
+        shown = subprocess.run(
+            [venv / "bin" / command, "--help"], capture_output=True, text=True, cwd=elsewhere, env=env
+        )
+        assert shown.returncode == 0, shown.stderr
+        assert "-h, --help" in shown.stdout
+    where = subprocess.run(
+        [python, "-c", "import translate.config as c; print(c.__file__, c.find_config('tiny'))"],
+        capture_output=True,
+        text=True,
+        cwd=elsewhere,
+        env=env,
+        check=True,
+    ).stdout.split()
+    assert all(pathlib.Path(p).is_relative_to(site / "translate") for p in where), where
+    refused = subprocess.run(
+        [venv / "bin" / "translate-train", "--config=tiny", "--workdir=w", "--config.x.y=1"],
+        capture_output=True,
+        text=True,
+        cwd=elsewhere,
+        env=env,
+    )
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr
