@@ -84,7 +84,9 @@ def test_flags_take_their_value_after_a_space_or_an_equals_sign():
     known = {"workdir": Flag("", "w"), "step": Flag(-1, "s"), "scale": Flag(1.0, "x")}
     spaced = parse_flags(["--workdir", "/tmp/x", "--step", "-3", "--config.train.seed", "4"], known)
     joined = parse_flags(["--workdir=/tmp/x", "--step=-3", "--config.train.seed=4"], known)
-    assert spaced == joined == ({"workdir": "/tmp/x", "step": -3, "scale": 1.0}, {"train.seed": "4"})
+    assert (
+        spaced == joined == ({"workdir": "/tmp/x", "step": -3, "scale": 1.0}, {"train.seed": "4"})
+    )
 
 
 def test_a_bool_flag_alone_is_true_and_takes_a_following_true_or_false():
@@ -153,7 +155,10 @@ def test_user_errors_of_train_are_one_line_with_status_2(argv, message, tmp_path
 
 def test_a_busy_workdir_is_a_user_error(tmp_path, capsys):
     with workdir.lock(workdir.Workdir(tmp_path)), pytest.raises(SystemExit) as stopped:
-        cli.run(importlib.import_module("translate.train").main, ["--config=tiny", "--workdir", str(tmp_path)])
+        cli.run(
+            importlib.import_module("translate.train").main,
+            ["--config=tiny", "--workdir", str(tmp_path)],
+        )
     assert stopped.value.code == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "is in use by translate.train (pid" in err
@@ -221,7 +226,11 @@ def test_pip_install_into_a_fresh_venv_exposes_the_console_scripts(tmp_path):
     env = {**os.environ, "PYTHONPATH": ""}
     for command in ("translate-train", "translate-evaluate", "translate-text"):
         shown = subprocess.run(
-            [venv / "bin" / command, "--help"], capture_output=True, text=True, cwd=elsewhere, env=env
+            [venv / "bin" / command, "--help"],
+            capture_output=True,
+            text=True,
+            cwd=elsewhere,
+            env=env,
         )
         assert shown.returncode == 0, shown.stderr
         assert "-h, --help" in shown.stdout
