@@ -2,7 +2,14 @@
 
 import pytest
 
-from translate.evaluate import score, split_compounds, tokenize_for_bleu, tokenized_bleu
+from translate.evaluate import (
+    paired_bootstrap,
+    score,
+    split_compounds,
+    tokenize_for_bleu,
+    tokenized_bleu,
+)
+from translate.text import read_lines
 
 
 def test_split_compounds_marks_hyphens_between_words_like_get_ende_bleu():
@@ -45,3 +52,43 @@ def test_report_keeps_sacrebleu_and_tokenized_bleu_apart():
     assert report["tokenized_bleu"] == pytest.approx(59.69, abs=0.01)
     assert report["signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a")
     assert "##AT##" in report["tokenized_bleu_recipe"]
+
+
+REFERENCES = [f"der Hund {i} sieht die Katze im Garten ." for i in range(40)]
+
+
+def test_lowercase_adds_the_case_insensitive_score_beside_the_cased_one():
+    hypotheses = [line.upper() for line in REFERENCES]
+    cased = score(hypotheses, REFERENCES, "de")
+    both = score(hypotheses, REFERENCES, "de", lowercase=True)
+    assert "bleu_lowercase" not in cased
+    assert both["bleu"] == cased["bleu"] < 5.0  # the cased score stays as it was
+    assert both["bleu_lowercase"] == 100.0
+    assert "case:lc" in both["signature_lowercase"] and "case:mixed" in both["signature"]
+
+
+def test_sacrebleu_tokenizes_by_the_target_language():
+    assert "tok:13a" in score(["ein Test ."], ["ein Test ."], "de")["signature"]
+    assert "tok:zh" in score(["这是一个测试。"], ["这是一个测试。"], "zh")["signature"]
+
+
+def test_paired_bootstrap_tells_a_real_difference_from_none(tmp_path):
+    """Two hypothesis files, as `translate-evaluate --compare` reads them."""
+    good = [line.replace("Garten", "Park") for line in REFERENCES]
+    bad = [" ".join(line.split()[:3]) for line in REFERENCES]
+    for name, lines in (("good.txt", good), ("bad.txt", bad)):
+        (tmp_path / name).write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    good, bad = (read_lines(tmp_path / n) for n in ("good.txt", "bad.txt"))
+    better = paired_bootstrap(good, bad, REFERENCES, "de")
+    assert better["significant"] and better["p_value"] < 0.05
+    assert better["bleu"] > better["other_bleu"]
+    assert "bs:1000" in better["signature"]
+    # One different sentence broken in each: equal BLEU, a difference that chance explains.
+    one, other = list(good), list(good)
+    one[3] = other[7] = "der Hund sieht"
+    alike = paired_bootstrap(one, other, REFERENCES, "de")
+    assert alike["bleu"] == alike["other_bleu"]
+    assert not alike["significant"] and alike["p_value"] > 0.05
+    # sacreBLEU gives identical systems p = 1/1001 ("zero difference is not chance"): say so.
+    same = paired_bootstrap(good, good, REFERENCES, "de")
+    assert same["identical"] and not same["significant"] and same["p_value"] is None

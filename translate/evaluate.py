@@ -146,8 +146,21 @@ def paired_bootstrap(
 
     Returns:
       Both BLEU scores with their bootstrap means and 95% confidence intervals, the p-value,
-      whether it is below 0.05, and the test's signature.
+      whether it is below 0.05, and the test's signature. Identical hypotheses are reported
+      as such (`identical`, no p-value): sacreBLEU's test, after multeval, gives them the
+      smallest p-value, since it never attributes a zero difference to chance.
     """
+    if list(hypotheses) == list(other):
+        bleu = sacrebleu.BLEU(trg_lang=lang)
+        value = round(bleu.corpus_score(list(hypotheses), [list(references)]).score, 2)
+        return {
+            "bleu": value,
+            "other_bleu": value,
+            "identical": True,
+            "p_value": None,
+            "significant": False,
+            "signature": str(bleu.get_signature()),
+        }
     test = PairedTest(
         [("other", list(other)), ("this", list(hypotheses))],
         {"BLEU": sacrebleu.BLEU(trg_lang=lang)},
@@ -164,6 +177,7 @@ def paired_bootstrap(
         "other_bleu": round(baseline.score, 2),
         "other_bleu_mean": round(float(baseline.mean), 2),
         "other_bleu_ci95": round(float(baseline.ci), 2),
+        "identical": False,
         "p_value": round(float(system.p_value), 4),
         "significant": bool(system.p_value < 0.05),
         "signature": str(signatures["BLEU"]),
@@ -382,6 +396,8 @@ def comparison_lines(comparison: dict[str, Any] | None) -> list[str]:
     if not comparison:
         return []
     c = comparison
+    if c["identical"]:
+        return ["", f"compared  with {c['other']}: identical hypotheses, BLEU {c['bleu']:.2f}"]
     verdict = "significant" if c["significant"] else "not significant"
     return [
         "",
