@@ -1,10 +1,17 @@
 """The translate command (translate/translate.py) and ensembles in translate/decode.py."""
 
+import hashlib
+import json
 import os
+import pathlib
+import select
 import shutil
 import stat
+import subprocess
 import sys
+import threading
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -18,7 +25,9 @@ from translate.decode import DecodeTimes, beam_search, greedy_search, translate_
 from translate.model import Transformer
 from translate.tokenizer import train_tokenizer
 from translate.train import train_and_evaluate
-from translate.workdir import Workdir, load_ensemble, load_model
+from translate.workdir import Workdir, load_ensemble, load_model, read_config
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 LINES = [
     "the small dog sees the cat .",
@@ -276,3 +285,117 @@ def test_an_interrupted_translation_leaves_the_earlier_output_as_it_was(
     os.umask(umask)
     assert stat.S_IMODE((tmp_path / "new.txt").stat().st_mode) == 0o666 & ~umask
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt", "new.txt", "out.txt", "via.txt"]
+
+
+def test_file_input_is_read_in_full_chunks_for_sorted_batches(tmp_path):
+    source = tmp_path / "in.txt"
+    source.write_bytes(b"".join(b"line %d\n" % i for i in range(25)) + b"last, no line end")
+    with open(source, "rb") as f:
+        chunks = list(translate.read_chunks(f, "in.txt", 10))
+    assert [len(c) for c in chunks] == [10, 10, 6]
+    assert chunks[0][0] == "line 0" and chunks[-1][-1] == "last, no line end"
+
+
+def test_a_pipe_gives_each_line_as_it_arrives_and_waiting_lines_together():
+    read_end, write_end = os.pipe()
+    with open(read_end, "rb", buffering=0) as reader, open(write_end, "wb", buffering=0) as writer:
+        chunks = translate.read_chunks(reader, "<stdin>", 10)
+        writer.write(b"one\n")
+        assert next(chunks) == ["one"]  # before the pipe is closed
+        writer.write(b"two\nthree\nfour\n")
+        assert next(chunks) == ["two", "three", "four"]
+        writer.write("f\u00fcnf\n".encode()[:2])  # half a line: nothing yet
+        writer.write("f\u00fcnf\n".encode()[2:])
+        assert next(chunks) == ["f\u00fcnf"]
+        writer.close()
+        assert list(chunks) == []
+
+
+def test_interactive_translation_answers_a_line_before_the_input_ends(
+    workdir, tmp_path, monkeypatch, varied_outputs
+):
+    """A pipe on both ends, as a terminal or another program would drive the command."""
+    sentences = ["the small dog sees the cat .", "a man reads ."]
+    expected = run(tmp_path, sentences, f"--workdir={workdir}")
+    stdin_read, stdin_write = os.pipe()
+    stdout_read, stdout_write = os.pipe()
+    monkeypatch.setattr(sys, "stdin", open(stdin_read, encoding="utf-8"))
+    monkeypatch.setattr(sys, "stdout", open(stdout_write, "w", encoding="utf-8"))
+    errors = []
+
+    def command():
+        try:
+            translate.main([f"--workdir={workdir}"])
+        except BaseException as e:  # noqa: BLE001 - reported by the test below
+            errors.append(e)
+        finally:
+            sys.stdout.close()
+
+    thread = threading.Thread(target=command)
+    thread.start()
+    answers = []
+    with open(stdin_write, "wb", buffering=0) as user, open(stdout_read, "rb") as screen:
+        for sentence in sentences:
+            user.write(sentence.encode() + b"\n")
+            ready, _, _ = select.select([screen], [], [], 120)
+            assert ready, "no translation within 120 s of writing the line"
+            answers.append(screen.readline().decode().rstrip("\n"))
+            assert thread.is_alive() and not errors  # still reading: stdin is open
+    thread.join(60)
+    assert not errors, errors
+    assert answers == expected
+
+
+def test_evaluate_writes_its_own_report_and_never_the_training_runs(workdir, tmp_path):
+    run_dir = tmp_path / "run"
+    shutil.copytree(workdir, run_dir)
+    training_report = {
+        p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file() and "report" in p.name
+    }
+    training_report["hypotheses.txt"] = (run_dir / "hypotheses.txt").read_bytes()
+    (tmp_path / "test.en").write_text("the cat sleeps .\na man reads .\n", encoding="utf-8")
+    (tmp_path / "test.de").write_text("die Katze schläft .\nein Mann liest .\n", encoding="utf-8")
+    (tmp_path / "other.de").write_text("die Katze .\nein Mann liest .\n", encoding="utf-8")
+    argv = [
+        f"--workdir={run_dir}",
+        f"--src={tmp_path / 'test.en'}",
+        f"--ref={tmp_path / 'test.de'}",
+        "--config.decode.beam_size=1",
+    ]
+    evaluate.main([*argv, "--lowercase", f"--compare={tmp_path / 'other.de'}"])
+    evaluate.main(argv)
+    for name, content in training_report.items():
+        assert (run_dir / name).read_bytes() == content
+    first, second = (
+        run_dir / "evaluations" / "test.en.step6",
+        run_dir / "evaluations" / "test.en.step6.2",
+    )
+    assert sorted(p.name for p in first.iterdir()) == [
+        "hypotheses.txt",
+        "report.json",
+        "report.txt",
+    ]
+    assert (second / "report.json").is_file()
+    report = json.loads((first / "report.json").read_text())
+    head = subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    assert report["git"]["commit"] == head.stdout.strip()
+    assert report["packages"]["jax"] == jax.__version__ and report["packages"]["python"]
+    assert report["device"] == jax.local_devices()[0].device_kind
+    assert report["config"]["decode"]["beam_size"] == 1
+    assert report["config"]["model"] == read_config(Workdir(run_dir)).to_dict()["model"]
+    assert report["num_parameters"][0] > 0
+    for side, name in (("source", "test.en"), ("reference", "test.de")):
+        digest = hashlib.sha256((tmp_path / name).read_bytes()).hexdigest()
+        assert report["test_set"][f"{side}_sha256"] == digest
+    assert {"bleu", "bleu_lowercase", "tokenized_bleu", "chrf"} <= set(report)
+    assert (
+        report["comparison"]["other_sha256"]
+        == hashlib.sha256((tmp_path / "other.de").read_bytes()).hexdigest()
+    )
+    assert "paired bootstrap" in (first / "report.txt").read_text()
+    with pytest.raises(ValueError, match="is a training workdir"):
+        evaluate.main([*argv, f"--output={run_dir}"])
+    with pytest.raises(ValueError, match="holds report.json"):
+        evaluate.main([*argv, f"--output={first}"])
