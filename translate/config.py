@@ -1,9 +1,11 @@
 """Typed experiment configuration: dataclasses whose defaults are the paper's base model.
 
 A config file is Python with a `get_config()` that returns a `Config`. Entry points load it
-with `load_config(path, overrides)`, where overrides come from `--config.<section>.<field>=value`
-flags; an unknown section or field, or a value that does not parse as the field's type, is an
-error that names the flag.
+with `load_config(path_or_name, overrides)` (a file, or an example config of configs/ by name),
+where overrides come from `--config.<section>.<field>=value` flags; an unknown section or field,
+or a value that does not parse as the field's type, is an error that names the flag. The
+comment above each field is its description: `parse_flags` prints it for `--help`
+(`field_descriptions` reads it from this file), so a new field needs one.
 """
 
 from __future__ import annotations
