@@ -61,6 +61,7 @@ def test_second_signal_exits_at_once(monkeypatch):
     assert exits == [128 + signal.SIGINT]
 
 
+@pytest.mark.slow  # about 70 s; test_train's in-process stop-and-resume test is in the default run
 def test_killed_and_resumed_run_matches_uninterrupted_run_bitwise(tmp_path):
     done = subprocess.run(
         [
