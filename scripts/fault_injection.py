@@ -213,10 +213,17 @@ def main(argv: list[str]) -> int:
         raise SystemExit("--kills and --max_delay must be >= 0")
     overrides = {**DEFAULT_OVERRIDES, **overrides}
     base = pathlib.Path(flags["workdir"] or tempfile.mkdtemp(prefix="faults-"))
+    # Only runs this script made are replaced: `--workdir` may name a directory of real runs.
+    marker = base / "fault_injection.txt"
     for name in ("reference", "faulty"):
-        if (base / name).exists() and not (base / name / "config.json").is_file():
-            raise SystemExit(f"{base / name} exists and is not a training run: not deleting it")
+        if (base / name).exists() and not marker.is_file():
+            raise SystemExit(
+                f"{base / name} exists and was not made by this script: not deleting it; "
+                "choose another --workdir"
+            )
         shutil.rmtree(base / name, ignore_errors=True)
+    base.mkdir(parents=True, exist_ok=True)
+    marker.write_text("reference/ and faulty/ here are made (and replaced) by fault_injection.py\n")
     rng = random.Random(flags["seed"])
 
     print(f"reference run: {base / 'reference'}", flush=True)
