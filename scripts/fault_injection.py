@@ -1,13 +1,19 @@
-"""Kill a training run at random moments, resume it, and compare it with an uninterrupted run.
+"""Kill a training run at chosen moments, resume it, and compare it with an uninterrupted run.
 
-    python -m scripts.fault_injection --config=configs/tiny.py --kills=5 --seed=0 \
-        [--workdir=/tmp/faults] [--config.train.num_train_steps=60 ...]
+    python -m scripts.fault_injection --config=configs/tiny.py --kills=6 --seed=0 \
+        [--workdir=/tmp/faults] [--signals=alternate|kill|term] [--max_delay=2.0] \
+        [--config.train.num_train_steps=600 ...]
 
-The reference run trains to the end without interruption. The faulty run is started, killed
-(SIGKILL or SIGTERM, chosen by the seed) at a random moment after training has begun, and
-started again with the same command, `--kills` times, then allowed to finish. The script
-compares every parameter bit for bit and the final reports, prints what it compared, and ends
-with `identical: true` or `identical: false` (exit status 0 only when true).
+The reference run trains to the end without interruption. The faulty run is started and killed
+`--kills` times, each time with the same command, then allowed to finish. Kills alternate
+between SIGKILL and SIGTERM (or use one of them, `--signals`), and cycle through three moments:
+- `train`: a random delay (up to `--max_delay` s) after the attempt's first new training step;
+- `save`: as soon as the trainer says a checkpoint is being written (its write is in flight);
+- `eval`: as soon as a dev evaluation starts.
+Each kill is reported with the steps trained before it and whether it landed where it was aimed;
+a kill that lands after training ended does not count. The script compares every parameter bit
+for bit and the final reports, and ends with `landed: K of N` and `identical: true|false`; the
+exit status is 0 only when every kill landed mid-training and the runs are identical.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from __future__ import annotations
 import json
 import pathlib
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -22,6 +29,7 @@ import sys
 import tempfile
 import threading
 import time
+from typing import NamedTuple
 
 import numpy as np
 
@@ -30,13 +38,18 @@ from translate.config import Flag, parse_flags
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
-# Reasonable defaults for configs/tiny.py: enough steps and checkpoints for kills to land
-# between checkpoints as well as on them.
+# For configs/tiny.py: enough steps that ten kills all land before the end, checkpoints often
+# enough that kills land between them as well as on them, and dev evaluations to kill.
 DEFAULT_OVERRIDES = {
-    "train.num_train_steps": "30",
-    "train.checkpoint_every_steps": "4",
+    "train.num_train_steps": "600",
+    "train.checkpoint_every_steps": "10",
+    "train.eval_every_steps": "50",
     "train.log_every_steps": "1",
 }
+MOMENTS = ("train", "save", "eval")
+STEP_LINE = re.compile(r" step (\d+)/\d+ ")
+SAVE_LINE = re.compile(r"saving the checkpoint of step (\d+)")
+EVAL_START = re.compile(r"evaluating at step (\d+)")
 
 
 def train_command(config: str, workdir: pathlib.Path, overrides: dict[str, str]) -> list[str]:
@@ -58,34 +71,88 @@ def run_to_end(command: list[str]) -> str:
     return done.stderr
 
 
-def run_and_kill(command: list[str], delay: float, signum: int) -> str:
-    """Starts training, waits for its first step line plus `delay` seconds, sends `signum`."""
+class Kill(NamedTuple):
+    """What one kill did: where it was aimed, where it landed, and what the trainer said."""
+
+    signum: signal.Signals
+    moment: str
+    landed: bool  # during training (not after the run ended), at the moment aimed for
+    where: str  # in words
+    output: str
+
+
+def run_and_kill(
+    command: list[str], signum: signal.Signals, moment: str, delay: float, checkpoints: pathlib.Path
+) -> Kill:
+    """Starts training and sends `signum` at `moment` of this attempt (see the module doc)."""
     process = subprocess.Popen(command, cwd=ROOT, stderr=subprocess.PIPE, text=True)
     lines: list[str] = []
-    started = threading.Event()
+    trained = threading.Event()  # a training step of this attempt has finished
+    fired = threading.Event()
+    mark: dict[str, float] = {}
+
+    def fire():
+        if not fired.is_set():
+            mark["alive"] = process.poll() is None
+            mark["sent_at"] = time.monotonic()
+            if mark["alive"]:
+                process.send_signal(signum)
+            fired.set()
 
     def read():
+        pattern = {"save": SAVE_LINE, "eval": EVAL_START}.get(moment)
         for line in process.stderr:
             lines.append(line)
-            if " step " in line or "resumed from" in line:
-                started.set()
+            if found := STEP_LINE.search(line):
+                mark.setdefault("first_step", int(found.group(1)))
+                mark["step"] = int(found.group(1))
+                trained.set()
+            # Sent from here, the moment the line is read: a save of the tiny model is brief.
+            if pattern and trained.is_set() and (found := pattern.search(line)):
+                mark.setdefault("at", int(found.group(1)))
+                fire()
 
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
-    while not started.wait(0.1):
-        if process.poll() is not None:
-            break
-    time.sleep(delay)
-    if process.poll() is None:
-        process.send_signal(signum)
+    event = trained if moment == "train" else fired
+    while not event.wait(0.05) and process.poll() is None:
+        pass
+    if moment == "train" and process.poll() is None:
+        time.sleep(delay)
+    fire()  # does nothing if the reader fired already
     try:
         process.wait(timeout=60)  # a SIGTERM must end the run within 60 s
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait()
         lines.append("did not stop within 60 s of the signal\n")
+    stopped_in = time.monotonic() - mark["sent_at"]
+    left = sorted(p.name for p in checkpoints.glob("*.orbax-checkpoint-tmp*"))
     reader.join(timeout=5)
-    return "".join(lines)
+    output = "".join(lines)
+    ended_by_signal = process.returncode in (-signum, 128 + signum)
+    landed = mark["alive"] and ended_by_signal and trained.is_set()
+    steps = f"steps {mark.get('first_step', '-')}..{mark.get('step', '-')} logged in this attempt"
+    if not landed or (moment != "train" and "at" not in mark):
+        return Kill(signum, moment, False, f"did not land mid-training ({steps})", output)
+    if moment == "eval":
+        landed = f"eval at step {mark['at']}:" not in output
+        where = f"during the dev evaluation of step {mark['at']}" + (
+            "" if landed else " (which finished first)"
+        )
+    elif moment == "save":
+        where = f"at the save of step {mark['at']}"
+        if signum == signal.SIGKILL:
+            where += (
+                f", whose write was in flight (left {left[0]})"
+                if left
+                else ", whose write had finished"
+            )
+    else:
+        where = f"{delay:.2f} s into training"
+    if signum == signal.SIGTERM:
+        where += f"; stopped {stopped_in:.1f} s after the signal"
+    return Kill(signum, moment, landed, f"{where} ({steps})", output)
 
 
 def compare(reference: pathlib.Path, faulty: pathlib.Path) -> list[tuple[str, bool]]:
@@ -119,38 +186,65 @@ def compare(reference: pathlib.Path, faulty: pathlib.Path) -> list[tuple[str, bo
     return results
 
 
+def plan_kills(kills: int, signals: str, seed: int) -> list[tuple[signal.Signals, str]]:
+    """(signal, moment) per kill: moments cycle train, save, eval; signals alternate."""
+    rng = random.Random(seed)
+    first = rng.randrange(2)
+    choice = {"kill": [signal.SIGKILL], "term": [signal.SIGTERM]}.get(
+        signals, [signal.SIGKILL, signal.SIGTERM]
+    )
+    return [(choice[(i + first) % len(choice)], MOMENTS[i % len(MOMENTS)]) for i in range(kills)]
+
+
 def main(argv: list[str]) -> int:
     flags, overrides = parse_flags(
         argv,
         {
             "config": Flag("configs/tiny.py", "The config both runs train."),
-            "kills": Flag(3, "How many times the faulty run is killed and restarted."),
-            "seed": Flag(0, "Seed of the kill moments and signals."),
+            "kills": Flag(6, "How many times the faulty run is killed and restarted."),
+            "seed": Flag(0, "Seed of the first signal and of the kill delays."),
             "workdir": Flag("", "Directory for the two runs; default a new temporary one."),
-            "max_delay": Flag(3.0, "Longest wait, in seconds after training began, to a kill."),
-            "sigterm_fraction": Flag(0.5, "Share of kills by SIGTERM (the rest SIGKILL)."),
+            "max_delay": Flag(2.0, "Longest wait, in seconds after a first new step, to a kill."),
+            "signals": Flag("alternate", "alternate (SIGKILL, SIGTERM), kill or term."),
         },
         doc=__doc__,
     )
+    if flags["signals"] not in ("alternate", "kill", "term"):
+        raise SystemExit(f"--signals={flags['signals']}: must be alternate, kill or term")
+    if flags["kills"] < 0 or flags["max_delay"] < 0:
+        raise SystemExit("--kills and --max_delay must be >= 0")
     overrides = {**DEFAULT_OVERRIDES, **overrides}
     base = pathlib.Path(flags["workdir"] or tempfile.mkdtemp(prefix="faults-"))
+    # Only runs this script made are replaced: `--workdir` may name a directory of real runs.
+    marker = base / "fault_injection.txt"
     for name in ("reference", "faulty"):
+        if (base / name).exists() and not marker.is_file():
+            raise SystemExit(
+                f"{base / name} exists and was not made by this script: not deleting it; "
+                "choose another --workdir"
+            )
         shutil.rmtree(base / name, ignore_errors=True)
+    base.mkdir(parents=True, exist_ok=True)
+    marker.write_text("reference/ and faulty/ here are made (and replaced) by fault_injection.py\n")
     rng = random.Random(flags["seed"])
 
     print(f"reference run: {base / 'reference'}", flush=True)
     run_to_end(train_command(flags["config"], base / "reference", overrides))
     faulty = train_command(flags["config"], base / "faulty", overrides)
-    for kill in range(flags["kills"]):
-        signum = signal.SIGTERM if rng.random() < flags["sigterm_fraction"] else signal.SIGKILL
-        delay = rng.uniform(0.0, flags["max_delay"])
-        output = run_and_kill(faulty, delay, signum)
-        resumed = [line.strip() for line in output.splitlines() if "resumed from" in line]
-        stopped = [line.strip() for line in output.splitlines() if "stopped by" in line]
+    checkpoints = base / "faulty" / "checkpoints"
+    kills = []
+    for i, (signum, moment) in enumerate(
+        plan_kills(flags["kills"], flags["signals"], flags["seed"])
+    ):
+        kill = run_and_kill(
+            faulty, signum, moment, rng.uniform(0.0, flags["max_delay"]), checkpoints
+        )
+        kills.append(kill)
+        resumed = re.search(r"resumed from step (\d+)", kill.output)
         print(
-            f"kill {kill + 1}: {signum.name} {delay:.2f} s after training started; "
-            f"{resumed[0].split(' ', 1)[1] if resumed else 'started fresh'}; "
-            f"{stopped[0].split(' ', 1)[1] if stopped else 'no checkpoint on exit'}",
+            f"kill {i + 1}: {signum.name} aimed at {moment}: "
+            f"{'landed' if kill.landed else 'MISSED'} {kill.where}; "
+            f"{'resumed from step ' + resumed.group(1) if resumed else 'started fresh'}",
             flush=True,
         )
     run_to_end(faulty)
@@ -158,8 +252,10 @@ def main(argv: list[str]) -> int:
     for what, equal in results:
         print(f"  {'same' if equal else 'DIFFERENT'}: {what}")
     identical = all(equal for _, equal in results)
+    landed = sum(kill.landed for kill in kills)
+    print(f"landed: {landed} of {len(kills)}")
     print(f"identical: {str(identical).lower()}")
-    return 0 if identical else 1
+    return 0 if identical and landed == len(kills) else 1
 
 
 if __name__ == "__main__":

@@ -9,9 +9,11 @@ write what they loaded and the parameters they hold to files that the tests comp
 import json
 import os
 import pathlib
+import signal
 import socket
 import subprocess
 import sys
+import threading
 
 import jax
 import numpy as np
@@ -244,6 +246,73 @@ def test_train_and_evaluate_on_two_processes_shares_one_workdir(config, tmp_path
         if "train/loss" in line
     ]
     assert logged_steps == sorted(set(logged_steps))  # written by process 0 alone
+
+
+def test_sigterm_to_one_process_stops_every_process_at_the_same_step(tmp_path):
+    """SLURM signals each task on its own: the one signalled and the one not must still stop
+    together (a host saving while another enters the next step's collectives hangs both)."""
+    from translate import checkpoint
+    from translate.workdir import Workdir
+
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "JAX_PLATFORMS": "cpu",
+        "XLA_FLAGS": f"--xla_force_host_platform_device_count={DEVICES_PER_PROCESS}",
+        "JAX_COORDINATOR_ADDRESS": f"localhost:{free_port()}",
+        "JAX_NUM_PROCESSES": str(NUM_PROCESSES),
+    }
+    command = [
+        sys.executable,
+        "-m",
+        "translate.train",
+        "--config=configs/tiny.py",
+        f"--workdir={tmp_path}",
+        "--config.model.num_layers=1",
+        "--config.train.num_train_steps=100000",
+        "--config.train.log_every_steps=1",
+        "--config.train.stop_check_every_steps=4",
+    ]
+    procs = [
+        subprocess.Popen(
+            command,
+            cwd=REPO,
+            env={**env, "JAX_PROCESS_ID": str(i)},
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(NUM_PROCESSES)
+    ]
+    outputs: list[list[str]] = [[] for _ in procs]
+    started = threading.Event()
+
+    def read(i):
+        for line in procs[i].stderr:
+            outputs[i].append(line)
+            if i == 1 and " step " in line:
+                started.set()
+
+    readers = [threading.Thread(target=read, args=(i,), daemon=True) for i in range(len(procs))]
+    for reader in readers:
+        reader.start()
+    try:
+        assert started.wait(300), "process 1 never logged a step:\n" + "".join(outputs[1])
+        procs[1].send_signal(signal.SIGTERM)  # process 0 is never signalled
+        for p in procs:
+            p.wait(timeout=120)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    for reader in readers:
+        reader.join(timeout=10)
+    texts = ["".join(lines) for lines in outputs]
+    stops = []
+    for p, text in zip(procs, texts):
+        assert p.returncode == 128 + signal.SIGTERM, text[-3000:]
+        stops.append(int(text.split("stopped by SIGTERM at step ")[1].split(";")[0]))
+    assert stops[0] == stops[1] and stops[0] % 4 == 0
+    assert checkpoint.latest_step(Workdir(tmp_path).checkpoints) == stops[0]
 
 
 if __name__ == "__main__":

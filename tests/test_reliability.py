@@ -61,6 +61,7 @@ def test_second_signal_exits_at_once(monkeypatch):
     assert exits == [128 + signal.SIGINT]
 
 
+@pytest.mark.slow  # about 70 s; test_train's in-process stop-and-resume test is in the default run
 def test_killed_and_resumed_run_matches_uninterrupted_run_bitwise(tmp_path):
     done = subprocess.run(
         [
@@ -70,16 +71,19 @@ def test_killed_and_resumed_run_matches_uninterrupted_run_bitwise(tmp_path):
             "--kills=1",
             "--seed=1",
             f"--workdir={tmp_path}",
-            "--sigterm_fraction=0",
-            "--config.train.num_train_steps=12",
+            "--signals=kill",
+            "--max_delay=0.3",
+            "--config.train.num_train_steps=40",
             "--config.train.checkpoint_every_steps=3",
+            "--config.train.eval_every_steps=40",
         ],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=600,
     )
-    assert "kill 1: SIGKILL" in done.stdout
+    assert "kill 1: SIGKILL aimed at train: landed" in done.stdout, done.stdout
+    assert "landed: 1 of 1" in done.stdout
     assert done.stdout.strip().endswith("identical: true"), done.stdout + done.stderr[-2000:]
     assert done.returncode == 0
 
@@ -91,7 +95,7 @@ def test_many_kills_and_terms_leave_the_run_identical(tmp_path):
             sys.executable,
             "-m",
             "scripts.fault_injection",
-            "--kills=5",
+            "--kills=6",
             "--seed=0",
             f"--workdir={tmp_path}",
         ],
@@ -100,6 +104,10 @@ def test_many_kills_and_terms_leave_the_run_identical(tmp_path):
         text=True,
         timeout=1800,
     )
+    for moment in ("train", "save", "eval"):
+        for name in ("SIGKILL", "SIGTERM"):
+            assert f"{name} aimed at {moment}: landed" in done.stdout, done.stdout
+    assert "landed: 6 of 6" in done.stdout
     assert done.stdout.strip().endswith("identical: true"), done.stdout + done.stderr[-2000:]
 
 
@@ -177,6 +185,7 @@ def test_workdir_with_a_different_model_is_refused_unless_forced(config, trained
     config.train.num_train_steps = 2
     train.train_and_evaluate(config, trained, force=True)
     assert checkpoint.latest_step(Workdir(trained).checkpoints) == 2
+    assert not Workdir(trained).previous_run.exists(), "the earlier run is gone once data loaded"
 
 
 def test_missing_data_directory_is_a_clear_error(config, tmp_path):
@@ -304,3 +313,110 @@ def test_an_error_after_a_save_waits_for_that_save_to_finish(config, tmp_path, m
     assert closed, "the manager was closed on the error path"
     assert checkpoint.latest_step(Workdir(tmp_path).checkpoints) is not None
     assert not list(Workdir(tmp_path).checkpoints.glob("*.orbax-checkpoint-tmp*"))
+
+
+def write_files_corpus(config, data: pathlib.Path) -> None:
+    """Points the config at parallel files written from the synthetic grammar."""
+    synthetic.write_splits(data, 200, 8, 8, seed=0)
+    config.data.source, config.data.dir = "files", str(data)
+    config.data.dev_prefix, config.data.test_prefix = "dev", "test"
+
+
+def test_missing_dev_files_are_a_clear_error_and_an_empty_prefix_means_none(config, tmp_path):
+    write_files_corpus(config, tmp_path / "data")
+    config.data.dev_prefix = "valid"
+    with pytest.raises(FileNotFoundError, match=r"valid\.en: no such file.*dev_prefix"):
+        train.train_and_evaluate(config, tmp_path / "run")
+    assert not (tmp_path / "run" / "config.json").exists()
+    config.data.dev_prefix = ""
+    config.train.num_train_steps = 1
+    train.train_and_evaluate(config, tmp_path / "run")
+    assert not any("eval/loss" in line for line in (tmp_path / "run/metrics.jsonl").open())
+
+
+def test_empty_training_file_is_an_error_naming_it(config, tmp_path):
+    write_files_corpus(config, tmp_path / "data")
+    for lang in ("en", "de"):
+        (tmp_path / "data" / f"train.{lang}").write_text("")
+    with pytest.raises(ValueError, match=r"train\.en: the training file holds no sentence"):
+        train.train_and_evaluate(config, tmp_path / "run")
+    assert not (tmp_path / "run" / "config.json").exists()
+
+
+def test_reversed_language_direction_on_an_existing_run_is_refused(config, trained):
+    config.data.src_lang, config.data.tgt_lang = "de", "en"
+    before = {p: p.read_bytes() for p in trained.rglob("*") if p.is_file()}
+    with pytest.raises(ValueError, match=r"config.data.src_lang = en, now de"):
+        train.train_and_evaluate(config, trained)
+    assert {p: p.read_bytes() for p in trained.rglob("*") if p.is_file()} == before
+
+
+def test_skip_policy_stops_after_too_many_skipped_steps_in_a_row(config, tmp_path):
+    config.train.num_train_steps = 12
+    config.train.learning_rate_scale = 1e30  # the updates turn non-finite
+    config.train.on_nonfinite = "skip"
+    config.train.max_consecutive_skips = 4
+    with pytest.raises(FloatingPointError, match=r"4 steps in a row \(steps \d+ to \d+\)"):
+        train.train_and_evaluate(config, tmp_path)
+    assert not (tmp_path / "report.json").exists()
+
+
+SIGNALLED_AT: list[float] = []
+
+
+def signal_then_work(*args, **kwargs):
+    """Stands in for an evaluation: SIGTERM arrives at its start, then 60 s of work follow."""
+    SIGNALLED_AT.append(time.monotonic())
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(60)
+    raise AssertionError("the signal did not stop the evaluation")
+
+
+def eval_steps(workdir: pathlib.Path) -> list[int]:
+    lines = [json.loads(x) for x in (workdir / "metrics.jsonl").read_text().splitlines()]
+    return [x["step"] for x in lines if "eval/loss" in x]
+
+
+def test_sigterm_during_dev_evaluation_stops_at_once_and_the_restart_redoes_it(
+    config, tmp_path, monkeypatch
+):
+    config.train.eval_every_steps = 3
+    config.train.checkpoint_every_steps = 4  # step 3 has no checkpoint of its own
+    with monkeypatch.context() as patched:
+        patched.setattr(train, "dev_bleu", signal_then_work)
+        with pytest.raises(monitor.Interrupted, match="stopped by SIGTERM at step 3"):
+            train.train_and_evaluate(config, tmp_path)
+        assert time.monotonic() - SIGNALLED_AT[-1] < 10
+    assert checkpoint.latest_step(Workdir(tmp_path).checkpoints) == 3
+    assert eval_steps(tmp_path) == []
+    train.train_and_evaluate(config, tmp_path)
+    assert eval_steps(tmp_path) == [3, 6]
+    assert (tmp_path / "report.json").is_file()
+
+
+def test_sigterm_during_test_decoding_stops_at_once_and_the_restart_decodes_again(
+    config, tmp_path, monkeypatch
+):
+    with monkeypatch.context() as patched:
+        patched.setattr(train, "dev_bleu", lambda *args: {})
+        patched.setattr(train.evaluate, "evaluate", signal_then_work)
+        with pytest.raises(monitor.Interrupted, match="stopped by SIGTERM at step 6"):
+            train.train_and_evaluate(config, tmp_path)
+        assert time.monotonic() - SIGNALLED_AT[-1] < 10
+    assert checkpoint.latest_step(Workdir(tmp_path).checkpoints) == 6
+    assert not (tmp_path / "report.json").exists()
+    train.train_and_evaluate(config, tmp_path)
+    assert (tmp_path / "report.json").is_file()
+    assert checkpoint.latest_step(Workdir(tmp_path).checkpoints) == 6
+
+
+def test_force_with_bad_data_puts_the_earlier_run_back(config, trained, tmp_path_factory):
+    data = tmp_path_factory.mktemp("bad_data")
+    write_files_corpus(config, data)
+    with open(data / "train.de", "a") as f:
+        f.write("Eine Zeile zu viel.\n")
+    before = {p: p.read_bytes() for p in trained.rglob("*") if p.is_file()}
+    with pytest.raises(ValueError, match="train.en has 200 lines"):
+        train.train_and_evaluate(config, trained, force=True)
+    assert {p: p.read_bytes() for p in trained.rglob("*") if p.is_file()} == before
+    assert not Workdir(trained).previous_run.exists()

@@ -35,3 +35,10 @@ def test_vocab_sample_is_seeded_and_drawn_from_both_languages():
     assert len(set(sample)) == 300
     assert 100 < sum(s.startswith("en") for s in sample) < 200
     assert sorted(sample_sentences(text, 5000, seed=0)) == sorted(src + tgt)
+
+
+def test_nul_byte_is_an_error_naming_file_and_line(tmp_path):
+    (tmp_path / "a.en").write_bytes(b"one\ntw\x00o\n")
+    (tmp_path / "a.de").write_bytes(b"eins\nzwei\n")
+    with pytest.raises(ValueError, match=r"a\.en:2: NUL byte"):
+        read_parallel(tmp_path / "a.en", tmp_path / "a.de")

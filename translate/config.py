@@ -51,7 +51,8 @@ class DataConfig:
     source: str = "files"
     # Directory holding {train,dev,test}_prefix.{src_lang,tgt_lang} for source "files".
     dir: str = ""
-    # File stem of the training, development and test sets inside `dir`.
+    # File stem of the training, development and test sets inside `dir` ("" for no dev or test
+    # set; a named set whose files are missing is an error).
     train_prefix: str = "train"
     dev_prefix: str = "val"
     test_prefix: str = "test"
@@ -111,6 +112,12 @@ class TrainConfig:
     # A step whose loss or gradient is not finite is never applied; "stop" ends the run there
     # (naming the step), "skip" carries on and counts such steps in the log.
     on_nonfinite: str = "stop"
+    # With on_nonfinite "skip": this many skipped steps in a row stop the run (it has stopped
+    # learning).
+    max_consecutive_skips: int = 100
+    # On several hosts: every this many steps they agree whether any received SIGTERM or SIGINT,
+    # and all stop at the same step (a small all-gather; one process checks every step).
+    stop_check_every_steps: int = 10
     # Dev loss and dev BLEU on `eval_num_sentences` dev sentences every this many steps.
     eval_every_steps: int = 1000
 
@@ -193,6 +200,7 @@ class Config:
             ),
             # Empty dev and test splits mean none; without a training split there is no run.
             ("data.tfds_train_split", lambda v: v != "", "must be non-empty"),
+            ("data.train_prefix", lambda v: v != "", "must be non-empty"),
             ("data.src_lang", lambda v: v != "", "must be non-empty"),
             ("data.tgt_lang", lambda v: v != "", "must be non-empty"),
             (
@@ -239,6 +247,8 @@ class Config:
             # Orbax keeps this many and deletes the rest: 0 would keep no checkpoint at all.
             ("train.keep_checkpoints", lambda v: v >= 1, "must be >= 1"),
             ("train.on_nonfinite", lambda v: v in ("stop", "skip"), "must be 'stop' or 'skip'"),
+            ("train.max_consecutive_skips", lambda v: v >= 1, "must be >= 1"),
+            ("train.stop_check_every_steps", lambda v: v >= 1, "must be >= 1"),
             ("train.eval_every_steps", lambda v: v >= 1, "must be >= 1"),
             ("decode.beam_size", lambda v: v >= 1, "must be >= 1"),
             ("decode.length_penalty", lambda v: v >= 0.0, "must be >= 0"),

@@ -53,9 +53,11 @@ def data_paths(config: Config, workdir: Workdir) -> dict[str, tuple[pathlib.Path
         if not base.is_dir():
             raise FileNotFoundError(f"--config.data.dir: {base} is not a directory")
         prefixes = {"train": d.train_prefix, "dev": d.dev_prefix, "test": d.test_prefix}
+    # An empty dev or test prefix means that split is not wanted.
     return {
         split: (base / f"{p}.{d.src_lang}", base / f"{p}.{d.tgt_lang}")
         for split, p in prefixes.items()
+        if p
     }
 
 
@@ -74,11 +76,19 @@ def open_text(
         )
         return train, dev, test
     paths = data_paths(config, workdir)
+    for split in ("train", "dev", "test"):
+        for path in paths.get(split, ()):
+            if not path.is_file():
+                prefix = f"--config.data.{split}_prefix"
+                none = "" if split == "train" else f" (set {prefix}= for no {split} set)"
+                raise FileNotFoundError(f"{path}: no such file, named by {prefix}{none}")
     dev, test = (
-        read_parallel(*paths[split]) if paths[split][0].is_file() else None
-        for split in ("dev", "test")
+        read_parallel(*paths[split]) if split in paths else None for split in ("dev", "test")
     )
-    return ParallelText.from_files(*paths["train"]), dev, test
+    train = ParallelText.from_files(*paths["train"])
+    if train.num_pairs == 0:
+        raise ValueError(f"{paths['train'][0]}: the training file holds no sentence")
+    return train, dev, test
 
 
 def load_data(config: Config, workdir: Workdir) -> Data:
@@ -102,6 +112,11 @@ def load_data(config: Config, workdir: Workdir) -> Data:
         tokenizer = train_tokenizer(sample, d.vocab_size, workdir.vocab)
         del sample
     train, dropped = tokenize_once(train_text, tokenizer, d.max_len, workdir.tokens)
+    if len(train) == 0:
+        raise ValueError(
+            f"all {dropped} training pairs are longer than --config.data.max_len={d.max_len} "
+            "tokens on one side: raise data.max_len (and data.row_len)"
+        )
     log.info(
         "train: %d pairs kept, %d longer than data.max_len=%d dropped; vocabulary %d",
         len(train),

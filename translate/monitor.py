@@ -8,6 +8,7 @@ or gradient is not finite stops the run or is counted, by `train.on_nonfinite`.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -19,6 +20,7 @@ from typing import Any
 
 import jax
 import numpy as np
+from jax.experimental import multihost_utils
 
 from translate.workdir import Workdir
 
@@ -51,6 +53,20 @@ class MetricWriter:
             self.tensorboard.close()
 
 
+def evaluated_steps(workdir: Workdir) -> set[int]:
+    """Steps whose dev evaluation `metrics.jsonl` records (a torn last line is ignored)."""
+    steps = set()
+    if workdir.metrics.is_file():
+        for line in workdir.metrics.read_text().splitlines():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if "eval/loss" in record:
+                steps.add(record["step"])
+    return steps
+
+
 def summarize(window: list[dict[str, np.ndarray]], seconds: float, steps: int) -> dict[str, float]:
     """Turns a window of per-step metrics (fetched to the host) into logged numbers."""
     good = [m for m in window if not m["nonfinite"]] or window
@@ -80,13 +96,27 @@ class Interrupted(Exception):
         )
 
 
-class StopSignal:
-    """While active, a first SIGTERM or SIGINT asks the loop to checkpoint and stop at the end
-    of the current step (pre-emptible jobs get such a warning); a second one exits at once."""
+class EvaluationInterrupted(Exception):
+    """A stop signal arrived during an evaluation, which was abandoned (redone on restart)."""
 
-    def __init__(self):
+
+class StopSignal:
+    """While active, a first SIGTERM or SIGINT asks the run to checkpoint and stop; a second one
+    exits at once (pre-emptible jobs get such a warning before they are killed).
+
+    Between steps, the loop asks `agreed(step)`. One process acts on its own signal at the next
+    step. On several hosts, a signal may reach them on different sides of a step boundary (SLURM
+    signals each task separately), and a host that saves while another enters the next step's
+    collectives hangs both; so they agree, every `every` steps, by gathering every host's flag,
+    and all stop at the same step. Within `evaluation()`, one process abandons the evaluation
+    at once; on several hosts the evaluation's collectives must finish together, so it ends first.
+    """
+
+    def __init__(self, every: int = 1):
         self.signum: int | None = None
+        self.every = every
         self.previous: dict[int, Any] = {}
+        self.in_evaluation = False
 
     def handle(self, signum, frame):
         if self.signum is not None:
@@ -94,10 +124,36 @@ class StopSignal:
             os._exit(128 + signum)
         self.signum = signum
         log.info(
-            "%s received: saving a checkpoint after this step, then stopping "
-            "(send it again to exit at once)",
+            "%s received: saving a checkpoint and stopping (send it again to exit at once)",
             signal.Signals(signum).name,
         )
+        if self.in_evaluation:
+            self.in_evaluation = False
+            raise EvaluationInterrupted(signal.Signals(signum).name)
+
+    def agreed(self, step: int) -> int | None:
+        """The signal every process stops for after `step`, or None to carry on."""
+        if jax.process_count() == 1:
+            return self.signum
+        if step % self.every:
+            return None
+        # One small all-gather every `every` steps: the only way hosts agree on the same step.
+        signums = multihost_utils.process_allgather(np.int32(self.signum or 0))
+        return int(np.max(signums)) or None
+
+    @contextlib.contextmanager
+    def evaluation(self):
+        """A block that a stop signal abandons at once (raising EvaluationInterrupted)."""
+        if jax.process_count() > 1:
+            yield
+            return
+        if self.signum is not None:
+            raise EvaluationInterrupted(signal.Signals(self.signum).name)
+        self.in_evaluation = True
+        try:
+            yield
+        finally:
+            self.in_evaluation = False
 
     def __enter__(self):
         if threading.current_thread() is threading.main_thread():
@@ -107,24 +163,50 @@ class StopSignal:
 
     def __exit__(self, *exc):
         for sig, handler in self.previous.items():
-            signal.signal(sig, handler)
+            # None: the previous handler was not installed from Python (JAX's own, on several
+            # hosts) and cannot be put back from here; the default is the safe choice.
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
 
 
-def check_finite(
-    window: list[dict[str, Any]], first_step: int, policy: str, last_checkpoint: int | None
-) -> None:
-    """Raises on a step whose loss or gradient was not finite, unless the policy is "skip"."""
-    bad = [first_step + 1 + i for i, m in enumerate(window) if m["nonfinite"]]
-    if bad and policy == "stop":
-        raise FloatingPointError(
-            f"non-finite loss or gradient at step {bad[0]}; the update was not applied and "
-            f"training stopped. The last checkpoint (step {last_checkpoint}) is intact; set "
-            "--config.train.on_nonfinite=skip to skip such steps instead"
-        )
-    if bad:
-        log.info(
-            "skipped %d update(s) with non-finite loss or gradient at steps %s", len(bad), bad[:10]
-        )
+class NonfiniteGuard:
+    """Applies `train.on_nonfinite` to each window of steps fetched to the host.
+
+    A non-finite step was never applied (the train step keeps the old state). "stop" raises at
+    the first one; "skip" counts them and carries on, but raises once `max_in_a_row` steps in a
+    row were skipped: such a run has stopped learning and must not end as if it had finished.
+    """
+
+    def __init__(self, policy: str, max_in_a_row: int):
+        self.policy, self.max_in_a_row = policy, max_in_a_row
+        self.in_a_row = 0
+
+    def check(
+        self, window: list[dict[str, Any]], first_step: int, last_checkpoint: int | None
+    ) -> None:
+        bad = [first_step + 1 + i for i, m in enumerate(window) if m["nonfinite"]]
+        if bad and self.policy == "stop":
+            raise FloatingPointError(
+                f"non-finite loss or gradient at step {bad[0]}; the update was not applied and "
+                f"training stopped. The last checkpoint (step {last_checkpoint}) is intact; set "
+                "--config.train.on_nonfinite=skip to skip such steps instead"
+            )
+        for i, m in enumerate(window):
+            self.in_a_row = self.in_a_row + 1 if m["nonfinite"] else 0
+            if self.in_a_row >= self.max_in_a_row:
+                step = first_step + 1 + i
+                raise FloatingPointError(
+                    f"{self.in_a_row} steps in a row (steps {step - self.in_a_row + 1} to {step}) "
+                    "had a non-finite loss or gradient and were skipped: training has stopped "
+                    f"learning. The last checkpoint (step {last_checkpoint}) is intact; lower the "
+                    "learning rate (--config.train.learning_rate_scale) or raise "
+                    "--config.train.max_consecutive_skips"
+                )
+        if bad:
+            log.info(
+                "skipped %d update(s) with non-finite loss or gradient at steps %s",
+                len(bad),
+                bad[:10],
+            )
 
 
 def log_progress(step: int, num_steps: int, logged: dict[str, float]) -> None:

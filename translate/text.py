@@ -18,7 +18,7 @@ READ_CHUNK = 100_000
 
 
 def read_lines(path: str | pathlib.Path, allow_empty: bool = False) -> list[str]:
-    """Reads one sentence per line, failing with the file and line on bad UTF-8 or empty lines."""
+    """Reads one sentence per line; bad UTF-8, a NUL byte or an empty line names file and line."""
     path = pathlib.Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such file")
@@ -29,6 +29,8 @@ def read_lines(path: str | pathlib.Path, allow_empty: bool = False) -> list[str]
                 line = raw.decode("utf-8").rstrip("\r\n")
             except UnicodeDecodeError as e:
                 raise ValueError(f"{path}:{number}: not valid UTF-8 ({e.reason})") from None
+            if "\0" in line:
+                raise ValueError(f"{path}:{number}: NUL byte (is this a text file?)")
             if not allow_empty and not line.strip():
                 raise ValueError(f"{path}:{number}: empty line (every line must hold a sentence)")
             lines.append(line)

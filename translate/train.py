@@ -36,10 +36,12 @@ from translate.flops import batch_lengths, train_flops
 from translate.losses import projected_cross_entropy
 from translate.model import Transformer, abstract_model, resolve_dtype
 from translate.monitor import (
+    EvaluationInterrupted,
     Interrupted,
     MetricWriter,
+    NonfiniteGuard,
     StopSignal,
-    check_finite,
+    evaluated_steps,
     log_progress,
     summarize,
 )
@@ -49,6 +51,7 @@ from translate.workdir import (
     check_config,
     check_vocabulary_unchanged,
     lock,
+    settle_previous_run,
     write_config,
 )
 
@@ -241,8 +244,13 @@ def train_in_workdir(
     if warning := cpu_warning(config, facts):
         log.warning("WARNING: %s", warning)
 
-    data = sharding.on_process_zero_first(lambda: load_data(config, workdir))
-    write_config(config, workdir)  # only once the data has loaded without error
+    try:
+        data = sharding.on_process_zero_first(lambda: load_data(config, workdir))
+        write_config(config, workdir)  # only once the data has loaded without error
+    except BaseException:
+        settle_previous_run(workdir, keep=True)  # bad data: --force's earlier run comes back
+        raise
+    settle_previous_run(workdir, keep=False)
     layout = BatchLayout.from_config(
         config.data.tokens_per_batch, config.data.row_len, t.grad_accum_steps, mesh.size
     )
@@ -290,8 +298,40 @@ def train_in_workdir(
     # Model FLOPs of this host's rows (real tokens only), over its devices' published peak.
     window_flops = 0.0
     peak = published_peak(facts.kind, jnp.dtype(resolve_dtype(m.compute_dtype)).name)
-    stop = StopSignal()
+    guard = NonfiniteGuard(t.on_nonfinite, t.max_consecutive_skips)
+    stop = StopSignal(every=t.stop_check_every_steps)
+
+    def save(step: int) -> None:
+        meta = {
+            "data_position": dataclasses.asdict(position),
+            "step": step,
+            "vocab_sha256": data.tokenizer.sha256,
+        }
+        checkpoint.save(manager, step, params, opt_state, meta)
+        log.info("saving the checkpoint of step %d", step)
+
+    def stop_after_evaluation(step: int, signum: int) -> Interrupted:
+        """A signal abandoned an evaluation of `step`: keep that step; a restart redoes it."""
+        if manager.latest_step() != step:
+            save(step)
+        manager.wait_until_finished()
+        writer.close()
+        return Interrupted(signum, step)
+
+    def is_eval_step(step: int) -> bool:
+        return (
+            step % t.eval_every_steps == 0 or step == t.num_train_steps
+        ) and data.dev is not None
+
     with stop:
+        # A run stopped at (or during) a dev evaluation redoes it first.
+        if restored is not None and is_eval_step(step) and step not in evaluated_steps(workdir):
+            try:
+                run_dev_evaluation(
+                    steps, params, data, config, layout, mesh, row_slice, step, writer, stop
+                )
+            except EvaluationInterrupted:
+                raise stop_after_evaluation(step, stop.signum) from None
         while step < t.num_train_steps:
             batch, position = next(batches)
             params, opt_state, metrics = steps.train(
@@ -301,11 +341,12 @@ def train_in_workdir(
             window_flops += train_flops(m, data.tokenizer.vocab_size, *batch_lengths(batch))
             step += 1
             last = step == t.num_train_steps
-            stopping = stop.signum is not None  # read once: a signal may land at any moment
-            save = step % t.checkpoint_every_steps == 0 or last or stopping
-            if step % t.log_every_steps == 0 or save:
+            signum = stop.agreed(step)  # read once: a signal may land at any moment
+            stopping = signum is not None
+            do_save = step % t.checkpoint_every_steps == 0 or last or stopping
+            if step % t.log_every_steps == 0 or do_save:
                 window = jax.device_get(window)  # the one host sync of the window
-                check_finite(window, window_step, t.on_nonfinite, manager.latest_step())
+                guard.check(window, window_step, manager.latest_step())
             if step % t.log_every_steps == 0 or last:
                 seconds = time.perf_counter() - window_start
                 logged = summarize(window, seconds, step - window_step)
@@ -317,39 +358,37 @@ def train_in_workdir(
                 writer.write(step, logged)
                 window, window_start, window_step = [], time.perf_counter(), step
                 window_flops = 0.0
-            if save:
-                meta = {
-                    "data_position": dataclasses.asdict(position),
-                    "step": step,
-                    "vocab_sha256": data.tokenizer.sha256,
-                }
-                checkpoint.save(manager, step, params, opt_state, meta)
+            if do_save:
+                save(step)
             if stopping:
                 manager.wait_until_finished()
                 writer.close()
-                raise Interrupted(stop.signum, step)
-            if (step % t.eval_every_steps == 0 or last) and data.dev is not None:
+                raise Interrupted(signum, step)
+            if is_eval_step(step):
                 eval_start = time.perf_counter()
-                metrics_eval = dev_loss(steps.eval, params, data.dev, layout, mesh, row_slice)
-                metrics_eval.update(dev_bleu(graphdef, params, data, config, step))
-                log.info(
-                    "eval at step %d: %s",
-                    step,
-                    "  ".join(f"{k} {v:.3f}" for k, v in metrics_eval.items()),
-                )
-                writer.write(step, metrics_eval)
+                try:
+                    run_dev_evaluation(
+                        steps, params, data, config, layout, mesh, row_slice, step, writer, stop
+                    )
+                except EvaluationInterrupted:
+                    raise stop_after_evaluation(step, stop.signum) from None
                 # Evaluation time is not training speed: the window's clock skips it.
                 window_start += time.perf_counter() - eval_start
-    manager.wait_until_finished()
-    writer.close()
+        manager.wait_until_finished()
+        writer.close()
 
-    if data.test_text is None:
-        return None
-    sources, references = data.test_text
-    host_params = evaluate.local_copy(params)
-    report, hypotheses = evaluate.evaluate(
-        (graphdef,), (host_params,), data.tokenizer, config, sources, references, step
-    )
+        if data.test_text is None:
+            return None
+        sources, references = data.test_text
+        host_params = evaluate.local_copy(params)
+        try:
+            with stop.evaluation():
+                report, hypotheses = evaluate.evaluate(
+                    (graphdef,), (host_params,), data.tokenizer, config, sources, references, step
+                )
+        except EvaluationInterrupted:
+            # The final checkpoint is whole (saved above); a restart decodes the test set again.
+            raise Interrupted(stop.signum, step) from None
     if jax.process_index() == 0:
         evaluate.write_report(workdir.path, report, sources, references, hypotheses)
         log.info(
@@ -362,6 +401,20 @@ def train_in_workdir(
             workdir.report_json,
         )
     return report
+
+
+def run_dev_evaluation(
+    steps: Steps, params, data: Data, config: Config, layout, mesh, row_slice, step, writer, stop
+) -> None:
+    """Dev loss and dev BLEU at `step`, logged and written; a stop signal abandons it."""
+    log.info("evaluating at step %d", step)
+    with stop.evaluation():
+        metrics_eval = dev_loss(steps.eval, params, data.dev, layout, mesh, row_slice)
+        metrics_eval.update(dev_bleu(steps.graphdef, params, data, config, step))
+    log.info(
+        "eval at step %d: %s", step, "  ".join(f"{k} {v:.3f}" for k, v in metrics_eval.items())
+    )
+    writer.write(step, metrics_eval)
 
 
 def dev_bleu(graphdef, params, data: Data, config: Config, step: int) -> dict[str, float]:

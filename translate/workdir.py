@@ -11,6 +11,7 @@ Only this module spells a workdir's file names. A training workdir holds:
   evaluations/    translate.evaluate's reports, one directory each (the same three files)
   metrics_*.png   training curves drawn by scripts/plot_metrics.py
   train.lock      held by the trainer that runs in it (an advisory lock; see `lock`)
+  previous_run/   an earlier run that --force set aside, while the new run's data loads
 A workdir written by scripts/average_checkpoints.py holds config.json, vocab.model and one
 parameters-only checkpoint.
 """
@@ -53,6 +54,8 @@ class Workdir:
         self.hypotheses = self.path / "hypotheses.txt"
         self.lock = self.path / "train.lock"
         self.evaluations = self.path / "evaluations"
+        # Where `--force` keeps the earlier run until the new run's data has loaded.
+        self.previous_run = self.path / "previous_run"
 
     def metric_plots(self) -> list[pathlib.Path]:
         """Training-curve pictures drawn by scripts/plot_metrics.py, by name."""
@@ -121,23 +124,33 @@ class WorkdirBusy(RuntimeError):
 def check_config(config: Config, workdir: Workdir, force: bool) -> None:
     """Refuses to reuse a workdir trained with a different model or data vocabulary.
 
-    With `force`, everything an earlier run generated in the workdir is deleted instead. On
-    several hosts sharing the workdir, process 0 alone deletes and writes.
+    With `force`, everything an earlier run generated in the workdir is moved into
+    `previous_run/` instead, and deleted only once the new run's data has loaded
+    (`settle_previous_run`): bad new data puts the old run back. On several hosts sharing the
+    workdir, process 0 alone moves and writes.
     """
     primary = jax.process_index() == 0
-    if force:
-        for target in workdir.generated() if primary else ():
-            if target.is_dir():
-                shutil.rmtree(target)
-            elif target.exists():
-                target.unlink()
-    elif workdir.config.is_file():
+    if force and primary:
+        if workdir.previous_run.exists():
+            raise FileExistsError(
+                f"{workdir.previous_run} holds a run that an earlier --force set aside and "
+                "could not put back; move it away (or delete it) and run again"
+            )
+        generated = [target for target in workdir.generated() if target.exists()]
+        if generated:
+            workdir.previous_run.mkdir(parents=True)
+        for target in generated:
+            target.rename(workdir.previous_run / target.name)
+    elif not force and workdir.config.is_file():
         # Through the Config, so fields added since the workdir was made take their defaults.
         saved = read_config(workdir).to_dict()
         now = config.to_dict()
         for conf in (saved, now):
             del conf["model"]["attention"]  # a kernel choice; the parameters do not depend on it
-        for section, field in [("model", None), ("data", "vocab_size"), ("data", "source")]:
+        compared = [("model", None), ("data", "vocab_size"), ("data", "source")]
+        # The direction: a swapped pair would train the run's model to translate backwards.
+        compared += [("data", "src_lang"), ("data", "tgt_lang")]
+        for section, field in compared:
             old = saved[section] if field is None else saved[section][field]
             new = now[section] if field is None else now[section][field]
             if old != new:
@@ -147,6 +160,26 @@ def check_config(config: Config, workdir: Workdir, force: bool) -> None:
                     "--workdir or pass --force to overwrite its checkpoints"
                 )
     sharding.sync_processes("workdir checked")  # every host has read config.json before it changes
+
+
+def settle_previous_run(workdir: Workdir, keep: bool) -> None:
+    """Deletes the run that `--force` set aside, or with `keep` puts it back (process 0).
+
+    Putting it back first removes what the new run had generated in its place.
+    """
+    if jax.process_index() != 0 or not workdir.previous_run.is_dir():
+        return
+    if keep:
+        for old in workdir.previous_run.iterdir():
+            new = workdir.path / old.name
+            if new.is_dir():
+                shutil.rmtree(new)
+            elif new.exists():
+                new.unlink()
+            old.rename(new)
+        workdir.previous_run.rmdir()
+    else:
+        shutil.rmtree(workdir.previous_run)
 
 
 def check_vocabulary_unchanged(workdir: Workdir) -> None:
