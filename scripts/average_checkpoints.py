@@ -1,4 +1,4 @@
-"""Average the parameters of a run's newest checkpoints into a new workdir (paper Sec. 6.1).
+r"""Average the parameters of a run's newest checkpoints into a new workdir (paper Sec. 6.1).
 
     python -m scripts.average_checkpoints --workdir=runs/base --num=5 \
         [--steps=96000 --steps=97000 ...] [--output=runs/base/average_5] [--output_step=N]

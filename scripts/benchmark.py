@@ -1,4 +1,4 @@
-"""Training and decoding speed of a config on this machine's devices, with utilisation.
+r"""Training and decoding speed of a config on this machine's devices, with utilisation.
 
     python -m scripts.benchmark --config=configs/small.py \
         --src=../shared/data/opennmt_toy_ende/train.en \

@@ -1,4 +1,4 @@
-"""Measure the batcher (planning an epoch + `make_batch`) on one CPU core in real tokens/s.
+r"""Measure the batcher (planning an epoch + `make_batch`) on one CPU core in real tokens/s.
 
     python -m scripts.benchmark_batcher [--data_dir=../shared/data/opennmt_toy_ende] \
         [--num_pairs=1000000] [--num_batches=500]

@@ -1,4 +1,4 @@
-"""Times Flax's own examples/wmt train step on the batches scripts/benchmark.py uses.
+r"""Times Flax's own examples/wmt train step on the batches scripts/benchmark.py uses.
 
     pip download flax==0.12.8 --no-binary :all: --no-deps && tar xzf flax-0.12.8.tar.gz
     python -m scripts.benchmark_flax_wmt --flax_wmt=flax-0.12.8/examples/wmt \

@@ -1,4 +1,4 @@
-"""Kill a training run at chosen moments, resume it, and compare it with an uninterrupted run.
+r"""Kill a training run at chosen moments, resume it, and compare it with an uninterrupted run.
 
     python -m scripts.fault_injection --config=configs/tiny.py --kills=6 --seed=0 \
         [--workdir=/tmp/faults] [--signals=alternate|kill|term] [--max_delay=2.0] \

@@ -1,4 +1,4 @@
-"""Draw where a trained model attends while it translates one sentence, as PNG heatmaps.
+r"""Draw where a trained model attends while it translates one sentence, as PNG heatmaps.
 
     python -m scripts.plot_attention --workdir=/tmp/quickstart \
         --src="the small dog sees the old man ." [--output=DIR] [--layer=L] [--head=H]

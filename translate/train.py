@@ -1,4 +1,4 @@
-"""Train the Transformer on every device and evaluate it: `train_and_evaluate(config, workdir)`.
+r"""Train the Transformer on every device and evaluate it: `train_and_evaluate(config, workdir)`.
 
     python -m translate.train --config=configs/quickstart.py --workdir=/tmp/quickstart \
         [--config.train.num_train_steps=2000 ...] [--force]
