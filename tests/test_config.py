@@ -40,6 +40,7 @@ BAD_VALUES = [
     ("model.dropout_rate", "nan"),
     ("model.compute_dtype", "float64"),
     ("model.attention", "flash"),
+    ("model.norm_position", "sandwich"),
     ("data.source", "web"),
     ("data.tfds_train_split", ""),
     ("data.src_lang", ""),

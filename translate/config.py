@@ -35,6 +35,10 @@ class ModelConfig:
     # Attention kernel of jax.nn.dot_product_attention: "xla", "cudnn" (fused, GPU only, bf16 or
     # fp16) or "auto": cuDNN on GPU when the compute dtype and head size allow, else XLA.
     attention: str = "auto"
+    # Where each sub-layer's LayerNorm sits: "post" is the paper's LayerNorm(x + Sublayer(x))
+    # (Sec. 3.1); "pre" is x + Sublayer(LayerNorm(x)) with a final LayerNorm on each stack
+    # (Xiong et al. 2020), which trains stably at higher learning rates and depths.
+    norm_position: str = "post"
 
 
 @dataclasses.dataclass
@@ -177,6 +181,7 @@ class Config:
                 lambda v: v in ("auto", "xla", "cudnn"),
                 "must be auto, xla or cudnn",
             ),
+            ("model.norm_position", lambda v: v in ("post", "pre"), "must be 'post' or 'pre'"),
             (
                 "data.source",
                 lambda v: v in ("files", "synthetic", "tfds"),
