@@ -39,6 +39,12 @@ class ModelConfig:
     # (Sec. 3.1); "pre" is x + Sublayer(LayerNorm(x)) with a final LayerNorm on each stack
     # (Xiong et al. 2020), which trains stably at higher learning rates and depths.
     norm_position: str = "post"
+    # "encoder_decoder" (the paper) or "decoder_only": one stack of num_layers self-attention
+    # + feed-forward layers over `source <sep> target`, scored on the target (decoder_only.py).
+    architecture: str = "encoder_decoder"
+    # Decoder-only: "causal" (each token sees those before it) or "bidirectional" (source
+    # tokens also see the source tokens after them: a prefix LM).
+    prefix_attention: str = "causal"
 
 
 @dataclasses.dataclass
@@ -182,6 +188,21 @@ class Config:
                 "must be auto, xla or cudnn",
             ),
             ("model.norm_position", lambda v: v in ("post", "pre"), "must be 'post' or 'pre'"),
+            (
+                "model.architecture",
+                lambda v: v in ("encoder_decoder", "decoder_only"),
+                "must be 'encoder_decoder' or 'decoder_only'",
+            ),
+            (
+                "model.prefix_attention",
+                lambda v: v in ("causal", "bidirectional"),
+                "must be 'causal' or 'bidirectional'",
+            ),
+            (
+                "model.prefix_attention",
+                lambda v: v == "causal" or m.architecture == "decoder_only",
+                "applies only to --config.model.architecture=decoder_only",
+            ),
             (
                 "data.source",
                 lambda v: v in ("files", "synthetic", "tfds"),

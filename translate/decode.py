@@ -1,7 +1,8 @@
 """Greedy and beam search (Sec. 6.1) over the model's explicit KV cache, batched and jitted.
 
-The encoder runs once per sentence; each step feeds one token per hypothesis through
-`Transformer.decode_step`, which writes its keys and values into a preallocated cache.
+Each model reads the source once per sentence (`prefill`: the encoder, or the decoder-only
+stack over the source prefix); each step feeds one token per hypothesis through its
+`decode_step`, which writes its keys and values into a preallocated cache.
 
 Every search takes an ensemble: `graphdefs` a tuple of graph definitions and `params` a tuple
 of their parameters, models that share one vocabulary; a single model is an ensemble of one.
@@ -40,18 +41,13 @@ def merge_models(graphdefs: tuple, params: tuple) -> list[nnx.Module]:
 
 
 def _encode_for_decoding(models, src, max_extra_len, copies):
-    """Runs each encoder once; returns the caches, per-sentence output limit and length L."""
+    """Reads the source once per model (`prefill`); returns caches, output limit and length L."""
     src_segments = (src != PAD_ID).astype(jnp.int32)  # [B, S]
-    positions = jnp.broadcast_to(jnp.arange(src.shape[1]), src.shape)
     # Output tokens before EOS may number at most (source tokens before EOS) + max_extra_len.
     limit = jnp.maximum(jnp.sum(src_segments, axis=1) - 1, 0) + max_extra_len  # [B]
     limit = jnp.where(src_segments[:, 0] > 0, limit, 0)  # batch-filler rows end at once
     max_len = src.shape[1] + max_extra_len + 1
-    caches = []
-    for model in models:
-        memory = model.encode(src, src_segments, positions)  # [B, S, D]
-        memory = jnp.repeat(memory, copies, axis=0)  # [B * W, S, D]
-        caches.append(model.init_cache(memory, jnp.repeat(src_segments, copies, axis=0), max_len))
+    caches = [model.prefill(src, src_segments, copies, max_len) for model in models]
     return caches, limit, max_len
 
 

@@ -280,10 +280,14 @@ class DecoderLayer(ResidualLayer):
         return self.finish(x, self_out, lambda h: self.cross_attention(h, memory, cross_mask), key)
 
 
-class Transformer(nnx.Module):
-    """Encoder-decoder; one embedding matrix serves both inputs and the softmax (Sec. 3.4)."""
+class EmbeddingsAndSoftmax(nnx.Module):
+    """Sec. 3.4: one embedding matrix serves the inputs and the pre-softmax projection.
 
-    def __init__(self, config: ModelConfig, vocab_size: int, *, rngs: nnx.Rngs):
+    What the encoder-decoder (`Transformer`) and the decoder-only variant
+    (translate/decoder_only.py) share; each defines `hidden`, its teacher-forced output.
+    """
+
+    def __init__(self, config: ModelConfig, vocab_size: int, rngs: nnx.Rngs):
         # Plain numbers, not the config object: the graph definition must stay hashable.
         self.d_model, self.num_heads = config.d_model, config.num_heads
         self.dropout_rate = config.dropout_rate
@@ -295,6 +299,51 @@ class Transformer(nnx.Module):
             rngs=rngs,
             embedding_init=nnx.initializers.normal(config.d_model**-0.5),
         )
+
+    def embed_tokens(self, tokens, positions, key):
+        # Sec. 3.4: embeddings are multiplied by sqrt(d_model); Sec. 3.5: positions are added.
+        x = self.embed(tokens) * math.sqrt(self.d_model)  # [B, T, D]
+        x = x + sinusoidal_positions(positions, self.d_model).astype(self.dtype)
+        return dropout(x, self.dropout_rate, key)  # Sec. 5.4
+
+    def logits(self, y: jax.Array) -> jax.Array:
+        """Sec. 3.4: the pre-softmax projection is the shared embedding; [..., D] -> [..., V].
+
+        Accumulated and returned in float32, as in training (losses.projected_cross_entropy):
+        beam search ranks hypotheses on these numbers.
+        """
+        embedding = self.embed.embedding[...].astype(self.dtype)
+        return jnp.einsum("...d,vd->...v", y, embedding, preferred_element_type=jnp.float32)
+
+    def hidden(self, batch: Batch, *, dropout_key=None) -> jax.Array:
+        raise NotImplementedError
+
+    def __call__(self, batch: Batch, *, dropout_key=None) -> jax.Array:
+        """Teacher-forced logits [B, T, V] (float32) for a batch of the data pipeline."""
+        return self.logits(self.hidden(batch, dropout_key=dropout_key)).astype(jnp.float32)
+
+    def attention_weights(self, batch: Batch) -> dict[str, jax.Array]:
+        """Teacher-forced attention weights [B, H, Tq, Tk] by module path, for inspection.
+
+        Keys look like "encoder.0.self_attention" or "decoder.1.cross_attention". The weights
+        are formed explicitly on a copy of the model, so the normal path stays fused.
+        """
+        model = nnx.clone(self)
+        for _, module in nnx.iter_modules(model):
+            if isinstance(module, MultiHeadAttention):
+                module.keep_weights = True
+        _, found = nnx.capture(model, nnx.Intermediate)(batch)
+        return {
+            ".".join(map(str, path[:-1])): value.get_value()[0]
+            for path, value in nnx.to_flat_state(found)
+        }
+
+
+class Transformer(EmbeddingsAndSoftmax):
+    """The paper's encoder-decoder (Sec. 3.1)."""
+
+    def __init__(self, config: ModelConfig, vocab_size: int, *, rngs: nnx.Rngs):
+        super().__init__(config, vocab_size, rngs)
         self.encoder = nnx.List(
             [EncoderLayer(config, self.dtype, rngs) for _ in range(config.num_layers)]
         )
@@ -306,12 +355,6 @@ class Transformer(nnx.Module):
         pre_norm = config.norm_position == "pre"
         self.encoder_norm = layer_norm(config, self.dtype, rngs) if pre_norm else None
         self.decoder_norm = layer_norm(config, self.dtype, rngs) if pre_norm else None
-
-    def embed_tokens(self, tokens, positions, key):
-        # Sec. 3.4: embeddings are multiplied by sqrt(d_model); Sec. 3.5: positions are added.
-        x = self.embed(tokens) * math.sqrt(self.d_model)  # [B, T, D]
-        x = x + sinusoidal_positions(positions, self.d_model).astype(self.dtype)
-        return dropout(x, self.dropout_rate, key)  # Sec. 5.4
 
     def encode(self, src, src_segments, src_positions, *, dropout_key=None) -> jax.Array:
         """Source tokens [B, S] -> memory [B, S, D]."""
@@ -333,15 +376,6 @@ class Transformer(nnx.Module):
             y = layer(y, memory, self_mask, cross_mask, fold(key, 1 + i))
         return y if self.decoder_norm is None else self.decoder_norm(y)
 
-    def logits(self, y: jax.Array) -> jax.Array:
-        """Sec. 3.4: the pre-softmax projection is the shared embedding; [..., D] -> [..., V].
-
-        Accumulated and returned in float32, as in training (losses.projected_cross_entropy):
-        beam search ranks hypotheses on these numbers.
-        """
-        embedding = self.embed.embedding[...].astype(self.dtype)
-        return jnp.einsum("...d,vd->...v", y, embedding, preferred_element_type=jnp.float32)
-
     def hidden(self, batch: Batch, *, dropout_key=None) -> jax.Array:
         """Teacher-forced decoder output [B, T, D] for a batch of the data pipeline.
 
@@ -359,25 +393,15 @@ class Transformer(nnx.Module):
             dropout_key=dropout_key,
         )
 
-    def __call__(self, batch: Batch, *, dropout_key=None) -> jax.Array:
-        """Teacher-forced logits [B, T, V] (float32) for a batch of the data pipeline."""
-        return self.logits(self.hidden(batch, dropout_key=dropout_key)).astype(jnp.float32)
+    def prefill(self, src: jax.Array, src_segments: jax.Array, copies: int, max_len: int) -> Cache:
+        """The decoding cache for sources [B, S], each repeated `copies` times (beam search).
 
-    def attention_weights(self, batch: Batch) -> dict[str, jax.Array]:
-        """Teacher-forced attention weights [B, H, Tq, Tk] by module path, for inspection.
-
-        Keys look like "encoder.0.self_attention" or "decoder.1.cross_attention". The weights
-        are formed explicitly on a copy of the model, so the normal path stays fused.
+        The encoder runs once per sentence; its memory is then repeated per hypothesis.
         """
-        model = nnx.clone(self)
-        for _, module in nnx.iter_modules(model):
-            if isinstance(module, MultiHeadAttention):
-                module.keep_weights = True
-        _, found = nnx.capture(model, nnx.Intermediate)(batch)
-        return {
-            ".".join(map(str, path[:-1])): value.get_value()[0]
-            for path, value in nnx.to_flat_state(found)
-        }
+        positions = jnp.broadcast_to(jnp.arange(src.shape[1]), src.shape)  # [B, S]
+        memory = self.encode(src, src_segments, positions)  # [B, S, D]
+        memory = jnp.repeat(memory, copies, axis=0)  # [B * W, S, D]
+        return self.init_cache(memory, jnp.repeat(src_segments, copies, axis=0), max_len)
 
     def init_cache(self, memory: jax.Array, src_segments: jax.Array, max_len: int) -> Cache:
         """Projects the memory once per layer; allocates empty self-attention keys and values.
@@ -437,7 +461,17 @@ class Transformer(nnx.Module):
         return self.logits(y[:, 0]).astype(jnp.float32), new_cache
 
 
+def make_model(config: ModelConfig, vocab_size: int, rngs: nnx.Rngs) -> EmbeddingsAndSoftmax:
+    """The configured architecture: the paper's encoder-decoder, or the decoder-only variant."""
+    if config.architecture == "decoder_only":
+        # Imported here: decoder_only.py builds on this module's layers.
+        from translate.decoder_only import DecoderOnlyTransformer
+
+        return DecoderOnlyTransformer(config, vocab_size, rngs=rngs)
+    return Transformer(config, vocab_size, rngs=rngs)
+
+
 def abstract_model(config: Config, vocab_size: int) -> tuple[nnx.GraphDef, nnx.State]:
     """The model's graph and parameter shapes, with nothing allocated."""
-    model = nnx.eval_shape(lambda: Transformer(config.model, vocab_size, rngs=nnx.Rngs(0)))
+    model = nnx.eval_shape(lambda: make_model(config.model, vocab_size, nnx.Rngs(0)))
     return nnx.split(model, nnx.Param)

@@ -1,0 +1,189 @@
+"""The decoder-only variant (translate/decoder_only.py): masks, packing, cached decoding, search."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from test_decode import sources, strip, uncached_greedy
+
+from translate.batching import Batch
+from translate.config import ModelConfig
+from translate.decode import beam_search, greedy_search, translate_tokens
+from translate.decoder_only import DecoderOnlyTransformer
+from translate.model import Transformer
+from translate.tokenizer import BOS_ID, EOS_ID
+
+VOCAB = 64
+PREFIX = ["causal", "bidirectional"]
+
+
+def make_model(prefix_attention="causal", norm_position="post", seed=0, dropout_rate=0.1):
+    config = ModelConfig(
+        num_layers=2,
+        d_model=32,
+        num_heads=4,
+        d_ff=64,
+        dropout_rate=dropout_rate,
+        compute_dtype="float32",
+        architecture="decoder_only",
+        prefix_attention=prefix_attention,
+        norm_position=norm_position,
+    )
+    return DecoderOnlyTransformer(config, VOCAB, rngs=nnx.Rngs(seed))
+
+
+def random_tokens(key, shape):
+    return jax.random.randint(jax.random.key(key), shape, 4, VOCAB)
+
+
+def one_pair_batch(src, tgt_in):
+    """Rows holding one pair each; 0 is padding on either side."""
+    src, tgt_in = jnp.asarray(src), jnp.asarray(tgt_in)
+
+    def positions(x):
+        return jnp.broadcast_to(jnp.arange(x.shape[1]), x.shape)
+
+    return Batch(
+        src=src,
+        src_segments=(src > 0).astype(jnp.int32),
+        src_positions=positions(src),
+        tgt_in=tgt_in,
+        tgt_segments=(tgt_in > 0).astype(jnp.int32),
+        tgt_positions=positions(tgt_in),
+    )
+
+
+def stack_outputs(model, src, tgt_in):
+    """The stack's output over one unpadded pair [S + T, D], source tokens first."""
+    s, t = src.shape[0], tgt_in.shape[0]
+    return model.stack(
+        jnp.concatenate([src, tgt_in])[None],
+        jnp.ones((1, s + t), jnp.int32),
+        jnp.arange(s + t)[None],
+        (jnp.arange(s + t) < s)[None],
+    )[0]
+
+
+@pytest.mark.parametrize("prefix_attention", PREFIX)
+def test_target_tokens_see_the_whole_source_and_only_earlier_targets(prefix_attention):
+    model = make_model(prefix_attention)
+    src, tgt = random_tokens(0, (2, 7)), random_tokens(1, (2, 9))
+    before = model(one_pair_batch(src, tgt))
+    changed_tgt = model(one_pair_batch(src, tgt.at[:, 5:].set(random_tokens(2, (2, 4)))))
+    np.testing.assert_allclose(before[:, :5], changed_tgt[:, :5], rtol=1e-5, atol=1e-5)
+    assert not np.allclose(before[:, 5:], changed_tgt[:, 5:])
+    # The last source token reaches every target position.
+    changed_src = model(one_pair_batch(src.at[:, -1].set(random_tokens(3, (2,))), tgt))
+    assert not np.any(np.all(np.isclose(before, changed_src, rtol=1e-5, atol=1e-5), axis=-1))
+
+
+@pytest.mark.parametrize("prefix_attention", PREFIX)
+def test_source_tokens_see_later_source_tokens_only_with_bidirectional_prefix(prefix_attention):
+    model = make_model(prefix_attention)
+    src, tgt = random_tokens(0, (8,)), random_tokens(1, (5,))
+    before = stack_outputs(model, src, tgt)
+    after = stack_outputs(model, src.at[5].set((src[5] + 1 - 4) % (VOCAB - 4) + 4), tgt)
+    # Source tokens 0..4 sit before the change.
+    unchanged = np.all(np.isclose(before[:5], after[:5], rtol=1e-5, atol=1e-5), axis=-1)
+    if prefix_attention == "causal":
+        assert unchanged.all()
+    else:
+        assert not unchanged.any()
+
+
+@pytest.mark.parametrize("prefix_attention", PREFIX)
+def test_padding_does_not_change_outputs_on_real_tokens(prefix_attention):
+    model = make_model(prefix_attention)
+    src, tgt = random_tokens(0, (2, 7)), random_tokens(1, (2, 9))
+    plain = model(one_pair_batch(src, tgt))
+    padded = model(one_pair_batch(jnp.pad(src, ((0, 0), (0, 5))), jnp.pad(tgt, ((0, 0), (0, 3)))))
+    np.testing.assert_allclose(plain, padded[:, :9], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("prefix_attention", PREFIX)
+def test_packed_rows_match_separate_rows(prefix_attention):
+    model = make_model(prefix_attention)
+    # Two pairs of different source lengths: the second target's positions start elsewhere.
+    src = [random_tokens(0, (4,)), random_tokens(1, (7,))]
+    tgt = [random_tokens(2, (6,)), random_tokens(3, (3,))]
+    separate = [model(one_pair_batch(s[None], t[None]))[0] for s, t in zip(src, tgt)]
+    packed = Batch(
+        src=jnp.concatenate(src)[None],
+        src_segments=jnp.array([[1] * 4 + [2] * 7]),
+        src_positions=jnp.concatenate([jnp.arange(4), jnp.arange(7)])[None],
+        tgt_in=jnp.concatenate(tgt)[None],
+        tgt_segments=jnp.array([[1] * 6 + [2] * 3]),
+        tgt_positions=jnp.concatenate([jnp.arange(6), jnp.arange(3)])[None],
+    )
+    together = model(packed)[0]
+    np.testing.assert_allclose(separate[0], together[:6], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(separate[1], together[6:], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("norm_position", ["post", "pre"])
+@pytest.mark.parametrize("prefix_attention", PREFIX)
+def test_cached_decode_matches_full_forward(prefix_attention, norm_position):
+    model = make_model(prefix_attention, norm_position)
+    # Sources of different lengths (trailing padding), as the search gives them.
+    src = jnp.array([[5, 6, 7, 8, 9, 10, EOS_ID, 0], [11, 12, EOS_ID, 0, 0, 0, 0, 0]])
+    tgt = random_tokens(1, (2, 7)).at[:, 0].set(BOS_ID)
+    full = model(one_pair_batch(src, tgt))  # [B, T, V]
+    cache = model.prefill(src, (src > 0).astype(jnp.int32), copies=1, max_len=10)
+    for t in range(tgt.shape[1]):
+        logits, cache = model.decode_step(tgt[:, t], jnp.array(t), cache)
+        np.testing.assert_allclose(logits, full[:, t], rtol=1e-5, atol=1e-5)
+
+
+def peaked(model):
+    """An untrained model with peaked distributions, so EOS is reached (as in test_decode.py)."""
+    model.embed.embedding[...] = model.embed.embedding[...] * 8.0
+    return nnx.split(model, nnx.Param)
+
+
+@pytest.mark.parametrize("prefix_attention", PREFIX)
+def test_greedy_search_equals_rerunning_the_full_forward_pass(prefix_attention):
+    graphdef, params = peaked(make_model(prefix_attention, dropout_rate=0.0))
+    src = sources()
+    tokens = translate_tokens((graphdef,), (params,), src, beam_size=1, alpha=0.6, max_extra_len=6)
+    expected = uncached_greedy(graphdef, params, src, max_extra_len=6)
+    assert [strip(r) for r in np.asarray(tokens)] == expected
+
+
+def test_beam_search_of_width_one_equals_greedy():
+    graphdef, params = peaked(make_model(dropout_rate=0.0))
+    src = sources()
+    greedy, _ = greedy_search((graphdef,), (params,), src, max_extra_len=6)
+    beam, _ = beam_search((graphdef,), (params,), src, beam_size=1, alpha=0.0, max_extra_len=6)
+    np.testing.assert_array_equal(greedy, beam[:, 0])
+
+
+def test_beam_search_keeps_hypotheses_with_their_own_cache_rows():
+    # Width 4's best hypothesis scores at least as well as greedy (a bug in reordering the
+    # cache would score hypotheses on another hypothesis's history).
+    graphdef, params = peaked(make_model(dropout_rate=0.0))
+    src = sources()
+    _, greedy_lp = greedy_search((graphdef,), (params,), src, max_extra_len=6)
+    tokens, scores = beam_search(
+        (graphdef,), (params,), src, beam_size=4, alpha=0.0, max_extra_len=6
+    )
+    assert np.all(np.asarray(scores[:, 0]) >= np.asarray(greedy_lp) - 1e-4)
+    # Each finished hypothesis's score is its log-probability under the full forward pass.
+    model = nnx.merge(graphdef, params)
+    for row in range(src.shape[0]):
+        hyp = strip(tokens[row, 0])
+        tgt_in = jnp.array([[BOS_ID] + hyp[:-1]])
+        log_probs = jax.nn.log_softmax(model(one_pair_batch(src[row : row + 1], tgt_in))[0])
+        total = sum(float(log_probs[i, tok]) for i, tok in enumerate(hyp))
+        np.testing.assert_allclose(float(scores[row, 0]), total, rtol=1e-4, atol=1e-4)
+
+
+def test_an_ensemble_may_mix_the_two_architectures():
+    # Each model reads the source its own way; the search averages their log-probabilities.
+    config = ModelConfig(num_layers=2, d_model=32, num_heads=4, d_ff=64, compute_dtype="float32")
+    encoder_decoder = peaked(Transformer(config, VOCAB, rngs=nnx.Rngs(1)))
+    decoder_only = peaked(make_model(dropout_rate=0.0))
+    src = sources()
+    both = tuple(zip(encoder_decoder, decoder_only))
+    tokens, scores = beam_search(*both, src, beam_size=3, alpha=0.6, max_extra_len=6)
+    assert tokens.shape[:2] == (3, 3) and np.all(np.asarray(scores[:, 0]) > -1e8)
