@@ -5,14 +5,19 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from jax.sharding import Mesh
 from test_decode import sources, strip, uncached_greedy
+from test_train import run_steps, tiny_batches
 
+from translate import sharding, translate
 from translate.batching import Batch
 from translate.config import ModelConfig
 from translate.decode import beam_search, greedy_search, translate_tokens
 from translate.decoder_only import DecoderOnlyTransformer
 from translate.model import Transformer
 from translate.tokenizer import BOS_ID, EOS_ID
+from translate.train import train_and_evaluate
+from translate.workdir import load_model
 
 VOCAB = 64
 PREFIX = ["causal", "bidirectional"]
@@ -187,3 +192,55 @@ def test_an_ensemble_may_mix_the_two_architectures():
     both = tuple(zip(encoder_decoder, decoder_only))
     tokens, scores = beam_search(*both, src, beam_size=3, alpha=0.6, max_extra_len=6)
     assert tokens.shape[:2] == (3, 3) and np.all(np.asarray(scores[:, 0]) > -1e8)
+
+
+def as_decoder_only(config):
+    """The tiny config as a pre-LayerNorm prefix LM: the variants together."""
+    config.model.architecture = "decoder_only"
+    config.model.prefix_attention = "bidirectional"
+    config.model.norm_position = "pre"
+    return config
+
+
+def test_eight_device_train_step_matches_one_device(config):
+    as_decoder_only(config).train.grad_accum_steps = 2
+    assert jax.device_count() == 8
+    batches = tiny_batches(config, num_devices=8, count=1)
+    one, one_metrics, _ = run_steps(config, Mesh(np.array(jax.devices()[:1]), ("data",)), batches)
+    eight, eight_metrics, _ = run_steps(config, sharding.make_mesh(), batches)
+    for a, b in zip(jax.tree.leaves(one), jax.tree.leaves(eight)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(one_metrics["loss_sum"], eight_metrics["loss_sum"], rtol=1e-5)
+
+
+@pytest.mark.slow  # three short trainings and a decode: about a minute of CPU
+def test_a_run_resumes_bit_exactly_and_translates_from_averaged_checkpoints(config, tmp_path):
+    as_decoder_only(config)
+    report = train_and_evaluate(config, tmp_path / "straight")
+    assert report["step"] == 6 and report["num_sentences"] == 16
+    config.train.num_train_steps = 3
+    train_and_evaluate(config, tmp_path / "resumed")
+    config.train.num_train_steps = 6
+    train_and_evaluate(config, tmp_path / "resumed")
+    a = load_model(tmp_path / "straight")[1]
+    b = load_model(tmp_path / "resumed")[1]
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    # The translate command, n-best from the mean of the checkpoints at steps 3 and 6.
+    source, target = tmp_path / "in.txt", tmp_path / "out.txt"
+    source.write_text("the cat sleeps .\n\na man reads .\n", encoding="utf-8")
+    translate.main(
+        [
+            f"--workdir={tmp_path / 'straight'}",
+            "--average=2",
+            "--beam_size=3",
+            "--nbest=2",
+            f"--input={source}",
+            f"--output={target}",
+        ]
+    )
+    lines = [line.split("\t") for line in target.read_text(encoding="utf-8").splitlines()]
+    assert {int(line[0]) for line in lines} == {0, 1, 2}
+    for i in (0, 2):
+        scores = [float(line[1]) for line in lines if int(line[0]) == i]
+        assert 1 <= len(scores) <= 2 and scores == sorted(scores, reverse=True)
