@@ -179,6 +179,69 @@ def beam_search(
     return state["fin_tokens"], state["fin_scores"]
 
 
+@functools.partial(jax.jit, static_argnames=("graphdef", "top_k", "max_new"))
+def sample(
+    graphdef,
+    params,
+    src: jax.Array,
+    prompt: jax.Array,
+    key: jax.Array,
+    temperature: float,
+    top_k: int,
+    max_new: int,
+) -> jax.Array:
+    """Ancestral sampling of continuations of a prompt, with temperature and top-k.
+
+    Args:
+      graphdef, params: one model.
+      src: [B, S] source tokens + EOS (a language model's source is EOS alone).
+      prompt: [B, P] BOS and the prompt's tokens, the same length in every row.
+      key: PRNG key; each row and step draws its own.
+      temperature: divides the logits (> 0); lower is closer to arg-max.
+      top_k: draws among the k likeliest tokens only; 0 draws from the whole vocabulary.
+      max_new: tokens sampled at most after the prompt.
+
+    Returns:
+      tokens [B, P + max_new]: the prompt, then the sampled tokens up to EOS, PAD after it.
+    """
+    model = nnx.merge(graphdef, params)
+    batch, p = prompt.shape
+    length = p + max_new
+    cache = model.prefill(src, (src != PAD_ID).astype(jnp.int32), 1, length)
+    state = {
+        "t": jnp.array(0),
+        "tokens": jnp.pad(prompt, ((0, 0), (0, max_new))),  # [B, P + max_new]
+        "done": jnp.zeros((batch,), bool),  # [B]
+        "cache": cache,
+    }
+
+    def step(s):
+        t = s["t"]
+        logits, cache = model.decode_step(s["tokens"][:, t], t, s["cache"])  # [B, V]
+        logits = logits / temperature
+        step_key = jax.random.fold_in(key, t)
+        if top_k:
+            top_logits, top_ids = jax.lax.top_k(logits, top_k)  # [B, k]
+            pick = jax.random.categorical(step_key, top_logits)  # [B]
+            token = jnp.take_along_axis(top_ids, pick[:, None], axis=1)[:, 0]
+        else:
+            token = jax.random.categorical(step_key, logits)
+        token = token.astype(jnp.int32)
+        # Inside the prompt the next token is given; after it, the sampled one is written.
+        sampled = t + 1 >= p
+        written = jnp.where(sampled & ~s["done"], token, s["tokens"][:, t + 1])
+        written = jnp.where(sampled & s["done"], PAD_ID, written)
+        return {
+            "t": t + 1,
+            "tokens": s["tokens"].at[:, t + 1].set(written),
+            "done": s["done"] | (sampled & (written == EOS_ID)),
+            "cache": cache,
+        }
+
+    state = jax.lax.while_loop(lambda s: (s["t"] + 1 < length) & ~jnp.all(s["done"]), step, state)
+    return state["tokens"]
+
+
 def search(
     graphdefs,
     params,

@@ -365,7 +365,9 @@ def train_in_workdir(
 
 
 def dev_bleu(graphdef, params, data: Data, config: Config, step: int) -> dict[str, float]:
-    """BLEU on the first `decode.eval_num_sentences` dev sentences."""
+    """BLEU on the first `decode.eval_num_sentences` dev sentences (none for a language model)."""
+    if config.data.source == "monolingual":
+        return {}
     sources, references = data.dev_text
     n = config.decode.eval_num_sentences or len(sources)
     host_params = evaluate.local_copy(params)
