@@ -1,5 +1,7 @@
 """The decoder-only variant (translate/decoder_only.py): masks, packing, cached decoding, search."""
 
+import pathlib
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -9,9 +11,10 @@ from jax.sharding import Mesh
 from test_decode import sources, strip, uncached_greedy
 from test_train import run_steps, tiny_batches
 
+from scripts import model_summary
 from translate import sharding, translate
 from translate.batching import Batch
-from translate.config import ModelConfig
+from translate.config import ModelConfig, load_config
 from translate.decode import beam_search, greedy_search, translate_tokens
 from translate.decoder_only import DecoderOnlyTransformer
 from translate.model import Transformer
@@ -244,3 +247,33 @@ def test_a_run_resumes_bit_exactly_and_translates_from_averaged_checkpoints(conf
     for i in (0, 2):
         scores = [float(line[1]) for line in lines if int(line[0]) == i]
         assert 1 <= len(scores) <= 2 and scores == sorted(scores, reverse=True)
+
+
+CONFIGS = pathlib.Path(__file__).parent.parent / "configs"
+
+
+def differing_fields(a, b):
+    flat = [
+        {f"{section}.{k}": v for section, fields in c.to_dict().items() for k, v in fields.items()}
+        for c in (a, b)
+    ]
+    return {k for k in flat[0] if flat[0][k] != flat[1][k]}
+
+
+def test_multi30k_variants_change_only_their_variant_and_match_the_recipes_size(capsys):
+    recipe = load_config(CONFIGS / "multi30k.py")
+    prenorm = load_config(CONFIGS / "multi30k_prenorm.py")
+    decoder_only = load_config(CONFIGS / "multi30k_decoder_only.py")
+    assert differing_fields(recipe, prenorm) == {"model.norm_position"}
+    assert differing_fields(recipe, decoder_only) == {
+        "model.architecture",
+        "model.num_layers",
+        "model.d_ff",
+    }
+    model_summary.main(
+        [f"--config={CONFIGS / name}.py" for name in ("multi30k", "multi30k_decoder_only")]
+    )
+    lines = capsys.readouterr().out.splitlines()
+    totals = [int(line.split(": ")[1]) for line in lines if line.startswith("total parameters")]
+    assert len(totals) == 2 and abs(totals[1] / totals[0] - 1) < 0.05
+    assert lines[-1].startswith(f"{CONFIGS / 'multi30k_decoder_only.py'}: ")
