@@ -316,6 +316,7 @@ class EmbeddingsAndSoftmax(nnx.Module):
         return jnp.einsum("...d,vd->...v", y, embedding, preferred_element_type=jnp.float32)
 
     def hidden(self, batch: Batch, *, dropout_key=None) -> jax.Array:
+        """Teacher-forced output [B, T, D] at the target tokens; each architecture's own."""
         raise NotImplementedError
 
     def __call__(self, batch: Batch, *, dropout_key=None) -> jax.Array:
