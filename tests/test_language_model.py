@@ -44,6 +44,16 @@ def test_monolingual_text_needs_the_decoder_only_architecture(config):
         config.validate()
 
 
+def test_a_missing_text_file_is_an_error_naming_the_flag_before_the_workdir_changes(
+    config, tmp_path
+):
+    write_german_side(tmp_path / "text")
+    as_language_model(config, tmp_path / "text").data.train_prefix = "nothing"
+    with pytest.raises(FileNotFoundError, match=r"--config.data.dir=.*nothing\.de"):
+        load_data(config, Workdir(tmp_path / "run"))
+    assert not (tmp_path / "run").exists() or not any((tmp_path / "run").iterdir())
+
+
 def test_monolingual_batches_score_every_token_of_every_sentence(config, tmp_path):
     german = write_german_side(tmp_path / "text")
     as_language_model(config, tmp_path / "text")

@@ -69,7 +69,13 @@ def open_text(
         base = pathlib.Path(d.dir)
         if not d.dir or not base.is_dir():
             raise FileNotFoundError(f"--config.data.dir={d.dir}: not a directory of text files")
-        train = ParallelText.monolingual(base / f"{d.train_prefix}.{d.tgt_lang}")
+        train_path = base / f"{d.train_prefix}.{d.tgt_lang}"
+        if not train_path.is_file():
+            raise FileNotFoundError(
+                f"--config.data.dir={d.dir}: no {train_path.name} (data.train_prefix "
+                "+ data.tgt_lang), the language model's text"
+            )
+        train = ParallelText.monolingual(train_path)
         dev_path = base / f"{d.dev_prefix}.{d.tgt_lang}"
         dev = None
         if dev_path.is_file():
