@@ -9,6 +9,7 @@ import pytest
 from flax import nnx
 from jax.sharding import Mesh
 from test_decode import sources, strip, uncached_greedy
+from test_model import unpacked_batch
 from test_train import run_steps, tiny_batches
 
 from scripts import model_summary
@@ -45,23 +46,6 @@ def random_tokens(key, shape):
     return jax.random.randint(jax.random.key(key), shape, 4, VOCAB)
 
 
-def one_pair_batch(src, tgt_in):
-    """Rows holding one pair each; 0 is padding on either side."""
-    src, tgt_in = jnp.asarray(src), jnp.asarray(tgt_in)
-
-    def positions(x):
-        return jnp.broadcast_to(jnp.arange(x.shape[1]), x.shape)
-
-    return Batch(
-        src=src,
-        src_segments=(src > 0).astype(jnp.int32),
-        src_positions=positions(src),
-        tgt_in=tgt_in,
-        tgt_segments=(tgt_in > 0).astype(jnp.int32),
-        tgt_positions=positions(tgt_in),
-    )
-
-
 def stack_outputs(model, src, tgt_in):
     """The stack's output over one unpadded pair [S + T, D], source tokens first."""
     s, t = src.shape[0], tgt_in.shape[0]
@@ -77,12 +61,12 @@ def stack_outputs(model, src, tgt_in):
 def test_target_tokens_see_the_whole_source_and_only_earlier_targets(prefix_attention):
     model = make_model(prefix_attention)
     src, tgt = random_tokens(0, (2, 7)), random_tokens(1, (2, 9))
-    before = model(one_pair_batch(src, tgt))
-    changed_tgt = model(one_pair_batch(src, tgt.at[:, 5:].set(random_tokens(2, (2, 4)))))
+    before = model(unpacked_batch(src, tgt))
+    changed_tgt = model(unpacked_batch(src, tgt.at[:, 5:].set(random_tokens(2, (2, 4)))))
     np.testing.assert_allclose(before[:, :5], changed_tgt[:, :5], rtol=1e-5, atol=1e-5)
     assert not np.allclose(before[:, 5:], changed_tgt[:, 5:])
     # The last source token reaches every target position.
-    changed_src = model(one_pair_batch(src.at[:, -1].set(random_tokens(3, (2,))), tgt))
+    changed_src = model(unpacked_batch(src.at[:, -1].set(random_tokens(3, (2,))), tgt))
     assert not np.any(np.all(np.isclose(before, changed_src, rtol=1e-5, atol=1e-5), axis=-1))
 
 
@@ -104,8 +88,8 @@ def test_source_tokens_see_later_source_tokens_only_with_bidirectional_prefix(pr
 def test_padding_does_not_change_outputs_on_real_tokens(prefix_attention):
     model = make_model(prefix_attention)
     src, tgt = random_tokens(0, (2, 7)), random_tokens(1, (2, 9))
-    plain = model(one_pair_batch(src, tgt))
-    padded = model(one_pair_batch(jnp.pad(src, ((0, 0), (0, 5))), jnp.pad(tgt, ((0, 0), (0, 3)))))
+    plain = model(unpacked_batch(src, tgt))
+    padded = model(unpacked_batch(jnp.pad(src, ((0, 0), (0, 5))), jnp.pad(tgt, ((0, 0), (0, 3)))))
     np.testing.assert_allclose(plain, padded[:, :9], rtol=1e-5, atol=1e-5)
 
 
@@ -115,7 +99,7 @@ def test_packed_rows_match_separate_rows(prefix_attention):
     # Two pairs of different source lengths: the second target's positions start elsewhere.
     src = [random_tokens(0, (4,)), random_tokens(1, (7,))]
     tgt = [random_tokens(2, (6,)), random_tokens(3, (3,))]
-    separate = [model(one_pair_batch(s[None], t[None]))[0] for s, t in zip(src, tgt)]
+    separate = [model(unpacked_batch(s[None], t[None]))[0] for s, t in zip(src, tgt)]
     packed = Batch(
         src=jnp.concatenate(src)[None],
         src_segments=jnp.array([[1] * 4 + [2] * 7]),
@@ -136,7 +120,7 @@ def test_cached_decode_matches_full_forward(prefix_attention, norm_position):
     # Sources of different lengths (trailing padding), as the search gives them.
     src = jnp.array([[5, 6, 7, 8, 9, 10, EOS_ID, 0], [11, 12, EOS_ID, 0, 0, 0, 0, 0]])
     tgt = random_tokens(1, (2, 7)).at[:, 0].set(BOS_ID)
-    full = model(one_pair_batch(src, tgt))  # [B, T, V]
+    full = model(unpacked_batch(src, tgt))  # [B, T, V]
     cache = model.prefill(src, (src > 0).astype(jnp.int32), copies=1, max_len=10)
     for t in range(tgt.shape[1]):
         logits, cache = model.decode_step(tgt[:, t], jnp.array(t), cache)
@@ -171,7 +155,7 @@ def test_beam_hypotheses_score_their_full_forward_log_probability():
     hyps = np.asarray(tokens).reshape(b * w, length)
     tgt_in = np.concatenate([np.full((b * w, 1), BOS_ID), hyps[:, :-1]], axis=1)
     tgt_in[hyps == PAD_ID] = PAD_ID  # nothing after EOS
-    logits = nnx.merge(graphdef, params)(one_pair_batch(np.repeat(src, w, axis=0), tgt_in))
+    logits = nnx.merge(graphdef, params)(unpacked_batch(np.repeat(src, w, axis=0), tgt_in))
     log_probs = jax.nn.log_softmax(logits)  # [B * W, L, V]
     picked = np.take_along_axis(np.asarray(log_probs), hyps[:, :, None], axis=2)[:, :, 0]
     totals = np.where(hyps != PAD_ID, picked, 0.0).sum(axis=1).reshape(b, w)

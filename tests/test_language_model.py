@@ -5,7 +5,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from test_decoder_only import make_model, one_pair_batch, peaked
+from test_decoder_only import make_model, peaked
+from test_model import unpacked_batch
 
 from translate import sample as sample_command
 from translate import synthetic
@@ -95,7 +96,7 @@ def test_samples_keep_the_prompt_and_draw_only_from_the_top_k():
     src = lm_source(4)
     tokens = sample(graphdef, params, src, prompt, jax.random.key(1), 1.0, 3, 6)
     np.testing.assert_array_equal(tokens[:, :3], prompt)
-    logits = model(one_pair_batch(src, tokens[:, :-1]))  # [B, P + 5, V]: next-token logits
+    logits = model(unpacked_batch(src, tokens[:, :-1]))  # [B, P + 5, V]: next-token logits
     top3 = np.asarray(jax.lax.top_k(logits, 3)[1])
     for b, row in enumerate(np.asarray(tokens)):
         for t in range(3, len(row)):
