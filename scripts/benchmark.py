@@ -61,7 +61,7 @@ from translate.config import Config, Flag, apply_override, load_config, parse_fl
 from translate.corpus import tokenize_parallel
 from translate.decode import DecodeTimes, translate_sentences
 from translate.devices import published_peak
-from translate.model import Transformer, resolve_dtype
+from translate.model import make_model, resolve_dtype
 from translate.text import ParallelText, read_lines, read_parallel, sample_sentences
 from translate.tokenizer import Tokenizer, train_tokenizer
 from translate.train import make_steps
@@ -190,7 +190,7 @@ def benchmark_training(flags: dict, config: Config, tokenizer: Tokenizer) -> dic
 
 def init_params(config: Config, vocab_size: int):
     """A freshly initialised model's (graphdef, params) on the default device."""
-    model = Transformer(config.model, vocab_size, rngs=nnx.Rngs(params=jax.random.key(0)))
+    model = make_model(config.model, vocab_size, nnx.Rngs(params=jax.random.key(0)))
     return nnx.split(model, nnx.Param)
 
 

@@ -114,6 +114,11 @@ def main(argv: list[str]) -> None:
         )
     absl_logging.set_verbosity(absl_logging.ERROR)  # Orbax's read-only manager warnings
     graphdef, params, tokenizer, config, steps = load_model(flags["workdir"])
+    if config.model.architecture != "encoder_decoder":
+        raise SystemExit(
+            f"--workdir={flags['workdir']}: a {config.model.architecture} model; the pictures "
+            "are of the encoder-decoder's encoder and cross-attention"
+        )
     step = steps[0] if len(steps) == 1 else f"mean of {steps}"
     num_layers, num_heads = config.model.num_layers, config.model.num_heads
     layer = flags["layer"] % num_layers if flags["layer"] < 0 else flags["layer"]

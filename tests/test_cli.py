@@ -22,6 +22,7 @@ ENTRY_POINTS = [
     "translate.train",
     "translate.evaluate",
     "translate.translate",
+    "translate.sample",
     "scripts.average_checkpoints",
     "scripts.benchmark",
     "scripts.benchmark_batcher",

@@ -40,7 +40,12 @@ BAD_VALUES = [
     ("model.dropout_rate", "nan"),
     ("model.compute_dtype", "float64"),
     ("model.attention", "flash"),
+    ("model.norm_position", "sandwich"),
+    ("model.architecture", "gpt"),
+    ("model.prefix_attention", "full"),
+    ("model.prefix_attention", "bidirectional"),  # the encoder-decoder has no prefix
     ("data.source", "web"),
+    ("data.source", "monolingual"),  # a language model needs the decoder-only architecture
     ("data.tfds_train_split", ""),
     ("data.src_lang", ""),
     ("data.tgt_lang", ""),

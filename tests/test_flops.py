@@ -27,3 +27,11 @@ def test_batch_lengths_recover_the_packed_pairs():
     s, t = batch_lengths(batch)
     np.testing.assert_array_equal(s, [4, 8, 3])  # + EOS
     np.testing.assert_array_equal(t, [5, 2, 6])  # + BOS / EOS
+
+
+def test_decoder_only_forward_flops_match_a_hand_count():
+    model = ModelConfig(num_layers=1, d_model=4, num_heads=2, d_ff=8, architecture="decoder_only")
+    # One pair of 3 source and 2 target tokens is one sequence of 5; only the target is scored.
+    stack = 5 * (8 * 16 + 4 * 4 * 8) + 4 * 4 * 25
+    softmax = 2 * 2 * 4 * 10
+    assert forward_flops(model, 10, [3], [2]) == stack + softmax

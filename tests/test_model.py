@@ -3,11 +3,18 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from flax import nnx
 
 from translate.batching import Batch
 from translate.config import Config, ModelConfig
-from translate.model import Transformer, abstract_model, dropout, sinusoidal_positions
+from translate.model import (
+    Transformer,
+    abstract_model,
+    attention_mask,
+    dropout,
+    sinusoidal_positions,
+)
 
 VOCAB = 64
 
@@ -78,8 +85,9 @@ def test_packed_rows_match_separate_rows():
     np.testing.assert_allclose(separate, together, rtol=1e-5, atol=1e-5)
 
 
-def test_cached_decode_matches_full_forward():
-    model = make_model()
+@pytest.mark.parametrize("norm_position", ["post", "pre"])
+def test_cached_decode_matches_full_forward(norm_position):
+    model = make_model(norm_position=norm_position)
     src = jnp.pad(random_tokens(0, (2, 6)), ((0, 0), (0, 2)))  # trailing padding
     tgt = random_tokens(1, (2, 7))
     full = model(unpacked_batch(src, tgt))  # [B, T, V]
@@ -128,3 +136,93 @@ def test_base_parameter_count():
     _, shapes = abstract_model(Config(), vocab_size=37000)
     total = sum(x.size for x in jax.tree.leaves(shapes))
     assert total == 37000 * 512 + 6 * 3_151_872 + 6 * 4_203_008 == 63_073_280
+
+
+def test_post_norm_is_the_papers_residual_formula_exactly():
+    # The default model, recomposed by hand from its own sub-modules as Sec. 3.1 writes it,
+    # LayerNorm(x + Sublayer(x)) with no final norm, gives the same bits.
+    model = make_model()
+    src = jnp.pad(random_tokens(0, (2, 6)), ((0, 0), (0, 2)))
+    tgt = random_tokens(1, (2, 7))
+    batch = unpacked_batch(src, tgt)
+    enc_mask = attention_mask(batch.src_segments, batch.src_segments, causal=False)
+    self_mask = attention_mask(batch.tgt_segments, batch.tgt_segments, causal=True)
+    cross_mask = attention_mask(batch.tgt_segments, batch.src_segments, causal=False)
+    x = model.embed_tokens(batch.src, batch.src_positions, None)
+    for layer in model.encoder:
+        x = layer.norm1(x + layer.self_attention(x, x, enc_mask))
+        x = layer.norm2(x + layer.feed_forward(x))
+    y = model.embed_tokens(batch.tgt_in, batch.tgt_positions, None)
+    for layer in model.decoder:
+        y = layer.norm1(y + layer.self_attention(y, y, self_mask))
+        y = layer.norm2(y + layer.cross_attention(y, x, cross_mask))
+        y = layer.norm3(y + layer.feed_forward(y))
+    np.testing.assert_array_equal(model(batch), model.logits(y))
+
+
+def test_post_norm_parameters_are_the_papers_with_no_final_norm():
+    _, params = nnx.split(make_model(), nnx.Param)
+    paths = {".".join(map(str, path)) for path, _ in nnx.to_flat_state(params)}
+    linear = ["kernel", "bias"]
+    attention = ["query.kernel", "query.bias", "key.kernel"] + [
+        f"{p}.{w}" for p in ("value", "out") for w in linear
+    ]
+    ffn = [f"{p}.{w}" for p in ("inner", "outer") for w in linear]
+    norm = ["scale", "bias"]
+    encoder = (
+        [f"self_attention.{n}" for n in attention]
+        + [f"feed_forward.{n}" for n in ffn]
+        + [f"norm{i}.{n}" for i in (1, 2) for n in norm]
+    )
+    decoder = (
+        [f"{a}.{n}" for a in ("self_attention", "cross_attention") for n in attention]
+        + [f"feed_forward.{n}" for n in ffn]
+        + [f"norm{i}.{n}" for i in (1, 2, 3) for n in norm]
+    )
+    expected = {"embed.embedding"}
+    for i in range(2):
+        expected |= {f"encoder.{i}.{n}" for n in encoder} | {f"decoder.{i}.{n}" for n in decoder}
+    assert paths == expected
+
+
+def test_pre_norm_adds_one_final_norm_per_stack():
+    _, post = nnx.split(make_model(), nnx.Param)
+    _, pre = nnx.split(make_model(norm_position="pre"), nnx.Param)
+    post_paths = {path for path, _ in nnx.to_flat_state(post)}
+    pre_paths = {path for path, _ in nnx.to_flat_state(pre)}
+    assert pre_paths - post_paths == {
+        (stack, w) for stack in ("encoder_norm", "decoder_norm") for w in ("scale", "bias")
+    }
+    assert post_paths <= pre_paths
+
+
+def silence_sublayers(model):
+    """Zeroes every sub-layer's output projection, so each sub-layer outputs exactly zero."""
+    for _, module in nnx.iter_modules(model):
+        for linear in (getattr(module, "out", None), getattr(module, "outer", None)):
+            if isinstance(linear, nnx.Linear):
+                linear.kernel[...] = jnp.zeros_like(linear.kernel[...])
+                linear.bias[...] = jnp.zeros_like(linear.bias[...])
+
+
+def test_pre_norm_zero_sublayers_leave_the_residual_stream_untouched():
+    # x + Sublayer(LayerNorm(x)) with Sublayer = 0 is x: both stacks pass their embeddings
+    # through to the final LayerNorm unchanged. (Post-LN would normalise after every sub-layer.)
+    model = make_model(norm_position="pre")
+    silence_sublayers(model)
+    src = jnp.pad(random_tokens(0, (2, 6)), ((0, 0), (0, 2)))
+    batch = unpacked_batch(src, random_tokens(1, (2, 7)))
+    memory = model.encode(batch.src, batch.src_segments, batch.src_positions)
+    embedded_src = model.embed_tokens(batch.src, batch.src_positions, None)
+    np.testing.assert_array_equal(memory, model.encoder_norm(embedded_src))
+    y = model.decode(
+        batch.tgt_in, batch.tgt_segments, batch.tgt_positions, memory, batch.src_segments
+    )
+    embedded_tgt = model.embed_tokens(batch.tgt_in, batch.tgt_positions, None)
+    np.testing.assert_array_equal(y, model.decoder_norm(embedded_tgt))
+    # The same model with post-LN is not the identity on its stream.
+    post = make_model()
+    silence_sublayers(post)
+    post_memory = post.encode(batch.src, batch.src_segments, batch.src_positions)
+    post_embedded = post.embed_tokens(batch.src, batch.src_positions, None)
+    assert not np.allclose(post_memory, post_embedded, atol=1e-3)

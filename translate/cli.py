@@ -95,3 +95,10 @@ def text() -> None:
     from translate import translate as command
 
     run(command.main)
+
+
+def sample() -> None:
+    """`translate-sample`: python -m translate.sample."""
+    from translate import sample as command
+
+    run(command.main)

@@ -1,7 +1,8 @@
 """The trainer's data: the one place that chooses a source; the vocabulary made once; tokens cached.
 
 `load_data(config, workdir)` reads parallel files (translate/text.py), the synthetic corpus
-(generated into the workdir) or a TFDS dataset (translate/wmt.py); trains the shared BPE
+(generated into the workdir), a TFDS dataset (translate/wmt.py) or one language's text (a
+language model's: pairs with empty sources); trains the shared BPE
 vocabulary on a sample of the training text, or reuses the one in the workdir; and tokenizes
 the training pairs once into memory-mapped arrays in the workdir (corpus.tokenize_once).
 Batching them is translate/batching.py's job.
@@ -16,7 +17,7 @@ import pathlib
 from translate import synthetic, wmt
 from translate.config import Config
 from translate.corpus import TokenizedCorpus, tokenize_once, tokenize_parallel
-from translate.text import ParallelText, read_parallel, sample_sentences
+from translate.text import ParallelText, read_lines, read_parallel, sample_sentences
 from translate.tokenizer import Tokenizer, train_tokenizer
 from translate.workdir import Workdir
 
@@ -66,6 +67,23 @@ def open_text(
 ) -> tuple[ParallelText, tuple[list[str], list[str]] | None, tuple[list[str], list[str]] | None]:
     """Training pairs (read on demand) and raw dev and test text from the configured source."""
     d = config.data
+    if d.source == "monolingual":
+        base = pathlib.Path(d.dir)
+        if not d.dir or not base.is_dir():
+            raise FileNotFoundError(f"--config.data.dir={d.dir}: not a directory of text files")
+        train_path = base / f"{d.train_prefix}.{d.tgt_lang}"
+        if not train_path.is_file():
+            raise FileNotFoundError(
+                f"--config.data.dir={d.dir}: no {train_path.name} (data.train_prefix "
+                "+ data.tgt_lang), the language model's text"
+            )
+        train = ParallelText.monolingual(train_path)
+        dev_path = base / f"{d.dev_prefix}.{d.tgt_lang}"
+        dev = None
+        if dev_path.is_file():
+            lines = read_lines(dev_path)
+            dev = ([""] * len(lines), lines)
+        return train, dev, None  # a language model has no translations to score
     if d.source == "tfds":
         data_dir = wmt.resolve_data_dir(d.tfds_data_dir)
         builder = wmt.prepare(d.tfds_name, data_dir)

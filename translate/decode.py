@@ -1,7 +1,8 @@
 """Greedy and beam search (Sec. 6.1) over the model's explicit KV cache, batched and jitted.
 
-The encoder runs once per sentence; each step feeds one token per hypothesis through
-`Transformer.decode_step`, which writes its keys and values into a preallocated cache.
+Each model reads the source once per sentence (`prefill`: the encoder, or the decoder-only
+stack over the source prefix); each step feeds one token per hypothesis through its
+`decode_step`, which writes its keys and values into a preallocated cache.
 
 Every search takes an ensemble: `graphdefs` a tuple of graph definitions and `params` a tuple
 of their parameters, models that share one vocabulary; a single model is an ensemble of one.
@@ -40,18 +41,13 @@ def merge_models(graphdefs: tuple, params: tuple) -> list[nnx.Module]:
 
 
 def _encode_for_decoding(models, src, max_extra_len, copies):
-    """Runs each encoder once; returns the caches, per-sentence output limit and length L."""
+    """Reads the source once per model (`prefill`); returns caches, output limit and length L."""
     src_segments = (src != PAD_ID).astype(jnp.int32)  # [B, S]
-    positions = jnp.broadcast_to(jnp.arange(src.shape[1]), src.shape)
     # Output tokens before EOS may number at most (source tokens before EOS) + max_extra_len.
     limit = jnp.maximum(jnp.sum(src_segments, axis=1) - 1, 0) + max_extra_len  # [B]
     limit = jnp.where(src_segments[:, 0] > 0, limit, 0)  # batch-filler rows end at once
     max_len = src.shape[1] + max_extra_len + 1
-    caches = []
-    for model in models:
-        memory = model.encode(src, src_segments, positions)  # [B, S, D]
-        memory = jnp.repeat(memory, copies, axis=0)  # [B * W, S, D]
-        caches.append(model.init_cache(memory, jnp.repeat(src_segments, copies, axis=0), max_len))
+    caches = [model.prefill(src, src_segments, copies, max_len) for model in models]
     return caches, limit, max_len
 
 
@@ -181,6 +177,69 @@ def beam_search(
 
     state = jax.lax.while_loop(lambda s: (s["t"] < max_len) & ~jnp.all(is_done(s)), step, state)
     return state["fin_tokens"], state["fin_scores"]
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "top_k", "max_new"))
+def sample(
+    graphdef,
+    params,
+    src: jax.Array,
+    prompt: jax.Array,
+    key: jax.Array,
+    temperature: float,
+    top_k: int,
+    max_new: int,
+) -> jax.Array:
+    """Ancestral sampling of continuations of a prompt, with temperature and top-k.
+
+    Args:
+      graphdef, params: one model.
+      src: [B, S] source tokens + EOS (a language model's source is EOS alone).
+      prompt: [B, P] BOS and the prompt's tokens, the same length in every row.
+      key: PRNG key; each row and step draws its own.
+      temperature: divides the logits (> 0); lower is closer to arg-max.
+      top_k: draws among the k likeliest tokens only; 0 draws from the whole vocabulary.
+      max_new: tokens sampled at most after the prompt.
+
+    Returns:
+      tokens [B, P + max_new]: the prompt, then the sampled tokens up to EOS, PAD after it.
+    """
+    model = nnx.merge(graphdef, params)
+    batch, p = prompt.shape
+    length = p + max_new
+    cache = model.prefill(src, (src != PAD_ID).astype(jnp.int32), 1, length)
+    state = {
+        "t": jnp.array(0),
+        "tokens": jnp.pad(prompt, ((0, 0), (0, max_new))),  # [B, P + max_new]
+        "done": jnp.zeros((batch,), bool),  # [B]
+        "cache": cache,
+    }
+
+    def step(s):
+        t = s["t"]
+        logits, cache = model.decode_step(s["tokens"][:, t], t, s["cache"])  # [B, V]
+        logits = logits / temperature
+        step_key = jax.random.fold_in(key, t)
+        if top_k:
+            top_logits, top_ids = jax.lax.top_k(logits, top_k)  # [B, k]
+            pick = jax.random.categorical(step_key, top_logits)  # [B]
+            token = jnp.take_along_axis(top_ids, pick[:, None], axis=1)[:, 0]
+        else:
+            token = jax.random.categorical(step_key, logits)
+        token = token.astype(jnp.int32)
+        # Inside the prompt the next token is given; after it, the sampled one is written.
+        sampled = t + 1 >= p
+        written = jnp.where(sampled & ~s["done"], token, s["tokens"][:, t + 1])
+        written = jnp.where(sampled & s["done"], PAD_ID, written)
+        return {
+            "t": t + 1,
+            "tokens": s["tokens"].at[:, t + 1].set(written),
+            "done": s["done"] | (sampled & (written == EOS_ID)),
+            "cache": cache,
+        }
+
+    state = jax.lax.while_loop(lambda s: (s["t"] + 1 < length) & ~jnp.all(s["done"]), step, state)
+    return state["tokens"]
 
 
 def search(

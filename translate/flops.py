@@ -39,6 +39,14 @@ def forward_flops(
         raise ValueError(f"{src.shape} source lengths but {tgt.shape} target lengths")
     n, d, f = model.num_layers, float(model.d_model), float(model.d_ff)
     src_tokens, tgt_tokens = src.sum(), tgt.sum()
+    # Pre-softmax projection onto the shared embedding (Sec. 3.4): [D, V] per target token.
+    softmax = tgt_tokens * 2 * d * vocab_size
+    if model.architecture == "decoder_only":
+        # One stack of self-attention and feed-forward layers over each pair, source then target.
+        pair = src + tgt
+        return float(
+            n * (pair.sum() * (8 * d * d + 4 * d * f) + 4 * d * (pair * pair).sum()) + softmax
+        )
     # Encoder (Sec. 3.1): Q, K, V, O projections [D, D] and the feed-forward [D, F], [F, D];
     # attention scores QK^T and the weighted sum of V each cost 2 * s * s * D per sentence.
     encoder = n * (src_tokens * (8 * d * d + 4 * d * f) + 4 * d * (src * src).sum())
@@ -50,8 +58,6 @@ def forward_flops(
         + 4 * d * (tgt * tgt).sum()
         + 4 * d * (tgt * src).sum()
     )
-    # Pre-softmax projection onto the shared embedding (Sec. 3.4): [D, V] per target token.
-    softmax = tgt_tokens * 2 * d * vocab_size
     return float(encoder + decoder + softmax)
 
 

@@ -19,6 +19,10 @@ Deviations from the paper, all of them:
     (0.1 becomes 0.100006); see `dropout`.
 There is no final LayerNorm on either stack: with post-LayerNorm the last sub-layer already
 ends in one (Sec. 3.1). Dropout on attention probabilities is not used, as in the paper.
+
+A variant, not the paper: `model.norm_position="pre"` moves each LayerNorm to the sub-layer's
+input, x + Dropout(Sublayer(LayerNorm(x))), and adds a final LayerNorm to each stack (Xiong et
+al. 2020); the default "post" computes exactly the paper's model above.
 """
 
 from __future__ import annotations
@@ -122,6 +126,10 @@ def xavier_linear(
     )
 
 
+def layer_norm(config: ModelConfig, dtype: Any, rngs: nnx.Rngs) -> nnx.LayerNorm:
+    return nnx.LayerNorm(config.d_model, epsilon=1e-6, dtype=dtype, rngs=rngs)
+
+
 class MultiHeadAttention(nnx.Module):
     """Sec. 3.2.2: h heads of scaled dot-product attention (Sec. 3.2.1), concatenated."""
 
@@ -203,51 +211,83 @@ class FeedForward(nnx.Module):
         return self.outer(jax.nn.relu(self.inner(x)))  # [B, T, F] -> [B, T, D]
 
 
-class EncoderLayer(nnx.Module):
-    """Sec. 3.1: self-attention then feed-forward, each as LayerNorm(x + Dropout(Sublayer(x)))."""
+class ResidualLayer(nnx.Module):
+    """Sec. 3.1's residual connection around each sub-layer, LayerNorm after it or before it.
+
+    Post-LayerNorm (the paper): LayerNorm(x + Dropout(Sublayer(x))).
+    Pre-LayerNorm (the variant): x + Dropout(Sublayer(LayerNorm(x))).
+    Subclasses set `rate` (dropout) and `pre_norm`.
+    """
+
+    rate: float
+    pre_norm: bool
+
+    def normed(self, norm: nnx.LayerNorm, x: jax.Array) -> jax.Array:
+        """A sub-layer's input: LayerNorm(x) with pre-LayerNorm, x itself with post."""
+        return norm(x) if self.pre_norm else x
+
+    def add(self, norm: nnx.LayerNorm, x: jax.Array, out: jax.Array, key) -> jax.Array:
+        """The residual sum of x and a sub-layer's output, normalised after it with post."""
+        x = x + dropout(out, self.rate, key)
+        return x if self.pre_norm else norm(x)
+
+    def sublayer(self, norm: nnx.LayerNorm, x: jax.Array, fn, key) -> jax.Array:
+        return self.add(norm, x, fn(self.normed(norm, x)), key)
+
+
+class EncoderLayer(ResidualLayer):
+    """Sec. 3.1: self-attention then feed-forward, each inside a residual connection."""
 
     def __init__(self, config: ModelConfig, dtype: Any, rngs: nnx.Rngs):
         self.rate = config.dropout_rate
+        self.pre_norm = config.norm_position == "pre"
         self.self_attention = MultiHeadAttention(config, dtype, rngs)
-        self.norm1 = nnx.LayerNorm(config.d_model, epsilon=1e-6, dtype=dtype, rngs=rngs)
+        self.norm1 = layer_norm(config, dtype, rngs)
         self.feed_forward = FeedForward(config, dtype, rngs)
-        self.norm2 = nnx.LayerNorm(config.d_model, epsilon=1e-6, dtype=dtype, rngs=rngs)
+        self.norm2 = layer_norm(config, dtype, rngs)
 
     def __call__(self, x, mask, key):
-        x = self.norm1(x + dropout(self.self_attention(x, x, mask), self.rate, fold(key, 0)))
-        return self.norm2(x + dropout(self.feed_forward(x), self.rate, fold(key, 1)))
+        x = self.sublayer(self.norm1, x, lambda h: self.self_attention(h, h, mask), fold(key, 0))
+        return self.sublayer(self.norm2, x, self.feed_forward, fold(key, 1))
 
 
-class DecoderLayer(nnx.Module):
+class DecoderLayer(ResidualLayer):
     """Sec. 3.1: masked self-attention, attention over the encoder output, feed-forward."""
 
     def __init__(self, config: ModelConfig, dtype: Any, rngs: nnx.Rngs):
         self.rate = config.dropout_rate
+        self.pre_norm = config.norm_position == "pre"
         self.self_attention = MultiHeadAttention(config, dtype, rngs)
-        self.norm1 = nnx.LayerNorm(config.d_model, epsilon=1e-6, dtype=dtype, rngs=rngs)
+        self.norm1 = layer_norm(config, dtype, rngs)
         self.cross_attention = MultiHeadAttention(config, dtype, rngs)
-        self.norm2 = nnx.LayerNorm(config.d_model, epsilon=1e-6, dtype=dtype, rngs=rngs)
+        self.norm2 = layer_norm(config, dtype, rngs)
         self.feed_forward = FeedForward(config, dtype, rngs)
-        self.norm3 = nnx.LayerNorm(config.d_model, epsilon=1e-6, dtype=dtype, rngs=rngs)
+        self.norm3 = layer_norm(config, dtype, rngs)
 
     def finish(self, x, self_out, cross_attend, key):
         """Everything after self-attention, shared by full and cached decoding.
 
-        `cross_attend` maps the normalised x to its attention over the encoder output.
+        `self_out` is self-attention's output for the input `self.normed(self.norm1, x)`;
+        `cross_attend` maps a query input to its attention over the encoder output.
         """
-        x = self.norm1(x + dropout(self_out, self.rate, fold(key, 0)))
-        x = self.norm2(x + dropout(cross_attend(x), self.rate, fold(key, 1)))
-        return self.norm3(x + dropout(self.feed_forward(x), self.rate, fold(key, 2)))
+        x = self.add(self.norm1, x, self_out, fold(key, 0))
+        x = self.sublayer(self.norm2, x, cross_attend, fold(key, 1))
+        return self.sublayer(self.norm3, x, self.feed_forward, fold(key, 2))
 
     def __call__(self, x, memory, self_mask, cross_mask, key):
-        self_out = self.self_attention(x, x, self_mask)
+        h = self.normed(self.norm1, x)
+        self_out = self.self_attention(h, h, self_mask)
         return self.finish(x, self_out, lambda h: self.cross_attention(h, memory, cross_mask), key)
 
 
-class Transformer(nnx.Module):
-    """Encoder-decoder; one embedding matrix serves both inputs and the softmax (Sec. 3.4)."""
+class EmbeddingsAndSoftmax(nnx.Module):
+    """Sec. 3.4: one embedding matrix serves the inputs and the pre-softmax projection.
 
-    def __init__(self, config: ModelConfig, vocab_size: int, *, rngs: nnx.Rngs):
+    What the encoder-decoder (`Transformer`) and the decoder-only variant
+    (translate/decoder_only.py) share; each defines `hidden`, its teacher-forced output.
+    """
+
+    def __init__(self, config: ModelConfig, vocab_size: int, rngs: nnx.Rngs):
         # Plain numbers, not the config object: the graph definition must stay hashable.
         self.d_model, self.num_heads = config.d_model, config.num_heads
         self.dropout_rate = config.dropout_rate
@@ -259,38 +299,12 @@ class Transformer(nnx.Module):
             rngs=rngs,
             embedding_init=nnx.initializers.normal(config.d_model**-0.5),
         )
-        self.encoder = nnx.List(
-            [EncoderLayer(config, self.dtype, rngs) for _ in range(config.num_layers)]
-        )
-        self.decoder = nnx.List(
-            [DecoderLayer(config, self.dtype, rngs) for _ in range(config.num_layers)]
-        )
 
     def embed_tokens(self, tokens, positions, key):
         # Sec. 3.4: embeddings are multiplied by sqrt(d_model); Sec. 3.5: positions are added.
         x = self.embed(tokens) * math.sqrt(self.d_model)  # [B, T, D]
         x = x + sinusoidal_positions(positions, self.d_model).astype(self.dtype)
         return dropout(x, self.dropout_rate, key)  # Sec. 5.4
-
-    def encode(self, src, src_segments, src_positions, *, dropout_key=None) -> jax.Array:
-        """Source tokens [B, S] -> memory [B, S, D]."""
-        x = self.embed_tokens(src, src_positions, fold(dropout_key, 0))
-        mask = attention_mask(src_segments, src_segments, causal=False)  # [B, 1, S, S]
-        for i, layer in enumerate(self.encoder):
-            x = layer(x, mask, fold(dropout_key, 1 + i))
-        return x
-
-    def decode(
-        self, tgt_in, tgt_segments, tgt_positions, memory, src_segments, *, dropout_key=None
-    ) -> jax.Array:
-        """Shifted target [B, T] and memory [B, S, D] -> decoder output [B, T, D]."""
-        key = fold(dropout_key, 1000)
-        y = self.embed_tokens(tgt_in, tgt_positions, fold(key, 0))
-        self_mask = attention_mask(tgt_segments, tgt_segments, causal=True)  # [B, 1, T, T]
-        cross_mask = attention_mask(tgt_segments, src_segments, causal=False)  # [B, 1, T, S]
-        for i, layer in enumerate(self.decoder):
-            y = layer(y, memory, self_mask, cross_mask, fold(key, 1 + i))
-        return y
 
     def logits(self, y: jax.Array) -> jax.Array:
         """Sec. 3.4: the pre-softmax projection is the shared embedding; [..., D] -> [..., V].
@@ -302,21 +316,8 @@ class Transformer(nnx.Module):
         return jnp.einsum("...d,vd->...v", y, embedding, preferred_element_type=jnp.float32)
 
     def hidden(self, batch: Batch, *, dropout_key=None) -> jax.Array:
-        """Teacher-forced decoder output [B, T, D] for a batch of the data pipeline.
-
-        Training projects it onto the vocabulary inside the loss (losses.projected_cross_entropy).
-        """
-        memory = self.encode(
-            batch.src, batch.src_segments, batch.src_positions, dropout_key=dropout_key
-        )
-        return self.decode(
-            batch.tgt_in,
-            batch.tgt_segments,
-            batch.tgt_positions,
-            memory,
-            batch.src_segments,
-            dropout_key=dropout_key,
-        )
+        """Teacher-forced output [B, T, D] at the target tokens; each architecture's own."""
+        raise NotImplementedError
 
     def __call__(self, batch: Batch, *, dropout_key=None) -> jax.Array:
         """Teacher-forced logits [B, T, V] (float32) for a batch of the data pipeline."""
@@ -337,6 +338,71 @@ class Transformer(nnx.Module):
             ".".join(map(str, path[:-1])): value.get_value()[0]
             for path, value in nnx.to_flat_state(found)
         }
+
+
+class Transformer(EmbeddingsAndSoftmax):
+    """The paper's encoder-decoder (Sec. 3.1)."""
+
+    def __init__(self, config: ModelConfig, vocab_size: int, *, rngs: nnx.Rngs):
+        super().__init__(config, vocab_size, rngs)
+        self.encoder = nnx.List(
+            [EncoderLayer(config, self.dtype, rngs) for _ in range(config.num_layers)]
+        )
+        self.decoder = nnx.List(
+            [DecoderLayer(config, self.dtype, rngs) for _ in range(config.num_layers)]
+        )
+        # Pre-LayerNorm only: each stack's output is normalised once more (post-LayerNorm's
+        # last sub-layer already ends in a LayerNorm).
+        pre_norm = config.norm_position == "pre"
+        self.encoder_norm = layer_norm(config, self.dtype, rngs) if pre_norm else None
+        self.decoder_norm = layer_norm(config, self.dtype, rngs) if pre_norm else None
+
+    def encode(self, src, src_segments, src_positions, *, dropout_key=None) -> jax.Array:
+        """Source tokens [B, S] -> memory [B, S, D]."""
+        x = self.embed_tokens(src, src_positions, fold(dropout_key, 0))
+        mask = attention_mask(src_segments, src_segments, causal=False)  # [B, 1, S, S]
+        for i, layer in enumerate(self.encoder):
+            x = layer(x, mask, fold(dropout_key, 1 + i))
+        return x if self.encoder_norm is None else self.encoder_norm(x)
+
+    def decode(
+        self, tgt_in, tgt_segments, tgt_positions, memory, src_segments, *, dropout_key=None
+    ) -> jax.Array:
+        """Shifted target [B, T] and memory [B, S, D] -> decoder output [B, T, D]."""
+        key = fold(dropout_key, 1000)
+        y = self.embed_tokens(tgt_in, tgt_positions, fold(key, 0))
+        self_mask = attention_mask(tgt_segments, tgt_segments, causal=True)  # [B, 1, T, T]
+        cross_mask = attention_mask(tgt_segments, src_segments, causal=False)  # [B, 1, T, S]
+        for i, layer in enumerate(self.decoder):
+            y = layer(y, memory, self_mask, cross_mask, fold(key, 1 + i))
+        return y if self.decoder_norm is None else self.decoder_norm(y)
+
+    def hidden(self, batch: Batch, *, dropout_key=None) -> jax.Array:
+        """Teacher-forced decoder output [B, T, D] for a batch of the data pipeline.
+
+        Training projects it onto the vocabulary inside the loss (losses.projected_cross_entropy).
+        """
+        memory = self.encode(
+            batch.src, batch.src_segments, batch.src_positions, dropout_key=dropout_key
+        )
+        return self.decode(
+            batch.tgt_in,
+            batch.tgt_segments,
+            batch.tgt_positions,
+            memory,
+            batch.src_segments,
+            dropout_key=dropout_key,
+        )
+
+    def prefill(self, src: jax.Array, src_segments: jax.Array, copies: int, max_len: int) -> Cache:
+        """The decoding cache for sources [B, S], each repeated `copies` times (beam search).
+
+        The encoder runs once per sentence; its memory is then repeated per hypothesis.
+        """
+        positions = jnp.broadcast_to(jnp.arange(src.shape[1]), src.shape)  # [B, S]
+        memory = self.encode(src, src_segments, positions)  # [B, S, D]
+        memory = jnp.repeat(memory, copies, axis=0)  # [B * W, S, D]
+        return self.init_cache(memory, jnp.repeat(src_segments, copies, axis=0), max_len)
 
     def init_cache(self, memory: jax.Array, src_segments: jax.Array, max_len: int) -> Cache:
         """Projects the memory once per layer; allocates empty self-attention keys and values.
@@ -371,12 +437,13 @@ class Transformer(nnx.Module):
         new_cache = []
         for layer, c in zip(self.decoder, cache):
             attn = layer.self_attention
-            k_new, v_new = attn.project_kv_cached(y)  # [B, H, K, 1], [B, H, 1, K]
+            h = layer.normed(layer.norm1, y)  # [B, 1, D]
+            k_new, v_new = attn.project_kv_cached(h)  # [B, H, K, 1], [B, H, 1, K]
             # Written in place: the cache is a loop carry that nothing else reads.
             k = jax.lax.dynamic_update_slice_in_dim(c.k, k_new.astype(c.k.dtype), index, 3)
             v = jax.lax.dynamic_update_slice_in_dim(c.v, v_new.astype(c.v.dtype), index, 2)
             self_mask = (jnp.arange(k.shape[-1]) <= index)[None, None, :]  # [1, 1, L]
-            self_out = attn.attend_cached(y, k, v, self_mask)
+            self_out = attn.attend_cached(h, k, v, self_mask)
             cross_mask = c.src_valid[:, None, :]  # [B, 1, S]
             y = layer.finish(
                 y,
@@ -390,10 +457,22 @@ class Transformer(nnx.Module):
                 None,
             )
             new_cache.append(c._replace(k=k, v=v))
+        if self.decoder_norm is not None:
+            y = self.decoder_norm(y)
         return self.logits(y[:, 0]).astype(jnp.float32), new_cache
+
+
+def make_model(config: ModelConfig, vocab_size: int, rngs: nnx.Rngs) -> EmbeddingsAndSoftmax:
+    """The configured architecture: the paper's encoder-decoder, or the decoder-only variant."""
+    if config.architecture == "decoder_only":
+        # Imported here: decoder_only.py builds on this module's layers.
+        from translate.decoder_only import DecoderOnlyTransformer
+
+        return DecoderOnlyTransformer(config, vocab_size, rngs=rngs)
+    return Transformer(config, vocab_size, rngs=rngs)
 
 
 def abstract_model(config: Config, vocab_size: int) -> tuple[nnx.GraphDef, nnx.State]:
     """The model's graph and parameter shapes, with nothing allocated."""
-    model = nnx.eval_shape(lambda: Transformer(config.model, vocab_size, rngs=nnx.Rngs(0)))
+    model = nnx.eval_shape(lambda: make_model(config.model, vocab_size, nnx.Rngs(0)))
     return nnx.split(model, nnx.Param)

@@ -86,6 +86,25 @@ class ParallelText:
             num_pairs = sum(1 for _ in f)
         return cls(num_pairs, read, identity)
 
+    @classmethod
+    def monolingual(cls, path: pathlib.Path) -> ParallelText:
+        """One language's text as pairs with an empty source, for a language model.
+
+        A decoder-only model reads each pair as `EOS BOS sentence` and is scored on every token
+        of the sentence and its EOS (translate/decoder_only.py).
+        """
+        load = functools.cache(lambda: read_lines(path))
+
+        def read(indices):
+            lines = load()
+            return ["" for _ in indices], [lines[i] for i in indices]
+
+        path = pathlib.Path(path).resolve()
+        with open(path, "rb") as f:
+            num_lines = sum(1 for _ in f)
+        identity = f"monolingual:{path}:{path.stat().st_size}:{path.stat().st_mtime_ns}"
+        return cls(num_lines, read, identity)
+
 
 def sample_sentences(text: ParallelText, sample_size: int, seed: int) -> list[str]:
     """A seeded random sample of `sample_size` sentences drawn from both sides of `text`.

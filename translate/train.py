@@ -34,7 +34,7 @@ from translate.data import Data, load_data
 from translate.devices import DeviceFacts, cpu_warning, published_peak, resolve_attention
 from translate.flops import batch_lengths, train_flops
 from translate.losses import projected_cross_entropy
-from translate.model import Transformer, abstract_model, resolve_dtype
+from translate.model import abstract_model, make_model, resolve_dtype
 from translate.monitor import (
     EvaluationInterrupted,
     Interrupted,
@@ -62,7 +62,7 @@ def make_init(config: Config, vocab_size: int, optimizer, mesh):
     """Jitted key -> (params, opt_state), created directly with their (replicated) shardings."""
 
     def init(key):
-        model = Transformer(config.model, vocab_size, rngs=nnx.Rngs(params=key))
+        model = make_model(config.model, vocab_size, nnx.Rngs(params=key))
         params = nnx.state(model, nnx.Param)
         return params, optimizer.init(params)
 
@@ -418,7 +418,9 @@ def run_dev_evaluation(
 
 
 def dev_bleu(graphdef, params, data: Data, config: Config, step: int) -> dict[str, float]:
-    """BLEU on the first `decode.eval_num_sentences` dev sentences."""
+    """BLEU on the first `decode.eval_num_sentences` dev sentences (none for a language model)."""
+    if config.data.source == "monolingual":
+        return {}
     sources, references = data.dev_text
     n = config.decode.eval_num_sentences or len(sources)
     host_params = evaluate.local_copy(params)

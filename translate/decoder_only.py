@@ -1,0 +1,175 @@
+"""A decoder-only Transformer that translates by reading `source <sep> target` as one sequence.
+
+A variant, not the paper's model: one stack of `num_layers` layers, each the encoder layer's
+self-attention and feed-forward (model.EncoderLayer) under a causal mask, and no
+cross-attention (the GPT family). A pair is the encoder-decoder's two inputs one after the
+other,
+
+    x_1 .. x_n EOS  BOS y_1 .. y_m       (EOS BOS is the separator)
+
+and only the target part is scored: at BOS and at each y_j the model predicts y_1 .. y_m EOS,
+exactly the encoder-decoder's targets, so the two are trained and evaluated on equal terms.
+Positions run on through the pair: BOS is at position n + 1.
+
+`model.prefix_attention` says what source tokens see: "causal", the tokens before them;
+"bidirectional" (a prefix LM), every source token of their pair. Target tokens always see the
+whole source and the target tokens before them.
+
+Batches are the data pipeline's (batching.Batch), packed as for the encoder-decoder: a row's
+source side and target side hold the same pairs under the same segment ids. The stack runs over
+the two sides side by side, [B, S + T]; attention joins tokens of one pair (same segment id)
+and orders them by position within the pair, so where a token sits in the row never matters and
+padding or packing leaves every output unchanged.
+
+Cached decoding: `prefill` runs the stack once over the source as the search gives it (x EOS,
+padded to S), which fills the first S slots of each layer's key and value cache; step t writes
+slot S + t, at position (source tokens) + t.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from translate.config import ModelConfig
+from translate.model import EmbeddingsAndSoftmax, EncoderLayer, fold, layer_norm
+
+if TYPE_CHECKING:  # for annotations only: the data pipeline feeds the model, not the reverse
+    from translate.batching import Batch
+
+
+class PrefixCache(NamedTuple):
+    """Keys and values of every layer for cached decoding: the source's S slots, then L steps."""
+
+    keys: list[jax.Array]  # per layer [B, H, K, S + L], transposed (attend_cached's layout)
+    values: list[jax.Array]  # per layer [B, H, S + L, K]
+    prefix_valid: jax.Array  # [B, S] True on real source tokens
+    prefix_len: jax.Array  # [B] source tokens (EOS included): the first step's position
+
+
+def prefix_lm_mask(
+    segments: jax.Array, positions: jax.Array, in_prefix: jax.Array, bidirectional: bool
+) -> jax.Array:
+    """Boolean [B, 1, N, N] mask, True = attend, over tokens [B, N] of packed pairs.
+
+    A query sees keys of its own pair (same segment, not padding) at positions up to its own;
+    with `bidirectional`, a source (prefix) query also sees every source key of its pair.
+    """
+    same = (segments[:, :, None] == segments[:, None, :]) & (segments[:, :, None] > 0)
+    visible = positions[:, None, :] <= positions[:, :, None]  # key position <= query position
+    if bidirectional:
+        visible |= in_prefix[:, :, None] & in_prefix[:, None, :]
+    return (same & visible)[:, None]  # [B, 1, N, N]
+
+
+class DecoderOnlyTransformer(EmbeddingsAndSoftmax):
+    """One causal stack over `source <sep> target`; the same interface as model.Transformer."""
+
+    def __init__(self, config: ModelConfig, vocab_size: int, *, rngs: nnx.Rngs):
+        super().__init__(config, vocab_size, rngs)
+        self.bidirectional = config.prefix_attention == "bidirectional"
+        self.decoder = nnx.List(
+            [EncoderLayer(config, self.dtype, rngs) for _ in range(config.num_layers)]
+        )
+        # Pre-LayerNorm only, as in model.Transformer.
+        pre_norm = config.norm_position == "pre"
+        self.decoder_norm = layer_norm(config, self.dtype, rngs) if pre_norm else None
+
+    def stack(self, tokens, segments, positions, in_prefix, *, dropout_key=None) -> jax.Array:
+        """Tokens [B, N] of packed pairs -> output [B, N, D] (final LayerNorm included)."""
+        x = self.embed_tokens(tokens, positions, fold(dropout_key, 0))  # [B, N, D]
+        mask = prefix_lm_mask(segments, positions, in_prefix, self.bidirectional)
+        for i, layer in enumerate(self.decoder):
+            x = layer(x, mask, fold(dropout_key, 1 + i))
+        return x if self.decoder_norm is None else self.decoder_norm(x)
+
+    def hidden(self, batch: Batch, *, dropout_key=None) -> jax.Array:
+        """Teacher-forced output [B, T, D] at the target tokens of a batch of the data pipeline.
+
+        Training projects it onto the vocabulary inside the loss, as for the encoder-decoder.
+        """
+        (b, s), t = batch.src.shape, batch.tgt_in.shape[1]
+        # Each target token's offset: the length of its pair's source, EOS included.
+        same_pair = batch.tgt_segments[:, :, None] == batch.src_segments[:, None, :]  # [B, T, S]
+        src_len = jnp.sum(same_pair & (batch.src_segments[:, None, :] > 0), axis=-1)  # [B, T]
+        y = self.stack(
+            jnp.concatenate([batch.src, batch.tgt_in], axis=1),  # [B, S + T]
+            jnp.concatenate([batch.src_segments, batch.tgt_segments], axis=1),
+            jnp.concatenate([batch.src_positions, batch.tgt_positions + src_len], axis=1),
+            jnp.broadcast_to(jnp.arange(s + t) < s, (b, s + t)),  # the source side
+            dropout_key=dropout_key,
+        )
+        return y[:, s:]  # [B, T, D]
+
+    def prefill(
+        self, src: jax.Array, src_segments: jax.Array, copies: int, max_len: int
+    ) -> PrefixCache:
+        """The decoding cache for sources [B, S], each repeated `copies` times (beam search).
+
+        Runs the stack once over the source, keeping each layer's keys and values, followed by
+        room for `max_len` steps.
+        """
+        b, s = src.shape
+        positions = jnp.broadcast_to(jnp.arange(s), (b, s))  # [B, S]
+        in_prefix = src_segments > 0  # [B, S]
+        mask = prefix_lm_mask(src_segments, positions, in_prefix, self.bidirectional)
+        x = self.embed_tokens(src, positions, None)  # [B, S, D]
+        h, k = self.num_heads, self.d_model // self.num_heads
+        keys, values = [], []
+        for layer in self.decoder:
+            # The keys and values the layer's self-attention computes, kept for the steps.
+            prefix_k, prefix_v = layer.self_attention.project_kv_cached(
+                layer.normed(layer.norm1, x)
+            )  # [B, H, K, S], [B, H, S, K]
+            empty_k = jnp.zeros((b, h, k, max_len), self.dtype)
+            empty_v = jnp.zeros((b, h, max_len, k), self.dtype)
+            k_all = jnp.concatenate([prefix_k.astype(self.dtype), empty_k], axis=3)
+            v_all = jnp.concatenate([prefix_v.astype(self.dtype), empty_v], axis=2)
+            keys.append(jnp.repeat(k_all, copies, axis=0))  # [B * W, H, K, S + L]
+            values.append(jnp.repeat(v_all, copies, axis=0))  # [B * W, H, S + L, K]
+            x = layer(x, mask, None)
+        return PrefixCache(
+            keys,
+            values,
+            jnp.repeat(in_prefix, copies, axis=0),
+            jnp.repeat(jnp.sum(in_prefix, axis=1), copies, axis=0),
+        )
+
+    @staticmethod
+    def reorder_cache(cache: PrefixCache, rows: jax.Array) -> PrefixCache:
+        """The cache of rows `rows` [B'] (beam search's surviving hypotheses).
+
+        Rows move only within their sentence, whose source is the same for every hypothesis.
+        """
+        return cache._replace(
+            keys=[k[rows] for k in cache.keys], values=[v[rows] for v in cache.values]
+        )
+
+    def decode_step(
+        self, tokens: jax.Array, index: jax.Array, cache: PrefixCache
+    ) -> tuple[jax.Array, PrefixCache]:
+        """One step of cached decoding: tokens [B] at target index `index` -> logits [B, V]."""
+        s = cache.prefix_valid.shape[1]
+        steps = cache.keys[0].shape[-1] - s
+        positions = (cache.prefix_len + index)[:, None]  # [B, 1]
+        y = self.embed_tokens(tokens[:, None], positions, None)  # [B, 1, D]
+        step_valid = jnp.broadcast_to(jnp.arange(steps) <= index, (tokens.shape[0], steps))
+        mask = jnp.concatenate([cache.prefix_valid, step_valid], axis=1)[:, None]  # [B, 1, S+L]
+        keys, values = [], []
+        for layer, k, v in zip(self.decoder, cache.keys, cache.values):
+            attn = layer.self_attention
+            h = layer.normed(layer.norm1, y)  # [B, 1, D]
+            k_new, v_new = attn.project_kv_cached(h)  # [B, H, K, 1], [B, H, 1, K]
+            k = jax.lax.dynamic_update_slice_in_dim(k, k_new.astype(k.dtype), s + index, 3)
+            v = jax.lax.dynamic_update_slice_in_dim(v, v_new.astype(v.dtype), s + index, 2)
+            y = layer.add(layer.norm1, y, attn.attend_cached(h, k, v, mask), None)
+            y = layer.sublayer(layer.norm2, y, layer.feed_forward, None)
+            keys.append(k)
+            values.append(v)
+        if self.decoder_norm is not None:
+            y = self.decoder_norm(y)
+        new_cache = cache._replace(keys=keys, values=values)
+        return self.logits(y[:, 0]).astype(jnp.float32), new_cache

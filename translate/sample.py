@@ -1,0 +1,83 @@
+r"""Sample text from a trained model with temperature and top-k: the sample command.
+
+    python -m translate.sample --workdir=/tmp/lm --prompt="Ein Hund" [--num_samples=5] \
+        [--temperature=0.8] [--top_k=40] [--max_new_tokens=50] [--seed=0] \
+        [--step=N | --average=N] [--source=TEXT]
+
+Prints each sample on its own line: the prompt and its continuation, up to EOS or
+--max_new_tokens. Made for a language model (a decoder-only model trained with
+data.source=monolingual, whose source is empty); with a translation model, --source gives the
+sentence whose translation is sampled (starting with --prompt).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import jax
+import numpy as np
+from absl import logging as absl_logging
+
+from translate import cli
+from translate.config import Flag, parse_flags
+from translate.decode import sample
+from translate.tokenizer import BOS_ID, EOS_ID
+from translate.workdir import load_ensemble
+
+
+def main(argv: Sequence[str]) -> None:
+    absl_logging.set_verbosity(absl_logging.ERROR)  # Orbax's read-only manager warnings
+    flags, _ = parse_flags(
+        list(argv),
+        {
+            "workdir": Flag("", "Required. A training workdir (a language model's, usually)."),
+            "step": Flag(-1, "The checkpoint step to sample from; -1: the newest."),
+            "average": Flag(0, "Sample from the mean parameters of the newest N checkpoints."),
+            "prompt": Flag("", "The text each sample starts with."),
+            "source": Flag(
+                "", "For a translation model: the sentence whose translation is sampled."
+            ),
+            "num_samples": Flag(1, "How many samples to draw."),
+            "temperature": Flag(1.0, "Divides the logits; lower is closer to arg-max."),
+            "top_k": Flag(0, "Draw from the k most likely pieces only; 0: the whole vocabulary."),
+            "max_new_tokens": Flag(50, "The most pieces added after the prompt."),
+            "seed": Flag(0, "Seed of the random draws."),
+        },
+        doc=__doc__,
+        sections=(),
+    )
+    if not flags["workdir"]:
+        raise SystemExit("--workdir is required: python -m translate.sample --workdir=DIR ...")
+    for name, ok, rule in [
+        ("num_samples", flags["num_samples"] >= 1, ">= 1"),
+        ("temperature", flags["temperature"] > 0.0, "> 0 (lower is closer to arg-max)"),
+        ("top_k", flags["top_k"] >= 0, ">= 0 (0: the whole vocabulary)"),
+        ("max_new_tokens", flags["max_new_tokens"] >= 1, ">= 1"),
+    ]:
+        if not ok:
+            raise SystemExit(f"--{name}={flags[name]}: must be {rule}")
+    step = None if flags["step"] == -1 else flags["step"]
+    graphdefs, params, tokenizer, _, _ = load_ensemble([flags["workdir"]], step, flags["average"])
+    if flags["top_k"] > tokenizer.vocab_size:
+        raise SystemExit(
+            f"--top_k={flags['top_k']}: the vocabulary has only {tokenizer.vocab_size} pieces"
+        )
+    n = flags["num_samples"]
+    source = tokenizer.encode([flags["source"]])[0] + [EOS_ID]
+    prompt = [BOS_ID] + tokenizer.encode([flags["prompt"]])[0]
+    tokens = sample(
+        graphdefs[0],
+        params[0],
+        np.tile(np.asarray(source, np.int32), (n, 1)),  # [N, S]
+        np.tile(np.asarray(prompt, np.int32), (n, 1)),  # [N, P]
+        jax.random.key(flags["seed"]),
+        flags["temperature"],
+        flags["top_k"],
+        flags["max_new_tokens"],
+    )
+    for row in np.asarray(tokens):
+        print(tokenizer.decode(row))
+
+
+if __name__ == "__main__":
+    cli.run(main)
