@@ -186,7 +186,12 @@ def test_pyproject_declares_requirements_txt():
         pins
     )
     assert "absl-py>=1.4" in project["dependencies"]
-    assert set(project["scripts"]) == {"translate-train", "translate-evaluate", "translate-text"}
+    assert set(project["scripts"]) == {
+        "translate-train",
+        "translate-evaluate",
+        "translate-text",
+        "translate-sample",
+    }
 
 
 @pytest.mark.slow
@@ -225,7 +230,7 @@ def test_pip_install_into_a_fresh_venv_exposes_the_console_scripts(tmp_path):
     elsewhere = tmp_path / "elsewhere"  # no checkout on the path: the installed package runs
     elsewhere.mkdir()
     env = {**os.environ, "PYTHONPATH": ""}
-    for command in ("translate-train", "translate-evaluate", "translate-text"):
+    for command in ("translate-train", "translate-evaluate", "translate-text", "translate-sample"):
         shown = subprocess.run(
             [venv / "bin" / command, "--help"],
             capture_output=True,
