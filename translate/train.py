@@ -28,7 +28,7 @@ from flax import nnx
 
 from translate import checkpoint, evaluate, sharding
 from translate.batching import BatchLayout, DataPosition, iterate_batches, make_batch, plan_epoch
-from translate.config import Config, load_config, parse_flags
+from translate.config import Config, load_config, parse_flags, split_profile_steps
 from translate.corpus import TokenizedCorpus
 from translate.data import Data, load_data
 from translate.devices import DeviceFacts, cpu_warning, published_peak, resolve_attention
@@ -36,8 +36,10 @@ from translate.flops import batch_lengths, train_flops
 from translate.losses import projected_cross_entropy
 from translate.model import Transformer, abstract_model, resolve_dtype
 from translate.monitor import (
+    DevBleuHistory,
     Interrupted,
     MetricWriter,
+    StepProfiler,
     StopSignal,
     check_finite,
     log_progress,
@@ -47,8 +49,11 @@ from translate.optim import make_optimizer
 from translate.workdir import (
     Workdir,
     check_config,
+    check_init_from,
     check_vocabulary_unchanged,
+    copy_vocabulary,
     lock,
+    read_init_params,
     write_config,
 )
 
@@ -227,6 +232,9 @@ def train_in_workdir(
     )
     check_config(config, workdir, force)
     check_vocabulary_unchanged(workdir)  # before the data is opened and tokenized again
+    # A run that has its own checkpoints resumes from them: init_from is for its start only.
+    resuming = checkpoint.latest_step(workdir.checkpoints) is not None
+    init = check_init_from(config, workdir) if t.init_from and not resuming else None
 
     mesh = sharding.make_mesh()
     log.info(
@@ -241,7 +249,15 @@ def train_in_workdir(
     if warning := cpu_warning(config, facts):
         log.warning("WARNING: %s", warning)
 
+    if init is not None:
+        copy_vocabulary(init.workdir, workdir)  # the data is tokenized with the other run's pieces
     data = sharding.on_process_zero_first(lambda: load_data(config, workdir))
+    if data.dev is None and (t.keep_best_by or t.early_stopping_patience):
+        raise ValueError(
+            f"--config.train.keep_best_by={t.keep_best_by} "
+            f"--config.train.early_stopping_patience={t.early_stopping_patience}: both need "
+            "dev data, and this data has no dev split"
+        )
     write_config(config, workdir)  # only once the data has loaded without error
     layout = BatchLayout.from_config(
         config.data.tokens_per_batch, config.data.row_len, t.grad_accum_steps, mesh.size
@@ -273,6 +289,14 @@ def train_in_workdir(
         step, params, opt_state, meta = restored
         position = DataPosition(**meta["data_position"])
         log.info("resumed from step %d (epoch %d, batch %d)", step, position.epoch, position.index)
+    elif init is not None:
+        params = read_init_params(init, abstract[0], data.tokenizer)
+        _, opt_state = steps.init(keys["params"])  # Adam's moments and count start afresh
+        log.info(
+            "initialized from the parameters of %s at step %d; optimizer and step start afresh",
+            init.workdir.path,
+            init.step,
+        )
     else:
         params, opt_state = steps.init(keys["params"])
     num_params = sum(x.size for x in jax.tree.leaves(abstract[0]))
@@ -290,16 +314,47 @@ def train_in_workdir(
     # Model FLOPs of this host's rows (real tokens only), over its devices' published peak.
     window_flops = 0.0
     peak = published_peak(facts.kind, jnp.dtype(resolve_dtype(m.compute_dtype)).name)
+    # The dev BLEU logged up to this step: the best so far and the evaluations since.
+    dev_history = DevBleuHistory.of_run(workdir.metrics, step)
+    best = None
+    if t.keep_best_by:
+        best = checkpoint.make_manager(Workdir(workdir.best).checkpoints, keep=1)
+        on_exit.enter_context(best)
+    profiler = StepProfiler(split_profile_steps(t.profile_steps), workdir.profile)
+    on_exit.callback(profiler.close)
+    compiled = False
+
+    def save_checkpoint() -> None:
+        meta = {
+            "data_position": dataclasses.asdict(position),
+            "step": step,
+            "vocab_sha256": data.tokenizer.sha256,
+        }
+        checkpoint.save(manager, step, params, opt_state, meta)
+
+    early_stop = dev_history.exhausted(t.early_stopping_patience)
+    if early_stop:
+        log.info("this run stopped early at step %d already (dev BLEU)", step)
     stop = StopSignal()
     with stop:
-        while step < t.num_train_steps:
+        while step < t.num_train_steps and not early_stop:
             batch, position = next(batches)
+            profiler.before(step)
+            call_start = time.perf_counter()
             params, opt_state, metrics = steps.train(
                 params, opt_state, sharding.put_batch(batch, mesh), step, keys["dropout"]
             )
+            if not compiled:
+                # The first call traces and compiles before it dispatches: time that is not
+                # training speed, said once and kept out of the first window's clock.
+                compiled = True
+                compile_seconds = time.perf_counter() - call_start
+                log.info("compiled the train step in %.1f s", compile_seconds)
+                window_start += compile_seconds
             window.append(metrics)
             window_flops += train_flops(m, data.tokenizer.vocab_size, *batch_lengths(batch))
             step += 1
+            profiler.after(step, (params, metrics))
             last = step == t.num_train_steps
             stopping = stop.signum is not None  # read once: a signal may land at any moment
             save = step % t.checkpoint_every_steps == 0 or last or stopping
@@ -318,12 +373,7 @@ def train_in_workdir(
                 window, window_start, window_step = [], time.perf_counter(), step
                 window_flops = 0.0
             if save:
-                meta = {
-                    "data_position": dataclasses.asdict(position),
-                    "step": step,
-                    "vocab_sha256": data.tokenizer.sha256,
-                }
-                checkpoint.save(manager, step, params, opt_state, meta)
+                save_checkpoint()
             if stopping:
                 manager.wait_until_finished()
                 writer.close()
@@ -338,10 +388,27 @@ def train_in_workdir(
                     "  ".join(f"{k} {v:.3f}" for k, v in metrics_eval.items()),
                 )
                 writer.write(step, metrics_eval)
+                improved = dev_history.add(step, metrics_eval["eval/bleu"])
+                if improved and best is not None:
+                    save_best(best, config, workdir, data, params, step, metrics_eval["eval/bleu"])
+                early_stop = dev_history.exhausted(t.early_stopping_patience) and not last
+                if early_stop:
+                    log.info(
+                        "early stopping at step %d: dev BLEU has not improved for %d "
+                        "evaluations (best %.2f at step %d)",
+                        step,
+                        dev_history.since_best,
+                        dev_history.best,
+                        dev_history.best_step,
+                    )
+                    if not save:
+                        save_checkpoint()
                 # Evaluation time is not training speed: the window's clock skips it.
                 window_start += time.perf_counter() - eval_start
     manager.wait_until_finished()
     writer.close()
+    if jax.process_index() == 0:
+        draw_training_curves(workdir)
 
     if data.test_text is None:
         return None
@@ -362,6 +429,37 @@ def train_in_workdir(
             workdir.report_json,
         )
     return report
+
+
+def save_best(
+    manager, config: Config, workdir: Workdir, data: Data, params, step: int, bleu: float
+) -> None:
+    """Keeps `params` as the workdir's best checkpoint (`train.keep_best_by`), replacing the last.
+
+    best/ is a workdir of its own, so every command that reads a workdir reads it. Orbax
+    writes the step beside and renames it when whole, then deletes the one it replaces.
+    """
+    best = Workdir(workdir.best)
+    write_config(config, best)
+    copy_vocabulary(workdir, best)
+    if step in manager.all_steps():  # kept before this run resumed; the same parameters
+        return
+    meta = {"step": step, "dev_bleu": bleu, "vocab_sha256": data.tokenizer.sha256}
+    checkpoint.save_params(manager, step, params, meta)
+    log.info("kept step %d as the best by dev BLEU (%.2f) in %s", step, bleu, best.path)
+
+
+def draw_training_curves(workdir: Workdir) -> None:
+    """Draws the run's curves into its workdir; a failure is a warning, never the run's end."""
+    try:
+        # Imported here: matplotlib takes seconds to import, and only the end of a run draws.
+        from translate.plots import draw_training_curves as draw
+
+        written = draw(workdir)
+    except Exception as e:  # noqa: BLE001 - pictures are a convenience, the run is done
+        log.warning("WARNING: could not draw the training curves: %s: %s", type(e).__name__, e)
+        return
+    log.info("training curves: %s", ", ".join(str(p) for p in written))
 
 
 def dev_bleu(graphdef, params, data: Data, config: Config, step: int) -> dict[str, float]:
