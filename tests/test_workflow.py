@@ -64,12 +64,44 @@ def files_config(text_dir, dev=False, test=False) -> Config:
     return config
 
 
+@contextlib.contextmanager
+def capture_log():
+    """The `translate` logger's messages at INFO and above, while the context is open."""
+    logger, messages = logging.getLogger("translate"), []
+    handler = logging.Handler(logging.INFO)
+    handler.emit = lambda record: messages.append(record.getMessage())
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    logger.addHandler(handler)
+    try:
+        yield messages
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+
+
 @pytest.fixture(scope="module")
-def source_run(tmp_path_factory, text_dir):
+def slow_compile_run(tmp_path_factory, text_dir):
+    """A tiny run of 6 steps whose first train-step call takes 5 s more, as a slow compilation
+    would, profiled at steps 2 to 3 (dev BLEU faked: no decoding), and its log."""
+    monkeypatch = pytest.MonkeyPatch()
+    spy_on_train_step(monkeypatch, first_call_seconds=5.0)
+    monkeypatch.setattr(train, "dev_bleu", lambda *args, **kwargs: {"eval/bleu": 1.0})
+    path = tmp_path_factory.mktemp("slow_compile")
+    config = files_config(text_dir, dev=True)
+    config.train.profile_steps = "2:3"
+    with capture_log() as messages:
+        try:
+            train.train_and_evaluate(config, path)
+        finally:
+            monkeypatch.undo()
+    return path, messages
+
+
+@pytest.fixture(scope="module")
+def source_run(slow_compile_run):
     """A tiny run of 6 steps to start other runs from."""
-    path = tmp_path_factory.mktemp("source")
-    train.train_and_evaluate(files_config(text_dir), path)
-    return path
+    return slow_compile_run[0]
 
 
 @pytest.fixture(scope="module")
@@ -231,40 +263,6 @@ def test_early_stopping_stops_after_patience_evaluations_without_improvement(
         train.train_and_evaluate(config, tmp_path / "again")
     assert "stopped early at step 10 already" in caplog.text
     assert checkpoint.latest_step(Workdir(tmp_path / "again").checkpoints) == 10
-
-
-@contextlib.contextmanager
-def capture_log():
-    """The `translate` logger's messages at INFO and above, while the context is open."""
-    logger, messages = logging.getLogger("translate"), []
-    handler = logging.Handler(logging.INFO)
-    handler.emit = lambda record: messages.append(record.getMessage())
-    level = logger.level
-    logger.setLevel(logging.INFO)
-    logger.addHandler(handler)
-    try:
-        yield messages
-    finally:
-        logger.removeHandler(handler)
-        logger.setLevel(level)
-
-
-@pytest.fixture(scope="module")
-def slow_compile_run(tmp_path_factory, text_dir):
-    """A tiny run whose first train-step call takes 5 s more, as a slow compilation would,
-    profiled at steps 2 to 3 (dev BLEU faked: no decoding)."""
-    monkeypatch = pytest.MonkeyPatch()
-    spy_on_train_step(monkeypatch, first_call_seconds=5.0)
-    monkeypatch.setattr(train, "dev_bleu", lambda *args, **kwargs: {"eval/bleu": 1.0})
-    path = tmp_path_factory.mktemp("slow_compile")
-    config = files_config(text_dir, dev=True)
-    config.train.profile_steps = "2:3"
-    with capture_log() as messages:
-        try:
-            train.train_and_evaluate(config, path)
-        finally:
-            monkeypatch.undo()
-    return path, messages
 
 
 def test_first_window_speed_excludes_compile_time(slow_compile_run):
