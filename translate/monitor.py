@@ -226,9 +226,9 @@ class StepProfiler:
             jax.block_until_ready(outputs)  # the trace holds the steps' device work, not dispatch
             self.close()
             log.info(
-                "profiled steps %d to %d into %s: open it with `tensorboard --logdir %s` "
-                "(Profile tab; pip install tensorboard tensorboard-plugin-profile), or load its "
-                "perfetto_trace.json.gz at https://ui.perfetto.dev",
+                "profiled steps %d to %d into %s: open it with `xprof --port 8791 %s` (pip "
+                "install xprof) or TensorBoard's Profile tab, or load its "
+                "plugins/profile/*/perfetto_trace.json.gz at https://ui.perfetto.dev",
                 *self.steps,
                 self.directory,
                 self.directory,

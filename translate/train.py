@@ -230,11 +230,12 @@ def train_in_workdir(
     attention = resolve_attention(
         m.attention, resolve_dtype(m.compute_dtype), m.d_model // m.num_heads, facts
     )
+    # A run that has its own checkpoints resumes from them: init_from is for its start only.
+    # Checked before --force deletes anything.
+    resuming = not force and checkpoint.latest_step(workdir.checkpoints) is not None
+    init = check_init_from(config, workdir, force) if t.init_from and not resuming else None
     check_config(config, workdir, force)
     check_vocabulary_unchanged(workdir)  # before the data is opened and tokenized again
-    # A run that has its own checkpoints resumes from them: init_from is for its start only.
-    resuming = checkpoint.latest_step(workdir.checkpoints) is not None
-    init = check_init_from(config, workdir) if t.init_from and not resuming else None
 
     mesh = sharding.make_mesh()
     log.info(
@@ -253,10 +254,10 @@ def train_in_workdir(
         copy_vocabulary(init.workdir, workdir)  # the data is tokenized with the other run's pieces
     data = sharding.on_process_zero_first(lambda: load_data(config, workdir))
     if data.dev is None and (t.keep_best_by or t.early_stopping_patience):
+        flag = "keep_best_by" if t.keep_best_by else "early_stopping_patience"
         raise ValueError(
-            f"--config.train.keep_best_by={t.keep_best_by} "
-            f"--config.train.early_stopping_patience={t.early_stopping_patience}: both need "
-            "dev data, and this data has no dev split"
+            f"--config.train.{flag}={getattr(t, flag)}: needs dev BLEU, and the data has no "
+            "dev split (see data.dev_prefix or data.tfds_dev_split)"
         )
     write_config(config, workdir)  # only once the data has loaded without error
     layout = BatchLayout.from_config(

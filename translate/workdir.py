@@ -179,11 +179,12 @@ class InitFrom(NamedTuple):
     step: int
 
 
-def check_init_from(config: Config, workdir: Workdir) -> InitFrom:
+def check_init_from(config: Config, workdir: Workdir, force: bool = False) -> InitFrom:
     """Checks `train.init_from` for a run that starts in `workdir`, before anything is written.
 
     The other workdir must hold a config, a vocabulary and the checkpoint asked for, with
-    parameters of this config's shapes; a vocabulary already in `workdir` must be the same one.
+    parameters of this config's shapes; a vocabulary already in `workdir` must be the same one
+    (unless `force`, which deletes it).
 
     Raises:
       FileNotFoundError, ValueError: naming the flag and both workdirs.
@@ -208,7 +209,8 @@ def check_init_from(config: Config, workdir: Workdir) -> InitFrom:
         )
     tokenizer = Tokenizer(source.vocab)
     # Compared by the fingerprint that checkpoints store (Tokenizer.sha256).
-    if workdir.vocab.is_file() and Tokenizer(workdir.vocab).sha256 != tokenizer.sha256:
+    mine = workdir.vocab
+    if not force and mine.is_file() and Tokenizer(mine).sha256 != tokenizer.sha256:
         raise ValueError(
             f"{flag}: {source.vocab} and --workdir={workdir.path}'s {workdir.vocab.name} are "
             "different vocabularies; a run started from another's parameters reads and writes "
