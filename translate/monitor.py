@@ -181,7 +181,7 @@ def check_finite(
 
 
 def format_duration(seconds: float) -> str:
-    """ "HH:MM:SS", with days in front from 24 hours on: "1d 06:00:00" for 30 hours."""
+    """A duration as HH:MM:SS, with days in front from 24 hours on: 30 hours is "1d 06:00:00"."""
     minutes, secs = divmod(int(round(seconds)), 60)
     hours, minutes = divmod(minutes, 60)
     days, hours = divmod(hours, 24)
