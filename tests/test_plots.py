@@ -10,11 +10,12 @@ import pytest
 from conftest import tiny_config
 from flax import nnx
 
-from translate import evaluate
+from translate import evaluate, plots
 from translate.batching import Batch
 from translate.config import ModelConfig
 from translate.model import Transformer
 from translate.train import train_and_evaluate
+from translate.workdir import Workdir
 
 
 def png_size(path):
@@ -109,7 +110,7 @@ def test_plot_attention_writes_pictures_of_the_expected_size(workdir, tmp_path):
 def test_plot_metrics_writes_pictures_of_the_expected_size(workdir, tmp_path):
     script = importlib.import_module("scripts.plot_metrics")
     written = script.main([f"--workdir={workdir}", f"--output={tmp_path}"])
-    expected = (round(script.FIGSIZE[0] * script.DPI), round(script.FIGSIZE[1] * script.DPI))
+    expected = (round(plots.FIGSIZE[0] * plots.DPI), round(plots.FIGSIZE[1] * plots.DPI))
     names = ["metrics_bleu.png", "metrics_learning_rate.png", "metrics_loss.png"]
     names.append("metrics_tokens_per_sec.png")
     assert sorted(p.name for p in written) == sorted(names)
@@ -125,11 +126,24 @@ def test_report_lists_the_training_curves_in_the_workdir(workdir, tmp_path):
     def write():
         evaluate.write_report(tmp_path, report, lines, lines, lines, plots_dir=workdir)
 
+    drawn = Workdir(workdir).metric_plots()  # by the trainer, as it ended
+    for path in drawn:
+        path.unlink()
     write()
     assert "metrics_loss.png" not in (tmp_path / "report.txt").read_text()
     importlib.import_module("scripts.plot_metrics").main([f"--workdir={workdir}"])
+    assert drawn == Workdir(workdir).metric_plots()
     write()
     text = (tmp_path / "report.txt").read_text()
     assert "metrics_loss.png" in text and "metrics_bleu.png" in text
     assert report["signature"] in text and report["chrf_signature"] in text
     assert text.count("REF a b c .") == 5
+
+
+def test_loss_picture_shows_the_nll_not_the_smoothed_loss(tmp_path):
+    records = [{"step": 2, "train/loss": 5.0}, {"step": 4, "train/nll": 4.0, "eval/nll": 4.5}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    workdir = Workdir(tmp_path)
+    assert plots.draw_training_curves(workdir) == [workdir.metric_plot("loss")]
+    (tmp_path / "metrics.jsonl").write_text(json.dumps(records[0]) + "\n")
+    assert plots.draw_training_curves(workdir) == []

@@ -132,6 +132,19 @@ class TrainConfig:
     stop_check_every_steps: int = 10
     # Dev loss and dev BLEU on `eval_num_sentences` dev sentences every this many steps.
     eval_every_steps: int = 1000
+    # Start from another run's parameters: "WORKDIR" (its newest checkpoint) or "WORKDIR@STEP";
+    # "" = off. The optimizer and the step start afresh (fine-tuning, a new domain); the
+    # vocabulary is that run's. A resumed run continues from its own checkpoints instead.
+    init_from: str = ""
+    # "dev_bleu": also keep the checkpoint with the best dev BLEU so far, in the workdir's
+    # best/ (a workdir of its own for evaluate, translate and init_from); "" = off.
+    keep_best_by: str = ""
+    # Stop after this many dev evaluations in a row without a better dev BLEU, then save and
+    # test as at the last step; 0 = off (the paper trains a fixed number of steps).
+    early_stopping_patience: int = 0
+    # "A:B": a jax.profiler trace of steps A to B (as the log counts them) into the workdir's
+    # profile/; "" = off.
+    profile_steps: str = ""
 
 
 @dataclasses.dataclass
@@ -283,6 +296,26 @@ class Config:
             ("train.max_consecutive_skips", lambda v: v >= 1, "must be >= 1"),
             ("train.stop_check_every_steps", lambda v: v >= 1, "must be >= 1"),
             ("train.eval_every_steps", lambda v: v >= 1, "must be >= 1"),
+            (
+                "train.init_from",
+                lambda v: v == "" or split_init_from(v)[0] != "",
+                'must be WORKDIR or WORKDIR@STEP ("" = off)',
+            ),
+            (
+                "train.keep_best_by",
+                lambda v: v in ("", "dev_bleu"),
+                "must be 'dev_bleu' or '' (off)",
+            ),
+            (
+                "train.early_stopping_patience",
+                lambda v: v >= 0,
+                "must be >= 0 (0 = off)",
+            ),
+            (
+                "train.profile_steps",
+                lambda v: v == "" or split_profile_steps(v) is not None,
+                'must be A:B with 1 <= A <= B ("" = off)',
+            ),
             ("decode.beam_size", lambda v: v >= 1, "must be >= 1"),
             ("decode.length_penalty", lambda v: v >= 0.0, "must be >= 0"),
             ("decode.max_extra_len", lambda v: v >= 0, "must be >= 0"),
@@ -297,6 +330,26 @@ class Config:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+def split_init_from(text: str) -> tuple[str, int | None]:
+    """`train.init_from` as (workdir, step), step None for the newest: "runs/a@4000" or "runs/a".
+
+    Only a trailing "@" and digits name a step, so a path may hold "@" itself.
+    """
+    path, at, step = text.rpartition("@")
+    if at and step.isdigit():
+        return path, int(step)
+    return text, None
+
+
+def split_profile_steps(text: str) -> tuple[int, int] | None:
+    """`train.profile_steps` "A:B" as (A, B), or None unless 1 <= A <= B."""
+    first, colon, last = text.partition(":")
+    if not (colon and first.strip().isdigit() and last.strip().isdigit()):
+        return None
+    first, last = int(first), int(last)
+    return (first, last) if 1 <= first <= last else None
 
 
 def _has_type(value: Any, kind: Any) -> bool:

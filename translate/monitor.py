@@ -1,9 +1,11 @@
 """What a training run reports, and how it stops.
 
 Reports: a console line per logging window (loss, learning rate, tokens/s, steps/s, ETA), and
-`metrics.jsonl` and TensorBoard events in the workdir. Stops: a first SIGTERM or SIGINT asks
-for a checkpoint after the current step (`StopSignal`, then `Interrupted`); a step whose loss
-or gradient is not finite stops the run or is counted, by `train.on_nonfinite`.
+`metrics.jsonl` and TensorBoard events in the workdir; a profiler trace of chosen steps
+(`StepProfiler`). Stops: a first SIGTERM or SIGINT asks for a checkpoint after the current step
+(`StopSignal`, then `Interrupted`); a step whose loss or gradient is not finite stops the run or
+is counted, by `train.on_nonfinite`; dev BLEU that stops improving ends it early, by
+`train.early_stopping_patience` (`DevBleuHistory`).
 """
 
 from __future__ import annotations
@@ -13,9 +15,9 @@ import json
 import logging
 import math
 import os
+import pathlib
 import signal
 import threading
-import time
 from typing import Any
 
 import jax
@@ -53,18 +55,62 @@ class MetricWriter:
             self.tensorboard.close()
 
 
+def read_metrics(path: pathlib.Path) -> dict[str, tuple[list[int], list[float]]]:
+    """Metric name -> (steps, values) in step order, from a `metrics.jsonl`.
+
+    A resumed run may log a step again; its last value is kept. A last line cut short (the
+    process was killed while writing it) is left out.
+    """
+    by_step: dict[str, dict[int, float]] = {}
+    for line in path.read_text().split("\n")[:-1]:  # what follows the last newline is partial
+        if line.strip():
+            record = json.loads(line)
+            for name, value in record.items():
+                if name != "step":
+                    by_step.setdefault(name, {})[int(record["step"])] = float(value)
+    return {name: (sorted(v), [v[s] for s in sorted(v)]) for name, v in by_step.items()}
+
+
+class DevBleuHistory:
+    """The best dev BLEU so far, its step, and the evaluations since it last improved.
+
+    Built from the dev BLEU the run has already logged (up to the step it resumes from), so a
+    resumed run counts as if it had never stopped.
+    """
+
+    def __init__(self, logged: list[tuple[int, float]] = ()):
+        self.best: float | None = None
+        self.best_step: int | None = None
+        self.since_best = 0
+        for step, bleu in logged:
+            self.add(step, bleu)
+
+    @classmethod
+    def of_run(cls, metrics: pathlib.Path, up_to_step: int) -> DevBleuHistory:
+        """The history in a workdir's `metrics.jsonl`, for evaluations at steps <= `up_to_step`."""
+        steps, values = (
+            read_metrics(metrics).get("eval/bleu", ([], [])) if metrics.is_file() else ([], [])
+        )
+        return cls([(s, v) for s, v in zip(steps, values) if s <= up_to_step])
+
+    def add(self, step: int, bleu: float) -> bool:
+        """Records the dev BLEU at `step`; whether it is better than every earlier one."""
+        if self.best is None or bleu > self.best:
+            self.best, self.best_step, self.since_best = bleu, step, 0
+            return True
+        self.since_best += 1
+        return False
+
+    def exhausted(self, patience: int) -> bool:
+        """Whether `patience` evaluations in a row brought no better BLEU (never when 0)."""
+        return patience > 0 and self.since_best >= patience
+
+
 def evaluated_steps(workdir: Workdir) -> set[int]:
-    """Steps whose dev evaluation `metrics.jsonl` records (a torn last line is ignored)."""
-    steps = set()
-    if workdir.metrics.is_file():
-        for line in workdir.metrics.read_text().splitlines():
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if "eval/loss" in record:
-                steps.add(record["step"])
-    return steps
+    """Steps whose dev evaluation `metrics.jsonl` records."""
+    if not workdir.metrics.is_file():
+        return set()
+    return set(read_metrics(workdir.metrics).get("eval/loss", ([], []))[0])
 
 
 def summarize(window: list[dict[str, np.ndarray]], seconds: float, steps: int) -> dict[str, float]:
@@ -209,6 +255,15 @@ class NonfiniteGuard:
             )
 
 
+def format_duration(seconds: float) -> str:
+    """A duration as HH:MM:SS, with days in front from 24 hours on: 30 hours is "1d 06:00:00"."""
+    minutes, secs = divmod(int(round(seconds)), 60)
+    hours, minutes = divmod(minutes, 60)
+    days, hours = divmod(hours, 24)
+    clock = f"{hours:02d}:{minutes:02d}:{secs:02d}"
+    return f"{days}d {clock}" if days else clock
+
+
 def log_progress(step: int, num_steps: int, logged: dict[str, float]) -> None:
     eta = (num_steps - step) / max(logged["train/steps_per_sec"], 1e-9)
     log.info(
@@ -221,5 +276,40 @@ def log_progress(step: int, num_steps: int, logged: dict[str, float]) -> None:
         logged["train/learning_rate"],
         logged["train/tokens_per_sec"],
         logged["train/steps_per_sec"],
-        time.strftime("%H:%M:%S", time.gmtime(eta)),
+        format_duration(eta),
     )
+
+
+class StepProfiler:
+    """A `jax.profiler` trace of steps `first` to `last` (1-based, as the log counts them).
+
+    The trainer calls `before(step)` with the steps done before each step and `after(step,
+    outputs)` with the steps done after it; `close()` ends a trace that an error cut short.
+    """
+
+    def __init__(self, steps: tuple[int, int] | None, directory: pathlib.Path):
+        self.steps, self.directory, self.tracing = steps, directory, False
+
+    def before(self, done: int) -> None:
+        if self.steps is not None and done + 1 == self.steps[0]:
+            # A Perfetto trace beside TensorBoard's: ui.perfetto.dev opens it with no install.
+            jax.profiler.start_trace(str(self.directory), create_perfetto_trace=True)
+            self.tracing = True
+
+    def after(self, done: int, outputs: Any) -> None:
+        if self.tracing and done == self.steps[1]:
+            jax.block_until_ready(outputs)  # the trace holds the steps' device work, not dispatch
+            self.close()
+            log.info(
+                "profiled steps %d to %d into %s: open it with `xprof --port 8791 %s` (pip "
+                "install xprof) or TensorBoard's Profile tab, or load its "
+                "plugins/profile/*/perfetto_trace.json.gz at https://ui.perfetto.dev",
+                *self.steps,
+                self.directory,
+                self.directory,
+            )
+
+    def close(self) -> None:
+        if self.tracing:
+            self.tracing = False
+            jax.profiler.stop_trace()

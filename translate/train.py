@@ -28,7 +28,14 @@ from flax import nnx
 
 from translate import checkpoint, cli, evaluate, sharding
 from translate.batching import BatchLayout, DataPosition, iterate_batches, make_batch, plan_epoch
-from translate.config import Config, Flag, load_config, packaged_config_names, parse_flags
+from translate.config import (
+    Config,
+    Flag,
+    load_config,
+    packaged_config_names,
+    parse_flags,
+    split_profile_steps,
+)
 from translate.corpus import TokenizedCorpus
 from translate.data import Data, load_data
 from translate.devices import DeviceFacts, cpu_warning, published_peak, resolve_attention
@@ -36,10 +43,12 @@ from translate.flops import batch_lengths, train_flops
 from translate.losses import projected_cross_entropy
 from translate.model import abstract_model, make_model, resolve_dtype
 from translate.monitor import (
+    DevBleuHistory,
     EvaluationInterrupted,
     Interrupted,
     MetricWriter,
     NonfiniteGuard,
+    StepProfiler,
     StopSignal,
     evaluated_steps,
     log_progress,
@@ -49,8 +58,11 @@ from translate.optim import make_optimizer
 from translate.workdir import (
     Workdir,
     check_config,
+    check_init_from,
     check_vocabulary_unchanged,
+    copy_vocabulary,
     lock,
+    read_init_params,
     settle_previous_run,
     write_config,
 )
@@ -228,6 +240,10 @@ def train_in_workdir(
     attention = resolve_attention(
         m.attention, resolve_dtype(m.compute_dtype), m.d_model // m.num_heads, facts
     )
+    # A run that has its own checkpoints resumes from them: init_from is for its start only.
+    # Checked before --force deletes anything.
+    resuming = not force and checkpoint.latest_step(workdir.checkpoints) is not None
+    init = check_init_from(config, workdir, force) if t.init_from and not resuming else None
     check_config(config, workdir, force)
     check_vocabulary_unchanged(workdir)  # before the data is opened and tokenized again
 
@@ -245,7 +261,15 @@ def train_in_workdir(
         log.warning("WARNING: %s", warning)
 
     try:
+        if init is not None:
+            copy_vocabulary(init.workdir, workdir)  # the data is tokenized with its pieces
         data = sharding.on_process_zero_first(lambda: load_data(config, workdir))
+        if data.dev is None and (t.keep_best_by or t.early_stopping_patience):
+            flag = "keep_best_by" if t.keep_best_by else "early_stopping_patience"
+            raise ValueError(
+                f"--config.train.{flag}={getattr(t, flag)}: needs dev BLEU, and the data has no "
+                "dev split (see data.dev_prefix or data.tfds_dev_split)"
+            )
         write_config(config, workdir)  # only once the data has loaded without error
     except BaseException:
         settle_previous_run(workdir, keep=True)  # bad data: --force's earlier run comes back
@@ -281,6 +305,14 @@ def train_in_workdir(
         step, params, opt_state, meta = restored
         position = DataPosition(**meta["data_position"])
         log.info("resumed from step %d (epoch %d, batch %d)", step, position.epoch, position.index)
+    elif init is not None:
+        params = read_init_params(init, abstract[0], data.tokenizer)
+        _, opt_state = steps.init(keys["params"])  # Adam's moments and count start afresh
+        log.info(
+            "initialized from the parameters of %s at step %d; optimizer and step start afresh",
+            init.workdir.path,
+            init.step,
+        )
     else:
         params, opt_state = steps.init(keys["params"])
     num_params = sum(x.size for x in jax.tree.leaves(abstract[0]))
@@ -300,8 +332,17 @@ def train_in_workdir(
     peak = published_peak(facts.kind, jnp.dtype(resolve_dtype(m.compute_dtype)).name)
     guard = NonfiniteGuard(t.on_nonfinite, t.max_consecutive_skips)
     stop = StopSignal(every=t.stop_check_every_steps)
+    # The dev BLEU logged up to this step: the best so far and the evaluations since.
+    dev_history = DevBleuHistory.of_run(workdir.metrics, step)
+    best = None
+    if t.keep_best_by:
+        best = checkpoint.make_manager(Workdir(workdir.best).checkpoints, keep=1)
+        on_exit.enter_context(best)
+    profiler = StepProfiler(split_profile_steps(t.profile_steps), workdir.profile)
+    on_exit.callback(profiler.close)
+    compiled = False
 
-    def save(step: int) -> None:
+    def save_checkpoint() -> None:
         meta = {
             "data_position": dataclasses.asdict(position),
             "step": step,
@@ -310,10 +351,10 @@ def train_in_workdir(
         checkpoint.save(manager, step, params, opt_state, meta)
         log.info("saving the checkpoint of step %d", step)
 
-    def stop_after_evaluation(step: int, signum: int) -> Interrupted:
-        """A signal abandoned an evaluation of `step`: keep that step; a restart redoes it."""
+    def stop_after_evaluation(signum: int) -> Interrupted:
+        """A signal abandoned the evaluation of `step`: keep that step; a restart redoes it."""
         if manager.latest_step() != step:
-            save(step)
+            save_checkpoint()
         manager.wait_until_finished()
         writer.close()
         return Interrupted(signum, step)
@@ -323,23 +364,58 @@ def train_in_workdir(
             step % t.eval_every_steps == 0 or step == t.num_train_steps
         ) and data.dev is not None
 
+    def evaluate_dev() -> bool:
+        """Evaluates on the dev set at `step`, keeps a best checkpoint; whether to stop early."""
+        try:
+            metrics_eval = run_dev_evaluation(
+                steps, params, data, config, layout, mesh, row_slice, step, writer, stop
+            )
+        except EvaluationInterrupted:
+            raise stop_after_evaluation(stop.signum) from None
+        if "eval/bleu" not in metrics_eval:  # a language model has no BLEU
+            return False
+        improved = dev_history.add(step, metrics_eval["eval/bleu"])
+        if improved and best is not None:
+            save_best(best, config, workdir, data, params, step, metrics_eval["eval/bleu"])
+        if not dev_history.exhausted(t.early_stopping_patience) or step == t.num_train_steps:
+            return False
+        log.info(
+            "early stopping at step %d: dev BLEU has not improved for %d evaluations "
+            "(best %.2f at step %d)",
+            step,
+            dev_history.since_best,
+            dev_history.best,
+            dev_history.best_step,
+        )
+        if manager.latest_step() != step:
+            save_checkpoint()
+        return True
+
+    early_stop = dev_history.exhausted(t.early_stopping_patience)
+    if early_stop:
+        log.info("this run stopped early at step %d already (dev BLEU)", step)
     with stop:
         # A run stopped at (or during) a dev evaluation redoes it first.
         if restored is not None and is_eval_step(step) and step not in evaluated_steps(workdir):
-            try:
-                run_dev_evaluation(
-                    steps, params, data, config, layout, mesh, row_slice, step, writer, stop
-                )
-            except EvaluationInterrupted:
-                raise stop_after_evaluation(step, stop.signum) from None
-        while step < t.num_train_steps:
+            early_stop = evaluate_dev() or early_stop
+        while step < t.num_train_steps and not early_stop:
             batch, position = next(batches)
+            profiler.before(step)
+            call_start = time.perf_counter()
             params, opt_state, metrics = steps.train(
                 params, opt_state, sharding.put_batch(batch, mesh), step, keys["dropout"]
             )
+            if not compiled:
+                # The first call traces and compiles before it dispatches: time that is not
+                # training speed, said once and kept out of the first window's clock.
+                compiled = True
+                compile_seconds = time.perf_counter() - call_start
+                log.info("compiled the train step in %.1f s", compile_seconds)
+                window_start += compile_seconds
             window.append(metrics)
             window_flops += train_flops(m, data.tokenizer.vocab_size, *batch_lengths(batch))
             step += 1
+            profiler.after(step, (params, metrics))
             last = step == t.num_train_steps
             signum = stop.agreed(step)  # read once: a signal may land at any moment
             stopping = signum is not None
@@ -359,23 +435,20 @@ def train_in_workdir(
                 window, window_start, window_step = [], time.perf_counter(), step
                 window_flops = 0.0
             if do_save:
-                save(step)
+                save_checkpoint()
             if stopping:
                 manager.wait_until_finished()
                 writer.close()
                 raise Interrupted(signum, step)
             if is_eval_step(step):
                 eval_start = time.perf_counter()
-                try:
-                    run_dev_evaluation(
-                        steps, params, data, config, layout, mesh, row_slice, step, writer, stop
-                    )
-                except EvaluationInterrupted:
-                    raise stop_after_evaluation(step, stop.signum) from None
+                early_stop = evaluate_dev()
                 # Evaluation time is not training speed: the window's clock skips it.
                 window_start += time.perf_counter() - eval_start
         manager.wait_until_finished()
         writer.close()
+        if jax.process_index() == 0:
+            draw_training_curves(workdir)
 
         if data.test_text is None:
             return None
@@ -405,8 +478,8 @@ def train_in_workdir(
 
 def run_dev_evaluation(
     steps: Steps, params, data: Data, config: Config, layout, mesh, row_slice, step, writer, stop
-) -> None:
-    """Dev loss and dev BLEU at `step`, logged and written; a stop signal abandons it."""
+) -> dict[str, float]:
+    """Dev loss and dev BLEU at `step`, logged, written and returned; a stop signal abandons it."""
     log.info("evaluating at step %d", step)
     with stop.evaluation():
         metrics_eval = dev_loss(steps.eval, params, data.dev, layout, mesh, row_slice)
@@ -415,6 +488,38 @@ def run_dev_evaluation(
         "eval at step %d: %s", step, "  ".join(f"{k} {v:.3f}" for k, v in metrics_eval.items())
     )
     writer.write(step, metrics_eval)
+    return metrics_eval
+
+
+def save_best(
+    manager, config: Config, workdir: Workdir, data: Data, params, step: int, bleu: float
+) -> None:
+    """Keeps `params` as the workdir's best checkpoint (`train.keep_best_by`), replacing the last.
+
+    best/ is a workdir of its own, so every command that reads a workdir reads it. Orbax
+    writes the step beside and renames it when whole, then deletes the one it replaces.
+    """
+    best = Workdir(workdir.best)
+    write_config(config, best)
+    copy_vocabulary(workdir, best)
+    if step in manager.all_steps():  # kept before this run resumed; the same parameters
+        return
+    meta = {"step": step, "dev_bleu": bleu, "vocab_sha256": data.tokenizer.sha256}
+    checkpoint.save_params(manager, step, params, meta)
+    log.info("kept step %d as the best by dev BLEU (%.2f) in %s", step, bleu, best.path)
+
+
+def draw_training_curves(workdir: Workdir) -> None:
+    """Draws the run's curves into its workdir; a failure is a warning, never the run's end."""
+    try:
+        # Imported here: matplotlib takes seconds to import, and only the end of a run draws.
+        from translate.plots import draw_training_curves as draw
+
+        written = draw(workdir)
+    except Exception as e:  # noqa: BLE001 - pictures are a convenience, the run is done
+        log.warning("WARNING: could not draw the training curves: %s: %s", type(e).__name__, e)
+        return
+    log.info("training curves: %s", ", ".join(str(p) for p in written))
 
 
 def dev_bleu(graphdef, params, data: Data, config: Config, step: int) -> dict[str, float]:

@@ -6,10 +6,13 @@ Only this module spells a workdir's file names. A training workdir holds:
   tokens/         the training pairs tokenized once (translate/corpus.py, `tokenize_once`)
   data/           the generated corpus, when data.source is "synthetic"
   checkpoints/    Orbax checkpoints (translate/checkpoint.py)
+  best/           with train.keep_best_by: the best checkpoint by dev BLEU, as a workdir of
+                  its own (config.json, vocab.model, one parameters-only checkpoint)
   metrics.jsonl, tensorboard/    what the run logged (translate/monitor.py)
+  profile/        the jax.profiler trace of train.profile_steps
   report.json, report.txt, hypotheses.txt    the test-set evaluation at the end of training
   evaluations/    translate.evaluate's reports, one directory each (the same three files)
-  metrics_*.png   training curves drawn by scripts/plot_metrics.py
+  metrics_*.png   training curves drawn when training ends (translate/plots.py)
   train.lock      held by the trainer that runs in it (an advisory lock; see `lock`)
   previous_run/   an earlier run that --force set aside, while the new run's data loads
 A workdir written by scripts/average_checkpoints.py holds config.json, vocab.model and one
@@ -19,6 +22,7 @@ parameters-only checkpoint.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime
 import fcntl
 import json
@@ -32,7 +36,7 @@ from typing import NamedTuple
 import jax
 
 from translate import checkpoint, sharding
-from translate.config import Config, config_from_dict
+from translate.config import Config, config_from_dict, split_init_from
 from translate.model import abstract_model
 from translate.tokenizer import Tokenizer
 
@@ -47,6 +51,8 @@ class Workdir:
         self.tokens = self.path / "tokens"
         self.data = self.path / "data"
         self.checkpoints = self.path / "checkpoints"
+        self.best = self.path / "best"
+        self.profile = self.path / "profile"
         self.metrics = self.path / "metrics.jsonl"
         self.tensorboard = self.path / "tensorboard"
         self.report_json = self.path / "report.json"
@@ -58,11 +64,11 @@ class Workdir:
         self.previous_run = self.path / "previous_run"
 
     def metric_plots(self) -> list[pathlib.Path]:
-        """Training-curve pictures drawn by scripts/plot_metrics.py, by name."""
+        """Training-curve pictures drawn by translate/plots.py, by name."""
         return sorted(self.path.glob("metrics_*.png"))
 
     def metric_plot(self, name: str) -> pathlib.Path:
-        """Where scripts/plot_metrics.py draws the curve `name` (e.g. "loss")."""
+        """Where translate/plots.py draws the curve `name` (e.g. "loss")."""
         return self.path / f"metrics_{name}.png"
 
     def generated(self) -> list[pathlib.Path]:
@@ -71,7 +77,8 @@ class Workdir:
         `data/` counts only while it holds nothing but the generated corpus's files, so a
         user's own corpus kept there is never deleted.
         """
-        paths = [self.checkpoints, self.tokens, self.tensorboard, self.metrics, self.vocab]
+        paths = [self.checkpoints, self.best, self.tokens, self.tensorboard, self.metrics]
+        paths.append(self.vocab)
         return paths + [self.data] if self.holds_generated_corpus() else paths
 
     def holds_generated_corpus(self) -> bool:
@@ -198,6 +205,92 @@ def check_vocabulary_unchanged(workdir: Workdir) -> None:
             continue
         checkpoint.check_vocabulary(meta, Tokenizer(workdir.vocab), workdir.path)
         return
+
+
+class InitFrom(NamedTuple):
+    """Another run's checkpoint that a new run starts from (`train.init_from`), checked."""
+
+    workdir: Workdir
+    step: int
+
+
+def check_init_from(config: Config, workdir: Workdir, force: bool = False) -> InitFrom:
+    """Checks `train.init_from` for a run that starts in `workdir`, before anything is written.
+
+    The other workdir must hold a config, a vocabulary and the checkpoint asked for, with
+    parameters of this config's shapes; a vocabulary already in `workdir` must be the same one
+    (unless `force`, which deletes it).
+
+    Raises:
+      FileNotFoundError, ValueError: naming the flag and both workdirs.
+    """
+    path, step = split_init_from(config.train.init_from)
+    source = Workdir(path)
+    flag = f"--config.train.init_from={config.train.init_from}"
+    if source.path.resolve() == workdir.path.resolve():
+        raise ValueError(f"{flag}: that is this run's own --workdir; resuming needs no init_from")
+    for needed in (source.config, source.vocab):
+        if not needed.is_file():
+            raise FileNotFoundError(
+                f"{flag}: {needed} is missing; is it a translate.train workdir?"
+            )
+    steps = []
+    if source.checkpoints.is_dir():
+        steps = sorted(checkpoint.make_manager(source.checkpoints, read_only=True).all_steps())
+    if not steps or (step is not None and step not in steps):
+        raise FileNotFoundError(
+            f"{flag}: no checkpoint{'' if step is None else f' at step {step}'} in "
+            f"{source.checkpoints} (steps there: {steps})"
+        )
+    tokenizer = Tokenizer(source.vocab)
+    # Compared by the fingerprint that checkpoints store (Tokenizer.sha256).
+    mine = workdir.vocab
+    if not force and mine.is_file() and Tokenizer(mine).sha256 != tokenizer.sha256:
+        raise ValueError(
+            f"{flag}: {source.vocab} and --workdir={workdir.path}'s {workdir.vocab.name} are "
+            "different vocabularies; a run started from another's parameters reads and writes "
+            "its pieces, so use a fresh --workdir (the vocabulary is copied into it)"
+        )
+    their_config = read_config(source)
+    theirs = their_config.model
+    _, shapes = abstract_model(config, tokenizer.vocab_size)
+    _, their_shapes = abstract_model(their_config, tokenizer.vocab_size)
+    if jax.tree.map(lambda x: x.shape, shapes) != jax.tree.map(lambda x: x.shape, their_shapes):
+        differ = [
+            f"{f.name} {getattr(theirs, f.name)} there, {getattr(config.model, f.name)} here"
+            for f in dataclasses.fields(theirs)
+            if getattr(theirs, f.name) != getattr(config.model, f.name)
+        ]
+        raise ValueError(
+            f"{flag}: its parameters do not fit this config's model (config.model in "
+            f"{source.config}: {'; '.join(differ)})"
+        )
+    return InitFrom(source, steps[-1] if step is None else step)
+
+
+def copy_vocabulary(source: Workdir, target: Workdir) -> None:
+    """Process 0 copies `source`'s vocab.model into `target` unless it holds one already.
+
+    For a run started from another's parameters (whose pieces it must read and write) and
+    for the best checkpoint's own workdir. Whole or absent, even if the process is killed.
+    """
+    if jax.process_index() == 0 and not target.vocab.is_file():
+        target.path.mkdir(parents=True, exist_ok=True)
+        tmp = target.vocab.with_suffix(".tmp")
+        shutil.copyfile(source.vocab, tmp)
+        os.replace(tmp, target.vocab)
+    sharding.sync_processes("vocabulary copied")
+
+
+def read_init_params(init: InitFrom, abstract_params, tokenizer: Tokenizer):
+    """The parameters saved at `init.step`, restored into `abstract_params`' shardings."""
+    manager = checkpoint.make_manager(init.workdir.checkpoints, read_only=True)
+    checkpoint.check_vocabulary(
+        checkpoint.read_meta(manager, init.step), tokenizer, init.workdir.path
+    )
+    params, _, _ = checkpoint.restore(manager, init.step, abstract_params)
+    manager.close()
+    return params
 
 
 def write_config(config: Config, workdir: Workdir) -> None:
