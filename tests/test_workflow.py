@@ -59,8 +59,8 @@ def files_config(text_dir, dev=False, test=False) -> Config:
     """The tiny config on `text_dir`; without dev and test splits no decoding is done (fast)."""
     config = tiny_config()
     config.data.source, config.data.dir = "files", str(text_dir)
-    config.data.dev_prefix = "dev" if dev else "none"
-    config.data.test_prefix = "test" if test else "none"
+    config.data.dev_prefix = "dev" if dev else ""
+    config.data.test_prefix = "test" if test else ""
     return config
 
 
