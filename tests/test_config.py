@@ -82,6 +82,8 @@ BAD_VALUES = [
     ("decode.max_extra_len", "-1"),
     ("decode.batch_size", "0"),
     ("decode.eval_num_sentences", "-1"),
+    ("decode.average_last", "0"),
+    ("train.keep_checkpoints", "4"),  # base averages 5 at the end: the message names both flags
 ]
 
 
@@ -107,6 +109,28 @@ def test_a_config_file_value_of_the_wrong_type_is_an_error_naming_its_flag(field
     setattr(getattr(config, section), name, value)
     with pytest.raises(ValueError, match=re.escape(f"--config.{field}={value}: {rule}")):
         config.validate()
+
+
+def test_averaging_more_checkpoints_than_the_run_keeps_or_saves_is_an_error():
+    base = CONFIGS[0].parent / "base.py"
+    with pytest.raises(
+        ValueError,
+        match=re.escape(
+            "--config.train.keep_checkpoints=5: must be >= --config.decode.average_last=6"
+        ),
+    ):
+        load_config(base, {"decode.average_last": "6"})
+    # 2,500 steps with a checkpoint every 1,000 save steps 1,000, 2,000 and 2,500.
+    with pytest.raises(
+        ValueError,
+        match=re.escape(
+            "--config.decode.average_last=5: must not exceed the 3 checkpoints that "
+            "--config.train.num_train_steps=2500 saves at "
+            "--config.train.checkpoint_every_steps=1000"
+        ),
+    ):
+        load_config(base, {"train.num_train_steps": "2500"})
+    assert load_config(base, {"train.num_train_steps": "4001"}).decode.average_last == 5
 
 
 def test_an_int_may_stand_for_a_float():
