@@ -147,6 +147,14 @@ def test_base_config_is_the_paper_base_model():
     assert t.label_smoothing == 0.1
 
 
+@pytest.mark.parametrize(
+    "name,num", [("base.py", 5), ("wmt14_base.py", 5), ("big.py", 20), ("wmt14_big.py", 20)]
+)
+def test_paper_configs_evaluate_the_mean_of_their_last_5_or_20_checkpoints(name, num):
+    # Sec. 6.1; validate() has checked that the run keeps and saves that many.
+    assert load_config(CONFIGS[0].parent / name).decode.average_last == num
+
+
 def test_override_sets_a_typed_field():
     config = load_config(
         CONFIGS[0].parent / "base.py", {"model.num_layers": "2", "train.learning_rate_scale": "0.5"}
