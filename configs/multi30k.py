@@ -33,4 +33,5 @@ def get_config() -> Config:
     config.train.log_every_steps = 100
     config.train.checkpoint_every_steps = 400
     config.train.eval_every_steps = 950
+    config.decode.average_last = 1
     return config

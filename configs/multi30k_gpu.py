@@ -39,4 +39,5 @@ def get_config() -> Config:
     config.train.log_every_steps = 200
     config.train.checkpoint_every_steps = 1000
     config.train.eval_every_steps = 2000
+    config.decode.average_last = 1  # averaging left for later, as said above
     return config

@@ -33,4 +33,6 @@ def get_config() -> Config:
     config.train.checkpoint_every_steps = 400
     config.train.eval_every_steps = 400
     config.decode.eval_num_sentences = 100
+    # The last step alone, as measured above (one pass over fresh sentences needs no averaging).
+    config.decode.average_last = 1
     return config

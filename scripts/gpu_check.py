@@ -102,6 +102,7 @@ SMOKE_TRAIN = [
     "--config.train.warmup_steps=2",
     "--config.train.log_every_steps=2",
     "--config.train.checkpoint_every_steps=4",
+    "--config.decode.average_last=1",
     "--config.train.eval_every_steps=4",
     "--config.decode.eval_num_sentences=8",
     "--config.decode.max_extra_len=4",

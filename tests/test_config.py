@@ -90,6 +90,8 @@ BAD_VALUES = [
     ("decode.max_extra_len", "-1"),
     ("decode.batch_size", "0"),
     ("decode.eval_num_sentences", "-1"),
+    ("decode.average_last", "0"),
+    ("train.keep_checkpoints", "4"),  # base averages 5 at the end: the message names both flags
 ]
 
 
@@ -117,6 +119,28 @@ def test_a_config_file_value_of_the_wrong_type_is_an_error_naming_its_flag(field
         config.validate()
 
 
+def test_averaging_more_checkpoints_than_the_run_keeps_or_saves_is_an_error():
+    base = CONFIGS[0].parent / "base.py"
+    with pytest.raises(
+        ValueError,
+        match=re.escape(
+            "--config.train.keep_checkpoints=5: must be >= --config.decode.average_last=6"
+        ),
+    ):
+        load_config(base, {"decode.average_last": "6"})
+    # 2,500 steps with a checkpoint every 1,000 save steps 1,000, 2,000 and 2,500.
+    with pytest.raises(
+        ValueError,
+        match=re.escape(
+            "--config.decode.average_last=5: must not exceed the 3 checkpoints that "
+            "--config.train.num_train_steps=2500 saves at "
+            "--config.train.checkpoint_every_steps=1000"
+        ),
+    ):
+        load_config(base, {"train.num_train_steps": "2500"})
+    assert load_config(base, {"train.num_train_steps": "4001"}).decode.average_last == 5
+
+
 def test_an_int_may_stand_for_a_float():
     config = Config()
     config.train.learning_rate_scale = 2
@@ -129,6 +153,14 @@ def test_base_config_is_the_paper_base_model():
     assert (m.num_layers, m.d_model, m.num_heads, m.d_ff, m.dropout_rate) == (6, 512, 8, 2048, 0.1)
     assert (t.adam_beta1, t.adam_beta2, t.adam_eps, t.warmup_steps) == (0.9, 0.98, 1e-9, 4000)
     assert t.label_smoothing == 0.1
+
+
+@pytest.mark.parametrize(
+    "name,num", [("base.py", 5), ("wmt14_base.py", 5), ("big.py", 20), ("wmt14_big.py", 20)]
+)
+def test_paper_configs_evaluate_the_mean_of_their_last_5_or_20_checkpoints(name, num):
+    # Sec. 6.1; validate() has checked that the run keeps and saves that many.
+    assert load_config(CONFIGS[0].parent / name).decode.average_last == num
 
 
 def test_override_sets_a_typed_field():

@@ -7,10 +7,11 @@ import numpy as np
 import optax
 from jax.sharding import Mesh
 
-from translate import checkpoint, sharding
+from scripts.average_checkpoints import average_workdir
+from translate import checkpoint, evaluate, sharding
 from translate.batching import BatchLayout, make_batch, plan_epoch
 from translate.corpus import TokenizedCorpus
-from translate.train import make_steps, train_and_evaluate
+from translate.train import final_params, make_steps, train_and_evaluate
 from translate.workdir import Workdir, load_model
 
 
@@ -115,3 +116,32 @@ def test_stopped_and_resumed_run_matches_uninterrupted_run(config, tmp_path):
     b = load_model(tmp_path / "resumed")[1]
     for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def test_final_report_decodes_the_average_that_average_checkpoints_writes(config, tmp_path):
+    config.decode.average_last = 3
+    config.train.checkpoint_every_steps = 2  # steps 2, 4 and 6
+    run = Workdir(tmp_path / "run")
+    report = train_and_evaluate(config, run.path)
+    assert report["checkpoint_steps"] == [2, 4, 6] and report["step"] == 6
+    assert "mean parameters of the 3 checkpoints at steps [2, 4, 6]" in run.report_txt.read_text()
+    lines = [json.loads(line) for line in run.metrics.read_text().splitlines()]
+    assert any(line["step"] == 6 and "eval/averaged_bleu" in line for line in lines)
+
+    assert average_workdir(run.path, tmp_path / "average", num=3) == [2, 4, 6]
+    graphdef, averaged, tokenizer, _, steps = load_model(tmp_path / "average")
+    assert steps == [2, 4, 6]
+    manager = checkpoint.make_manager(run.checkpoints, read_only=True)
+    abstract = checkpoint.abstract_like(averaged, sharding.replicated(sharding.make_mesh()))
+    trainers, trainer_steps = final_params(config, manager, None, 6, abstract)
+    assert trainer_steps == [2, 4, 6]
+    for x, y in zip(jax.tree.leaves(trainers), jax.tree.leaves(averaged), strict=True):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+    sources = (run.data / "test.en").read_text().splitlines()
+    references = (run.data / "test.de").read_text().splitlines()
+    again, hypotheses = evaluate.evaluate(
+        (graphdef,), (averaged,), tokenizer, config, sources, references, 6, steps
+    )
+    assert run.hypotheses.read_text().splitlines() == hypotheses
+    assert again["bleu"] == report["bleu"]

@@ -119,7 +119,7 @@ class TrainConfig:
     log_every_steps: int = 100
     # Steps between checkpoints; a run resumes from the newest.
     checkpoint_every_steps: int = 1000
-    # Checkpoints kept on disk (enough to average the last few).
+    # Checkpoints kept on disk; at least decode.average_last, which the final evaluation averages.
     keep_checkpoints: int = 5
     # A step whose loss or gradient is not finite is never applied; "stop" ends the run there
     # (naming the step), "skip" carries on and counts such steps in the log.
@@ -159,6 +159,9 @@ class DecodeConfig:
     batch_size: int = 64
     # Dev sentences decoded for BLEU during training (0 = whole dev set).
     eval_num_sentences: int = 200
+    # The test report and the last dev BLEU of a training run decode the mean parameters of
+    # the newest this many checkpoints (Sec. 6.1: 5 for base, 20 for big; 1 = the last step's).
+    average_last: int = 5
 
 
 @dataclasses.dataclass
@@ -174,7 +177,7 @@ class Config:
         The message names the flag as it is typed, with its value and the rule it breaks:
         `invalid config: --config.train.keep_checkpoints=0: must be >= 1`.
         """
-        m, d = self.model, self.data
+        m, d, t = self.model, self.data, self.train
 
         def flag(field: str) -> str:
             section, name = field.split(".")
@@ -321,6 +324,22 @@ class Config:
             ("decode.max_extra_len", lambda v: v >= 0, "must be >= 0"),
             ("decode.batch_size", lambda v: v >= 1, "must be >= 1"),
             ("decode.eval_num_sentences", lambda v: v >= 0, "must be >= 0 (0 = whole dev set)"),
+            ("decode.average_last", lambda v: v >= 1, "must be >= 1 (1 = the last step alone)"),
+            # Orbax deletes all but the newest keep_checkpoints: the older ones are gone by the
+            # time the final evaluation would average them.
+            (
+                "train.keep_checkpoints",
+                lambda v: v >= self.decode.average_last,
+                f"must be >= {flag('decode.average_last')}, the checkpoints averaged at the end",
+            ),
+            # Steps checkpoint_every_steps apart and the last one are saved.
+            (
+                "decode.average_last",
+                lambda v: v <= -(-t.num_train_steps // t.checkpoint_every_steps),
+                f"must not exceed the {-(-t.num_train_steps // max(t.checkpoint_every_steps, 1))} "
+                f"checkpoints that {flag('train.num_train_steps')} saves at "
+                f"{flag('train.checkpoint_every_steps')}",
+            ),
         ]
         for field, ok, rule in rules:
             section, name = field.split(".")

@@ -53,6 +53,7 @@ class MetricWriter:
         if self.active:
             self.jsonl.close()
             self.tensorboard.close()
+            self.active = False  # closed once, however many ways out call this
 
 
 def read_metrics(path: pathlib.Path) -> dict[str, tuple[list[int], list[float]]]:

@@ -446,21 +446,41 @@ def train_in_workdir(
                 # Evaluation time is not training speed: the window's clock skips it.
                 window_start += time.perf_counter() - eval_start
         manager.wait_until_finished()
-        writer.close()
-        if jax.process_index() == 0:
-            draw_training_curves(workdir)
-
-        if data.test_text is None:
-            return None
-        sources, references = data.test_text
-        host_params = evaluate.local_copy(params)
+        # Sec. 6.1: the final evaluation decodes the mean of the newest checkpoints.
+        params, checkpoint_steps = final_params(config, manager, params, step, abstract[0])
         try:
             with stop.evaluation():
+                if len(checkpoint_steps) > 1 and data.dev is not None:
+                    metrics_eval = dev_loss(steps.eval, params, data.dev, layout, mesh, row_slice)
+                    metrics_eval.update(dev_bleu(graphdef, params, data, config, step))
+                    averaged = {
+                        k.replace("eval/", "eval/averaged_"): v for k, v in metrics_eval.items()
+                    }
+                    log.info(
+                        "eval of the mean of steps %s: %s",
+                        checkpoint_steps,
+                        "  ".join(f"{k} {v:.3f}" for k, v in averaged.items()),
+                    )
+                    writer.write(step, averaged)
+                writer.close()
+                if jax.process_index() == 0:
+                    draw_training_curves(workdir)
+                if data.test_text is None:
+                    return None
+                sources, references = data.test_text
                 report, hypotheses = evaluate.evaluate(
-                    (graphdef,), (host_params,), data.tokenizer, config, sources, references, step
+                    (graphdef,),
+                    (evaluate.local_copy(params),),
+                    data.tokenizer,
+                    config,
+                    sources,
+                    references,
+                    step,
+                    checkpoint_steps,
                 )
         except EvaluationInterrupted:
-            # The final checkpoint is whole (saved above); a restart decodes the test set again.
+            # The final checkpoint is whole (saved above); a restart evaluates again.
+            writer.close()
             raise Interrupted(stop.signum, step) from None
     if jax.process_index() == 0:
         evaluate.write_report(workdir.path, report, sources, references, hypotheses)
@@ -520,6 +540,40 @@ def draw_training_curves(workdir: Workdir) -> None:
         log.warning("WARNING: could not draw the training curves: %s: %s", type(e).__name__, e)
         return
     log.info("training curves: %s", ", ".join(str(p) for p in written))
+
+
+def final_params(
+    config: Config, manager, params, step: int, abstract_params
+) -> tuple[Any, list[int]]:
+    """The parameters the final evaluation decodes, and the training steps they come from.
+
+    With `decode.average_last` = N > 1, the mean of the newest N saved checkpoints, read as
+    scripts/average_checkpoints.py reads them (translate.checkpoint); else `params`, the last
+    step's own. A run that holds fewer than N checkpoints (some set aside as unreadable)
+    averages those it has, and says so.
+
+    Args:
+      manager: the run's checkpoint manager, its saves finished.
+      params: the parameters after the last step, on the mesh.
+      step: the last step.
+      abstract_params: the parameters' shapes and shardings on the mesh (restore targets).
+    """
+    num = config.decode.average_last
+    if num == 1:
+        return params, [step]
+    saved = manager.all_steps()
+    if len(saved) < num:
+        log.warning(
+            "WARNING: --config.decode.average_last=%d, but %s holds only %d checkpoints %s; "
+            "averaging those",
+            num,
+            manager.directory,
+            len(saved),
+            sorted(saved),
+        )
+        num = len(saved)
+    steps = checkpoint.steps_to_average(manager, num, config.train.keep_checkpoints)
+    return checkpoint.average_params(manager, steps, abstract_params), steps
 
 
 def dev_bleu(graphdef, params, data: Data, config: Config, step: int) -> dict[str, float]:
