@@ -33,11 +33,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_workers(mode: str, config, out_dir: pathlib.Path, timeout: float = 300) -> None:
-    """Runs `mode` in two processes joined through a localhost coordinator; fails on any error."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "config.json").write_text(json.dumps(config.to_dict()))
-    env = {
+def job_environment() -> dict[str, str]:
+    """Two CPU processes of one job on this machine (add JAX_PROCESS_ID per process)."""
+    return {
         **os.environ,
         "PYTHONPATH": str(REPO),
         "JAX_PLATFORMS": "cpu",
@@ -46,6 +44,13 @@ def run_workers(mode: str, config, out_dir: pathlib.Path, timeout: float = 300) 
         "JAX_COORDINATOR_ADDRESS": f"localhost:{free_port()}",
         "JAX_NUM_PROCESSES": str(NUM_PROCESSES),
     }
+
+
+def run_workers(mode: str, config, out_dir: pathlib.Path, timeout: float = 300) -> None:
+    """Runs `mode` in two processes joined through a localhost coordinator; fails on any error."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "config.json").write_text(json.dumps(config.to_dict()))
+    env = job_environment()
     procs = [
         subprocess.Popen(
             [sys.executable, __file__, mode, str(out_dir)],
@@ -254,14 +259,7 @@ def test_sigterm_to_one_process_stops_every_process_at_the_same_step(tmp_path):
     from translate import checkpoint
     from translate.workdir import Workdir
 
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(REPO),
-        "JAX_PLATFORMS": "cpu",
-        "XLA_FLAGS": f"--xla_force_host_platform_device_count={DEVICES_PER_PROCESS}",
-        "JAX_COORDINATOR_ADDRESS": f"localhost:{free_port()}",
-        "JAX_NUM_PROCESSES": str(NUM_PROCESSES),
-    }
+    env = job_environment()
     command = [
         sys.executable,
         "-m",
