@@ -3,6 +3,7 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from flax import nnx
 
 from translate.batching import Batch
@@ -109,6 +110,7 @@ def sequence_log_prob(graphdef, params, src_row, out):
     return float(sum(log_probs[i, t] for i, t in enumerate(out)))
 
 
+@pytest.mark.slow  # 12-18 s; kept out of the default run's 10 minutes
 def test_beam_scores_are_length_normalised_log_probabilities():
     graphdef, params = make_model()
     src = sources()

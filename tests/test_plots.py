@@ -82,6 +82,7 @@ def test_explicit_attention_weights_give_the_fused_attention_output():
     np.testing.assert_allclose(np.asarray(logits), np.asarray(model(batch)), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow  # 12-18 s; kept out of the default run's 10 minutes
 def test_plot_attention_writes_pictures_of_the_expected_size(workdir, tmp_path):
     script = importlib.import_module("scripts.plot_attention")
     script.main(

@@ -156,6 +156,7 @@ def test_nonfinite_loss_stops_naming_the_step_and_keeps_the_checkpoint(config, t
     assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(params))
 
 
+@pytest.mark.slow  # 12-18 s; kept out of the default run's 10 minutes
 def test_skip_policy_counts_nonfinite_steps_and_finishes(config, tmp_path):
     config.train.learning_rate_scale = 1e30
     config.train.on_nonfinite = "skip"
@@ -175,6 +176,7 @@ def test_swapped_vocabulary_is_a_clear_error(trained, tmp_path_factory):
         load_model(trained)
 
 
+@pytest.mark.slow  # 12-18 s; kept out of the default run's 10 minutes
 def test_workdir_with_a_different_model_is_refused_unless_forced(config, trained):
     config.model.d_model = 64
     with pytest.raises(ValueError, match=r"config.model .*--force"):
@@ -195,6 +197,7 @@ def test_missing_data_directory_is_a_clear_error(config, tmp_path):
         train.train_and_evaluate(config, tmp_path / "run")
 
 
+@pytest.mark.slow  # 12-18 s; kept out of the default run's 10 minutes
 def test_bad_training_file_writes_nothing_over_an_existing_run(config, tmp_path):
     data = tmp_path / "data"
     synthetic.write_splits(data, 200, 8, 8, seed=0)
@@ -246,6 +249,7 @@ def test_swapped_vocabulary_stops_training_before_the_workdir_changes(config, tr
     assert after == before, "tokens/ and config.json were left as they were"
 
 
+@pytest.mark.slow  # 12-18 s; kept out of the default run's 10 minutes
 def test_force_keeps_a_users_own_files_in_the_data_directory(config, trained):
     data = Workdir(trained).data
     (data / "my_corpus.en").write_text("my own sentence\n")
@@ -394,6 +398,7 @@ def test_sigterm_during_dev_evaluation_stops_at_once_and_the_restart_redoes_it(
     assert (tmp_path / "report.json").is_file()
 
 
+@pytest.mark.slow  # 12-18 s; kept out of the default run's 10 minutes
 def test_sigterm_during_test_decoding_stops_at_once_and_the_restart_decodes_again(
     config, tmp_path, monkeypatch
 ):

@@ -5,6 +5,7 @@ import json
 import jax
 import numpy as np
 import optax
+import pytest
 from jax.sharding import Mesh
 
 from scripts.average_checkpoints import average_workdir
@@ -56,6 +57,7 @@ def test_eight_device_train_step_matches_one_device(config):
     np.testing.assert_allclose(one_metrics["loss_sum"], eight_metrics["loss_sum"], rtol=1e-5)
 
 
+@pytest.mark.slow  # 12-18 s; kept out of the default run's 10 minutes
 def test_gradient_accumulation_matches_one_large_batch(config):
     mesh = sharding.make_mesh()
     config.train.grad_accum_steps = 2
