@@ -32,6 +32,7 @@ def train_command(workdir, *overrides):
     ]
 
 
+@pytest.mark.slow  # 10-18 s; kept out of the default run's 10 minutes
 def test_sigterm_saves_a_checkpoint_at_the_next_step_and_exits(tmp_path):
     command = train_command(
         tmp_path, "--config.train.num_train_steps=100000", "--config.train.log_every_steps=1"
@@ -144,6 +145,7 @@ def test_corrupt_newest_checkpoint_falls_back_to_the_previous(trained, capsys):
     assert "checkpoint at step 6" in capsys.readouterr().out
 
 
+@pytest.mark.slow  # 10-18 s; kept out of the default run's 10 minutes
 def test_nonfinite_loss_stops_naming_the_step_and_keeps_the_checkpoint(config, tmp_path):
     config.train.num_train_steps = 3
     train.train_and_evaluate(config, tmp_path)

@@ -120,6 +120,7 @@ def test_nbest_matches_the_best_translation(workdir, tmp_path):
     assert [firsts[i] for i in range(len(LINES))] == best
 
 
+@pytest.mark.slow  # 10-18 s; kept out of the default run's 10 minutes
 def test_ensemble_of_two_copies_of_a_model_equals_that_model(workdir):
     graphdef, params, tokenizer, config, _ = load_model(workdir)
     src = jnp.asarray(next(source_batches(tokenizer, [s for s in LINES if s.strip()], 4, 32))[1])

@@ -170,6 +170,7 @@ def test_init_from_starts_from_the_other_runs_parameters_at_step_zero(tuned_run,
     assert (workdir / "vocab.model").read_bytes() == (source_run / "vocab.model").read_bytes()
 
 
+@pytest.mark.slow  # 10-18 s; kept out of the default run's 10 minutes
 def test_resumed_run_continues_from_its_own_checkpoint_not_init_from(
     tuned_run, monkeypatch, caplog
 ):
