@@ -13,10 +13,10 @@ from translate.config import Config
 
 def get_config() -> Config:
     config = Config()
-    config.model.num_layers = 3
-    config.model.d_model = 256
+    config.model.num_layers = 4
+    config.model.d_model = 128
     config.model.num_heads = 4
-    config.model.d_ff = 512
+    config.model.d_ff = 256
     config.model.dropout_rate = 0.1
     config.data.dir = "../shared/data/multi30k"
     config.data.dev_prefix = "val"
@@ -24,14 +24,15 @@ def get_config() -> Config:
     config.data.vocab_size = 8000
     config.data.max_len = 64
     config.data.row_len = 64
-    config.data.tokens_per_batch = 2048
+    config.data.tokens_per_batch = 4096
     config.train.num_train_steps = 1900
-    config.train.warmup_steps = 500
-    # Peak learning rate 1e-3: the paper's schedule at d_model 256 and warm-up 500 would peak
-    # at 2.8e-3, too high for a ~1,700-token batch with post-LayerNorm.
-    config.train.learning_rate_scale = 0.36
+    config.train.warmup_steps = 400
+    # Peak learning rate 2e-3 (d_model^-0.5 * warmup^-0.5 * 0.4525), then linearly to 0.
+    config.train.learning_rate_scale = 0.4525
+    config.train.lr_decay = "linear"
     config.train.log_every_steps = 100
-    config.train.checkpoint_every_steps = 400
+    config.train.checkpoint_every_steps = 100
+    config.train.keep_checkpoints = 10
     config.train.eval_every_steps = 950
     config.decode.average_last = 1
     return config

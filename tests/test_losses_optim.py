@@ -5,9 +5,11 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
+from translate.config import Config
 from translate.losses import correct_tokens, projected_cross_entropy, smoothed_cross_entropy
-from translate.optim import inverse_sqrt_schedule
+from translate.optim import decay_to_zero_schedule, inverse_sqrt_schedule, make_schedule
 
 
 def test_label_smoothing_matches_hand_computed_value():
@@ -62,3 +64,35 @@ def test_schedule_matches_formula():
         np.testing.assert_allclose(schedule(step - 1), expected, rtol=1e-6)
     peak = 512**-0.5 * 4000**-0.5
     np.testing.assert_allclose(schedule(3999), peak, rtol=1e-6)
+
+
+@pytest.mark.parametrize("shape", ["linear", "cosine"])
+def test_decay_schedules_warm_up_like_the_paper_then_fall_towards_zero(shape):
+    paper = inverse_sqrt_schedule(d_model=256, warmup_steps=100, scale=0.5)
+    decay = decay_to_zero_schedule(256, 100, 1000, 0.5, shape=shape)
+    for count in (0, 10, 98, 99):  # the warm-up and the peak are the paper's
+        np.testing.assert_allclose(decay(count), paper(count), rtol=1e-6)
+    peak = 0.5 * 256**-0.5 * 100**-0.5
+    rates = np.array([float(decay(c)) for c in range(99, 1000)])
+    assert np.all(np.diff(rates) < 0), "the rate falls at every step after the peak"
+    # Halfway through the decay: half the peak (linear), and cos(pi / 2) = 0 gives half too.
+    p_half = (550 - 100) / (1000 - 100 + 1)
+    expected = (1 - p_half) if shape == "linear" else 0.5 * (1 + math.cos(math.pi * p_half))
+    np.testing.assert_allclose(decay(549), peak * expected, rtol=1e-5)
+    assert 0 < rates[-1] < peak * 1e-2, "the last step's rate is small, never 0"
+
+
+def test_make_schedule_follows_train_lr_decay():
+    config = Config()
+    config.train.num_train_steps, config.train.warmup_steps = 1000, 100
+    assert float(make_schedule(config)(999)) == float(inverse_sqrt_schedule(512, 100)(999))
+    config.train.lr_decay = "linear"
+    # The last step falls 900 of the 901 steps of the decay: 1/901 of the peak is left.
+    peak = float(make_schedule(config)(99))
+    np.testing.assert_allclose(make_schedule(config)(999), peak / 901, rtol=1e-4)
+    config.train.lr_decay = "step"
+    with pytest.raises(ValueError, match="train.lr_decay"):
+        config.validate()
+    config.train.lr_decay, config.train.warmup_steps = "cosine", 1000
+    with pytest.raises(ValueError, match="train.warmup_steps"):
+        config.validate()

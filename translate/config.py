@@ -105,6 +105,9 @@ class TrainConfig:
     warmup_steps: int = 4000
     # Multiplies the paper's schedule d_model^-0.5 * min(step^-0.5, step * warmup^-1.5).
     learning_rate_scale: float = 1.0
+    # After warm-up: "rsqrt" (the paper's step^-0.5), or "linear" or "cosine" from the same peak
+    # towards 0 at num_train_steps, which helps runs too short for rsqrt to have fallen far.
+    lr_decay: str = "rsqrt"
     # Adam hyper-parameters (Sec. 5.3).
     adam_beta1: float = 0.9
     adam_beta2: float = 0.98
@@ -276,6 +279,18 @@ class Config:
             ("train.num_train_steps", lambda v: v >= 1, "must be >= 1"),
             ("train.warmup_steps", lambda v: v >= 1, "must be >= 1"),
             ("train.learning_rate_scale", lambda v: v > 0.0, "must be > 0"),
+            (
+                "train.lr_decay",
+                lambda v: v in ("rsqrt", "linear", "cosine"),
+                "must be 'rsqrt', 'linear' or 'cosine'",
+            ),
+            # A decay to 0 needs steps after the warm-up to fall over.
+            (
+                "train.warmup_steps",
+                lambda v: t.lr_decay == "rsqrt" or v < t.num_train_steps,
+                f"must be below {flag('train.num_train_steps')} when "
+                f"{flag('train.lr_decay')}={t.lr_decay}",
+            ),
             # Adam divides by (1 - beta^t) and by sqrt(v) + eps (Sec. 5.3).
             ("train.adam_beta1", lambda v: 0.0 <= v < 1.0, "must be in [0, 1)"),
             ("train.adam_beta2", lambda v: 0.0 <= v < 1.0, "must be in [0, 1)"),
