@@ -27,17 +27,23 @@ from translate.config import Config, load_config
 
 
 def get_config() -> Config:
-    # Multi30k's data settings (files, 8,000-piece vocabulary, max_len 64) from the CPU recipe.
+    # Multi30k's data settings (files, 8,000-piece vocabulary, max_len 64) from the CPU recipe;
+    # the model, schedule and decoding are set here, whatever the CPU recipe chooses.
     config = load_config(pathlib.Path(__file__).with_name("multi30k.py"))
     config.model.num_layers = 4
+    config.model.d_model = 256
+    config.model.num_heads = 4
     config.model.d_ff = 1024
     config.model.dropout_rate = 0.3
     config.data.tokens_per_batch = 4096
     config.train.num_train_steps = 8000
     config.train.warmup_steps = 2000
     config.train.learning_rate_scale = 1.0  # the paper's schedule: peak 1.4e-3, above
+    config.train.lr_decay = "rsqrt"
     config.train.log_every_steps = 200
     config.train.checkpoint_every_steps = 1000
     config.train.eval_every_steps = 2000
+    config.train.keep_checkpoints = 5
     config.decode.average_last = 1  # averaging left for later, as said above
+    config.decode.length_penalty = 0.6
     return config
