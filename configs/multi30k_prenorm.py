@@ -5,8 +5,8 @@
 
 Everything but the position of each LayerNorm follows the recipe, whatever it currently is: each
 sub-layer computes x + Dropout(Sublayer(LayerNorm(x))) and each stack ends in a LayerNorm
-(Xiong et al. 2020), which adds 2 x 2 x d_model parameters. Not measured yet: no time or BLEU
-to expect until the README's variants table is filled.
+(Xiong et al. 2020), which adds 2 x 2 x d_model parameters. Measured: the README's variants
+table (test2016 35.50 against the recipe's 35.36, at 13f3c10).
 """
 
 import pathlib
