@@ -2,7 +2,7 @@ r"""Print configs' parameters per module, counted from shapes alone (nothing is 
 
     python -m scripts.model_summary --config=configs/base.py --vocab_size=37000
     python -m scripts.model_summary --config=configs/multi30k.py \
-        --config=configs/multi30k_prenorm.py --config=configs/multi30k_decoder_only.py
+        --config=configs/multi30k_postnorm.py --config=configs/multi30k_decoder_only.py
 
 Each config's block ends with `total parameters: N`; with several configs, each total after
 the first is also given relative to the first's.

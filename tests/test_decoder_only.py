@@ -240,9 +240,9 @@ def differing_fields(a, b):
 
 def test_multi30k_variants_change_only_their_variant_and_match_the_recipes_size(capsys):
     recipe = load_config(CONFIGS / "multi30k.py")
-    prenorm = load_config(CONFIGS / "multi30k_prenorm.py")
+    postnorm = load_config(CONFIGS / "multi30k_postnorm.py")
     decoder_only = load_config(CONFIGS / "multi30k_decoder_only.py")
-    assert differing_fields(recipe, prenorm) == {"model.norm_position"}
+    assert differing_fields(recipe, postnorm) == {"model.norm_position"}
     assert differing_fields(recipe, decoder_only) == {
         "model.architecture",
         "model.num_layers",
