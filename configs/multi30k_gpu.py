@@ -27,9 +27,12 @@ from translate.config import Config, load_config
 
 
 def get_config() -> Config:
-    # Multi30k's data settings (files, 8,000-piece vocabulary, max_len 64) from the CPU recipe;
-    # the model, schedule and decoding are set here, whatever the CPU recipe chooses.
+    # Multi30k's files, splits and 8,000-piece vocabulary from the CPU recipe; the model, row
+    # length, schedule and decoding are set here, whatever the CPU recipe chooses.
     config = load_config(pathlib.Path(__file__).with_name("multi30k.py"))
+    config.model.norm_position = "post"
+    config.data.max_len = 64
+    config.data.row_len = 64
     config.model.num_layers = 4
     config.model.d_model = 256
     config.model.num_heads = 4
