@@ -5,7 +5,7 @@
 
 Trains on train.{en,de}, evaluates on val during training and on test2016 at the end.
 4 + 4 pre-LayerNorm layers of d_model 128 (Wu et al. 2021's shape, 2.35M parameters), dropout
-0.2, see about 18 epochs in 4,000 steps of 2,048 token slots (rows of 48); the learning rate
+0.2, see about 15 epochs in 4,000 steps of 2,048 token slots (rows of 48); the learning rate
 warms up to 2e-3 over 800 steps and falls linearly to 0. The README's results table has what
 the whole command measured on 2 cores.
 

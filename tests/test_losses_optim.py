@@ -94,5 +94,9 @@ def test_make_schedule_follows_train_lr_decay():
     with pytest.raises(ValueError, match="train.lr_decay"):
         config.validate()
     config.train.lr_decay, config.train.warmup_steps = "cosine", 1000
-    with pytest.raises(ValueError, match="train.warmup_steps"):
+    with pytest.raises(ValueError, match="train.warmup_steps") as error:
         config.validate()
+    # Each flag is named once with its value.
+    assert str(error.value).endswith(
+        "must be below --config.train.num_train_steps=1000 when --config.train.lr_decay=cosine"
+    )

@@ -288,8 +288,7 @@ class Config:
             (
                 "train.warmup_steps",
                 lambda v: t.lr_decay == "rsqrt" or v < t.num_train_steps,
-                f"must be below {flag('train.num_train_steps')} when "
-                f"{flag('train.lr_decay')}={t.lr_decay}",
+                f"must be below {flag('train.num_train_steps')} when {flag('train.lr_decay')}",
             ),
             # Adam divides by (1 - beta^t) and by sqrt(v) + eps (Sec. 5.3).
             ("train.adam_beta1", lambda v: 0.0 <= v < 1.0, "must be in [0, 1)"),
