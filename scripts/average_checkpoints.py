@@ -29,7 +29,7 @@ from absl import logging as absl_logging
 
 from translate import checkpoint, cli
 from translate.config import Flag, config_from_dict, parse_flags
-from translate.model import abstract_model
+from translate.factory import abstract_model
 from translate.tokenizer import Tokenizer
 from translate.workdir import Workdir
 

@@ -61,7 +61,8 @@ from translate.config import Config, Flag, apply_override, load_config, parse_fl
 from translate.corpus import tokenize_parallel
 from translate.decode import DecodeTimes, translate_sentences
 from translate.devices import published_peak
-from translate.model import make_model, resolve_dtype
+from translate.factory import make_model
+from translate.model import resolve_dtype
 from translate.text import ParallelText, read_lines, read_parallel, sample_sentences
 from translate.tokenizer import Tokenizer, train_tokenizer
 from translate.train import make_steps

@@ -16,7 +16,7 @@ import jax
 
 from translate import cli
 from translate.config import Config, Flag, load_config, parse_flags
-from translate.model import abstract_model
+from translate.factory import abstract_model
 
 STACKS = ("encoder", "decoder")
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from translate import checkpoint, evaluate, synthetic
-from translate.model import abstract_model
+from translate.factory import abstract_model
 from translate.tokenizer import train_tokenizer
 from translate.workdir import Workdir, load_model
 

@@ -21,7 +21,8 @@ from translate.batching import BatchLayout, make_batch, plan_epoch
 from translate.config import Config, ModelConfig
 from translate.corpus import TokenizedCorpus
 from translate.decode import beam_search, greedy_search
-from translate.model import MultiHeadAttention, abstract_model, attention_mask
+from translate.factory import abstract_model, resolve_model_attention
+from translate.model import MultiHeadAttention, attention_mask
 from translate.optim import make_optimizer
 from translate.tokenizer import EOS_ID, PAD_ID
 from translate.train import make_steps
@@ -85,7 +86,8 @@ def attention_outputs(kernel, dtype, state, inputs) -> dict[str, np.ndarray]:
     config = ModelConfig(
         d_model=D_MODEL, num_heads=NUM_HEADS, compute_dtype=dtype, attention=kernel
     )
-    graphdef, _ = nnx.split(MultiHeadAttention(config, jnp.dtype(dtype), nnx.Rngs(0)))
+    attention = resolve_model_attention(config)
+    graphdef, _ = nnx.split(MultiHeadAttention(config, jnp.dtype(dtype), attention, nnx.Rngs(0)))
     # Full float32 products for the reference: GPUs default to TF32 (10 bits) for float32.
     with jax.default_matmul_precision("highest" if dtype == "float32" else "default"):
         (_, y), (params, dx, dcontext) = attention_loss(graphdef, state, *inputs)
@@ -101,7 +103,7 @@ def assert_cudnn_attention_matches_xla(q_segments, k_segments, causal, self_atte
     """cuDNN in bf16 against XLA in bf16 and in float32: one set of parameters, fresh inputs."""
     config = ModelConfig(d_model=D_MODEL, num_heads=NUM_HEADS, compute_dtype="float32")
     # Parameters are float32 whatever the compute dtype: all three modules get this state.
-    _, state = nnx.split(MultiHeadAttention(config, jnp.float32, nnx.Rngs(seed)))
+    _, state = nnx.split(MultiHeadAttention(config, jnp.float32, "xla", nnx.Rngs(seed)))
     keys = jax.random.split(jax.random.key(seed), 3)
     tq, tk = q_segments.shape[1], k_segments.shape[1]
     # Unit-variance inputs, as the LayerNorm before every attention gives.

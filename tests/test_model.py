@@ -8,9 +8,9 @@ from flax import nnx
 
 from translate.batching import Batch
 from translate.config import Config, ModelConfig
+from translate.factory import abstract_model
 from translate.model import (
     Transformer,
-    abstract_model,
     attention_mask,
     dropout,
     sinusoidal_positions,

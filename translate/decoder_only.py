@@ -35,7 +35,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from translate.config import ModelConfig
-from translate.model import EmbeddingsAndSoftmax, EncoderLayer, fold, layer_norm
+from translate.model import TranslationModel, EncoderLayer, fold, layer_norm
 
 if TYPE_CHECKING:  # for annotations only: the data pipeline feeds the model, not the reverse
     from translate.batching import Batch
@@ -65,14 +65,16 @@ def prefix_lm_mask(
     return (same & visible)[:, None]  # [B, 1, N, N]
 
 
-class DecoderOnlyTransformer(EmbeddingsAndSoftmax):
+class DecoderOnlyTransformer(TranslationModel):
     """One causal stack over `source <sep> target`; the same interface as model.Transformer."""
 
-    def __init__(self, config: ModelConfig, vocab_size: int, *, rngs: nnx.Rngs):
+    def __init__(
+        self, config: ModelConfig, vocab_size: int, *, rngs: nnx.Rngs, attention: str = "xla"
+    ):
         super().__init__(config, vocab_size, rngs)
         self.bidirectional = config.prefix_attention == "bidirectional"
         self.decoder = nnx.List(
-            [EncoderLayer(config, self.dtype, rngs) for _ in range(config.num_layers)]
+            [EncoderLayer(config, self.dtype, attention, rngs) for _ in range(config.num_layers)]
         )
         # Pre-LayerNorm only, as in model.Transformer.
         pre_norm = config.norm_position == "pre"

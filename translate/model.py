@@ -35,8 +35,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from translate.config import Config, ModelConfig
-from translate.devices import resolve_attention
+from translate.config import ModelConfig
 
 if TYPE_CHECKING:  # for annotations only: the data pipeline feeds the model, not the reverse
     from translate.batching import Batch
@@ -133,12 +132,12 @@ def layer_norm(config: ModelConfig, dtype: Any, rngs: nnx.Rngs) -> nnx.LayerNorm
 class MultiHeadAttention(nnx.Module):
     """Sec. 3.2.2: h heads of scaled dot-product attention (Sec. 3.2.1), concatenated."""
 
-    def __init__(self, config: ModelConfig, dtype: Any, rngs: nnx.Rngs):
+    def __init__(self, config: ModelConfig, dtype: Any, attention: str, rngs: nnx.Rngs):
         d = config.d_model
         self.num_heads = config.num_heads
-        self.implementation = resolve_attention(
-            config.attention, dtype, config.d_model // config.num_heads
-        )
+        # The kernel of jax.nn.dot_product_attention, "xla" or "cudnn": resolved for the device
+        # once, by translate.factory, so building a model never queries the hardware.
+        self.implementation = attention
         self.query = xavier_linear(d, d, dtype, rngs)
         # No key bias: it adds the same amount to every score of a query, which softmax ignores,
         # so its true gradient is zero and Adam would only amplify rounding noise in it.
@@ -238,10 +237,10 @@ class ResidualLayer(nnx.Module):
 class EncoderLayer(ResidualLayer):
     """Sec. 3.1: self-attention then feed-forward, each inside a residual connection."""
 
-    def __init__(self, config: ModelConfig, dtype: Any, rngs: nnx.Rngs):
+    def __init__(self, config: ModelConfig, dtype: Any, attention: str, rngs: nnx.Rngs):
         self.rate = config.dropout_rate
         self.pre_norm = config.norm_position == "pre"
-        self.self_attention = MultiHeadAttention(config, dtype, rngs)
+        self.self_attention = MultiHeadAttention(config, dtype, attention, rngs)
         self.norm1 = layer_norm(config, dtype, rngs)
         self.feed_forward = FeedForward(config, dtype, rngs)
         self.norm2 = layer_norm(config, dtype, rngs)
@@ -254,12 +253,12 @@ class EncoderLayer(ResidualLayer):
 class DecoderLayer(ResidualLayer):
     """Sec. 3.1: masked self-attention, attention over the encoder output, feed-forward."""
 
-    def __init__(self, config: ModelConfig, dtype: Any, rngs: nnx.Rngs):
+    def __init__(self, config: ModelConfig, dtype: Any, attention: str, rngs: nnx.Rngs):
         self.rate = config.dropout_rate
         self.pre_norm = config.norm_position == "pre"
-        self.self_attention = MultiHeadAttention(config, dtype, rngs)
+        self.self_attention = MultiHeadAttention(config, dtype, attention, rngs)
         self.norm1 = layer_norm(config, dtype, rngs)
-        self.cross_attention = MultiHeadAttention(config, dtype, rngs)
+        self.cross_attention = MultiHeadAttention(config, dtype, attention, rngs)
         self.norm2 = layer_norm(config, dtype, rngs)
         self.feed_forward = FeedForward(config, dtype, rngs)
         self.norm3 = layer_norm(config, dtype, rngs)
@@ -280,11 +279,13 @@ class DecoderLayer(ResidualLayer):
         return self.finish(x, self_out, lambda h: self.cross_attention(h, memory, cross_mask), key)
 
 
-class EmbeddingsAndSoftmax(nnx.Module):
-    """Sec. 3.4: one embedding matrix serves the inputs and the pre-softmax projection.
+class TranslationModel(nnx.Module):
+    """The base of every architecture: what training, the search and the tools call.
 
-    What the encoder-decoder (`Transformer`) and the decoder-only variant
-    (translate/decoder_only.py) share; each defines `hidden`, its teacher-forced output.
+    Holds Sec. 3.4's one embedding matrix, which serves the inputs and the pre-softmax
+    projection. The encoder-decoder (`Transformer`) and the decoder-only variant
+    (translate/decoder_only.py) each define `hidden`, their teacher-forced output, and their
+    cached decoding; translate/factory.py builds the configured one.
     """
 
     def __init__(self, config: ModelConfig, vocab_size: int, rngs: nnx.Rngs):
@@ -340,16 +341,22 @@ class EmbeddingsAndSoftmax(nnx.Module):
         }
 
 
-class Transformer(EmbeddingsAndSoftmax):
-    """The paper's encoder-decoder (Sec. 3.1)."""
+class Transformer(TranslationModel):
+    """The paper's encoder-decoder (Sec. 3.1).
 
-    def __init__(self, config: ModelConfig, vocab_size: int, *, rngs: nnx.Rngs):
+    `attention` is the kernel of jax.nn.dot_product_attention ("xla" or "cudnn"), resolved for
+    the device by translate/factory.py from `model.attention`.
+    """
+
+    def __init__(
+        self, config: ModelConfig, vocab_size: int, *, rngs: nnx.Rngs, attention: str = "xla"
+    ):
         super().__init__(config, vocab_size, rngs)
         self.encoder = nnx.List(
-            [EncoderLayer(config, self.dtype, rngs) for _ in range(config.num_layers)]
+            [EncoderLayer(config, self.dtype, attention, rngs) for _ in range(config.num_layers)]
         )
         self.decoder = nnx.List(
-            [DecoderLayer(config, self.dtype, rngs) for _ in range(config.num_layers)]
+            [DecoderLayer(config, self.dtype, attention, rngs) for _ in range(config.num_layers)]
         )
         # Pre-LayerNorm only: each stack's output is normalised once more (post-LayerNorm's
         # last sub-layer already ends in a LayerNorm).
@@ -460,19 +467,3 @@ class Transformer(EmbeddingsAndSoftmax):
         if self.decoder_norm is not None:
             y = self.decoder_norm(y)
         return self.logits(y[:, 0]).astype(jnp.float32), new_cache
-
-
-def make_model(config: ModelConfig, vocab_size: int, rngs: nnx.Rngs) -> EmbeddingsAndSoftmax:
-    """The configured architecture: the paper's encoder-decoder, or the decoder-only variant."""
-    if config.architecture == "decoder_only":
-        # Imported here: decoder_only.py builds on this module's layers.
-        from translate.decoder_only import DecoderOnlyTransformer
-
-        return DecoderOnlyTransformer(config, vocab_size, rngs=rngs)
-    return Transformer(config, vocab_size, rngs=rngs)
-
-
-def abstract_model(config: Config, vocab_size: int) -> tuple[nnx.GraphDef, nnx.State]:
-    """The model's graph and parameter shapes, with nothing allocated."""
-    model = nnx.eval_shape(lambda: make_model(config.model, vocab_size, nnx.Rngs(0)))
-    return nnx.split(model, nnx.Param)

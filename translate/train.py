@@ -41,7 +41,8 @@ from translate.data import Data, load_data
 from translate.devices import DeviceFacts, cpu_warning, published_peak, resolve_attention
 from translate.flops import batch_lengths, train_flops
 from translate.losses import projected_cross_entropy
-from translate.model import abstract_model, make_model, resolve_dtype
+from translate.factory import abstract_model, make_model
+from translate.model import resolve_dtype
 from translate.monitor import (
     DevBleuHistory,
     EvaluationInterrupted,

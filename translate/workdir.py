@@ -37,7 +37,7 @@ import jax
 
 from translate import checkpoint, sharding
 from translate.config import Config, config_from_dict, split_init_from
-from translate.model import abstract_model
+from translate.factory import abstract_model
 from translate.tokenizer import Tokenizer
 
 
