@@ -35,7 +35,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from translate.config import ModelConfig
-from translate.model import TranslationModel, EncoderLayer, fold, layer_norm
+from translate.model import EncoderLayer, TranslationModel, fold, layer_norm
 
 if TYPE_CHECKING:  # for annotations only: the data pipeline feeds the model, not the reverse
     from translate.batching import Batch

@@ -39,9 +39,9 @@ from translate.config import (
 from translate.corpus import TokenizedCorpus
 from translate.data import Data, load_data
 from translate.devices import DeviceFacts, cpu_warning, published_peak, resolve_attention
+from translate.factory import abstract_model, make_model
 from translate.flops import batch_lengths, train_flops
 from translate.losses import projected_cross_entropy
-from translate.factory import abstract_model, make_model
 from translate.model import resolve_dtype
 from translate.monitor import (
     DevBleuHistory,
