@@ -10,8 +10,9 @@ stack has as many layers as the recipe's encoder and decoder together (2N) and t
 width that brings its parameters to the recipe's encoder-decoder's (the difference is printed
 by `python -m scripts.model_summary --config=configs/multi30k.py
 --config=configs/multi30k_decoder_only.py`; the test suite holds it within 5%). Everything else
-(data, batch, schedule, steps) is the recipe's, whatever it currently is. Measured: the
-README's variants table (test2016 33.97 causal, 31.53 prefix LM, at 13f3c10).
+(data, batch, schedule, steps) is the recipe's, whatever it currently is. Not measured on the
+current recipe, so no time or BLEU to expect yet; the README's variants table has it on an
+earlier one (BENCHMARKS.md, "Config history").
 """
 
 import pathlib

@@ -18,20 +18,13 @@ is written beside --output and swapped in once complete, so a failed run keeps t
 
 from __future__ import annotations
 
-import json
-import os
 import pathlib
-import secrets
-import shutil
 
-import jax
 from absl import logging as absl_logging
 
-from translate import checkpoint, cli
-from translate.config import Flag, config_from_dict, parse_flags
-from translate.factory import abstract_model
-from translate.tokenizer import Tokenizer
-from translate.workdir import Workdir
+from translate import atomic, checkpoint, cli
+from translate.cli import Flag, parse_flags
+from translate.workdir import Workdir, load_model, write_average
 
 
 def average_workdir(
@@ -52,45 +45,18 @@ def average_workdir(
         raise ValueError(f"--output={output} must not be the training workdir itself (--workdir)")
     run = Workdir(workdir)
     check_output(output, run)
-    config_text = run.config.read_text()
-    config = config_from_dict(json.loads(config_text))
-    tokenizer = Tokenizer(run.vocab)
-    manager = checkpoint.make_manager(run.checkpoints, read_only=True)
-    if steps:
-        missing = sorted(set(steps) - set(manager.all_steps()))
-        if missing:
-            raise ValueError(
-                f"--steps {missing} not in {manager.directory} (there: {manager.all_steps()})"
-            )
-        steps = sorted(steps)
-    else:
-        steps = checkpoint.steps_to_average(manager, num, config.train.keep_checkpoints)
-    _, shapes = abstract_model(config, tokenizer.vocab_size)
-    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-    params = checkpoint.average_params(manager, steps, checkpoint.abstract_like(shapes, device))
-
+    if not steps and num < 1:  # load_model reads 0 as "no average"
+        raise ValueError(f"the number of checkpoints to average must be >= 1, not {num}")
+    _, params, _, _, steps = load_model(workdir, average=steps or num)
     out_step = steps[-1] if output_step is None else output_step
-    meta = {"step": out_step, "averaged_steps": steps, "averaged_from": str(workdir)}
     output.parent.mkdir(parents=True, exist_ok=True)
-    # Written whole beside --output, then swapped in: a failure leaves --output as it was.
-    new = beside(output, "new")
-    new.mkdir()
-    try:
-        out = Workdir(new)
-        out.config.write_text(config_text)
-        shutil.copyfile(run.vocab, out.vocab)
-        manager = checkpoint.make_manager(out.checkpoints, keep=1)
-        checkpoint.save_params(manager, out_step, params, meta)
+    # Written whole beside --output, then swapped in: a failure leaves --output as it was, and
+    # a process killed between the two renames leaves an earlier average under a hidden
+    # `.NAME.*.old` name beside --output, and no --output.
+    with atomic.directory(output) as new:
+        write_average(run, Workdir(new), params, steps, out_step)
         check_output(output, run)  # still true: nothing else began writing there meanwhile
-        swap_in(new, output)
-    finally:
-        shutil.rmtree(new, ignore_errors=True)  # gone after a swap
     return steps
-
-
-def beside(output: pathlib.Path, what: str) -> pathlib.Path:
-    """An unused hidden name in --output's directory, for a directory on its way in or out."""
-    return output.with_name(f".{output.name}.{secrets.token_hex(4)}.{what}")
 
 
 def check_output(output: pathlib.Path, run: Workdir) -> None:
@@ -142,25 +108,6 @@ def check_output(output: pathlib.Path, run: Workdir) -> None:
         if not averaged:
             found = f"a checkpoint at step {step} that is not an average (a training run's)"
             raise ValueError(refusal.format(output, found))
-
-
-def swap_in(new: pathlib.Path, output: pathlib.Path) -> None:
-    """Puts directory `new` at `output`, then deletes what `output` held (an earlier average).
-
-    Two renames: a process killed between them leaves the earlier average under a hidden
-    `.NAME.*.old` name beside --output, and no --output.
-    """
-    if not output.exists() or not any(output.iterdir()):
-        os.replace(new, output)  # a rename replaces an empty directory too
-        return
-    old = beside(output, "old")
-    os.replace(output, old)
-    try:
-        os.replace(new, output)
-    except BaseException:
-        os.replace(old, output)
-        raise
-    shutil.rmtree(old)
 
 
 def main(argv: list[str]) -> None:

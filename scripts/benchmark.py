@@ -55,17 +55,18 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from translate import cli, evaluate, flops, sharding
+from translate import cli, flops, sharding
 from translate.batching import BatchLayout, make_batch, plan_epoch
-from translate.config import Config, Flag, apply_override, load_config, parse_flags
+from translate.cli import Flag, parse_flags
+from translate.config import Config, apply_override, load_config
 from translate.corpus import tokenize_parallel
 from translate.decode import DecodeTimes, translate_sentences
 from translate.devices import published_peak
 from translate.factory import make_model
 from translate.model import resolve_dtype
+from translate.steps import make_steps
 from translate.text import ParallelText, read_lines, read_parallel, sample_sentences
 from translate.tokenizer import Tokenizer, train_tokenizer
-from translate.train import make_steps
 from translate.workdir import load_model
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -324,7 +325,7 @@ def main(argv: list[str]) -> None:
                 vocab_size = max(config.data.vocab_size, tokenizer.vocab_size)
                 graphdef, params = init_params(config, vocab_size)
             else:
-                params = evaluate.local_copy(params)
+                params = sharding.local_copy(params)
             result["decode_model"] = "untrained (outputs run to the length limit)"
         result["decode_compute_dtype"] = jnp.dtype(resolve_dtype(config.model.compute_dtype)).name
         result.update(benchmark_decoding(flags, config, graphdef, params, tokenizer))

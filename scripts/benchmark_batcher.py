@@ -24,7 +24,8 @@ import numpy as np
 
 from translate import cli, synthetic
 from translate.batching import BatchLayout, make_batch, plan_epoch
-from translate.config import Flag, load_config, parse_flags
+from translate.cli import Flag, parse_flags
+from translate.config import load_config
 from translate.corpus import TokenizedCorpus, tokenize_parallel
 from translate.text import read_parallel
 from translate.tokenizer import train_tokenizer

@@ -38,7 +38,8 @@ import numpy as np
 from scripts.benchmark import environment, get_tokenizer
 from translate import cli
 from translate.batching import BatchLayout, make_batch, plan_epoch
-from translate.config import Flag, load_config, parse_flags
+from translate.cli import Flag, parse_flags
+from translate.config import load_config
 from translate.corpus import tokenize_parallel
 from translate.text import read_parallel
 

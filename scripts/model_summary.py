@@ -15,7 +15,8 @@ import collections
 import jax
 
 from translate import cli
-from translate.config import Config, Flag, load_config, parse_flags
+from translate.cli import Flag, parse_flags
+from translate.config import Config, load_config
 from translate.factory import abstract_model
 
 STACKS = ("encoder", "decoder")

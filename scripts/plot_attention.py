@@ -21,7 +21,6 @@ import pathlib
 import jax.numpy as jnp
 import matplotlib
 import numpy as np
-from absl import logging as absl_logging
 
 matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt
@@ -29,7 +28,7 @@ from flax import nnx
 
 from translate import cli
 from translate.batching import Batch, source_batches
-from translate.config import Flag, parse_flags
+from translate.cli import Flag, parse_flags
 from translate.decode import translate_tokens
 from translate.model import sinusoidal_positions
 from translate.tokenizer import BOS_ID, EOS_ID, PAD_ID
@@ -112,7 +111,7 @@ def main(argv: list[str]) -> None:
             'usage: python -m scripts.plot_attention --workdir=DIR --src="a sentence" '
             "[--output=DIR] [--layer=L] [--head=H]"
         )
-    absl_logging.set_verbosity(absl_logging.ERROR)  # Orbax's read-only manager warnings
+    cli.quiet_libraries()
     graphdef, params, tokenizer, config, steps = load_model(flags["workdir"])
     if config.model.architecture != "encoder_decoder":
         raise SystemExit(

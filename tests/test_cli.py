@@ -1,4 +1,4 @@
-"""The command line (translate/config.py's flags and help, translate/cli.py) and the install."""
+"""The command line (translate/cli.py: flags, help, errors, exit codes) and the install."""
 
 import dataclasses
 import importlib
@@ -14,13 +14,15 @@ import numpy as np
 import pytest
 
 from translate import cli, config, workdir
-from translate.config import Flag, field_descriptions, find_config, load_config, parse_flags
+from translate.cli import Flag, parse_flags
+from translate.config import field_descriptions, find_config, load_config
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 # Every entry point that reads its flags with parse_flags.
 ENTRY_POINTS = [
     "translate.train",
     "translate.evaluate",
+    "translate.translate_text",
     "translate.translate",
     "translate.sample",
     "scripts.average_checkpoints",
@@ -257,3 +259,16 @@ def test_pip_install_into_a_fresh_venv_exposes_the_console_scripts(tmp_path):
         env=env,
     )
     assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr
+
+
+def test_parse_flags_separates_overrides():
+    flags, overrides = parse_flags(
+        ["--workdir=/tmp/x", "--config.train.seed=3", "--force"], {"workdir": "", "force": False}
+    )
+    assert flags == {"workdir": "/tmp/x", "force": True}
+    assert overrides == {"train.seed": "3"}
+
+
+def test_unknown_flag_is_an_error():
+    with pytest.raises(ValueError, match="unknown flag --wrkdir"):
+        parse_flags(["--wrkdir=/tmp/x"], {"workdir": ""})

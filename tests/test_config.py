@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from translate.config import Config, config_from_dict, load_config, parse_flags
+from translate.config import Config, config_from_dict, load_config
 
 CONFIGS = sorted((pathlib.Path(__file__).parent.parent / "configs").glob("*.py"))
 
@@ -178,19 +178,6 @@ def test_unknown_field_is_an_error_naming_the_flag():
 def test_wrong_type_is_an_error_naming_the_flag():
     with pytest.raises(ValueError, match="--config.model.d_model.*int"):
         load_config(CONFIGS[0].parent / "base.py", {"model.d_model": "wide"})
-
-
-def test_parse_flags_separates_overrides():
-    flags, overrides = parse_flags(
-        ["--workdir=/tmp/x", "--config.train.seed=3", "--force"], {"workdir": "", "force": False}
-    )
-    assert flags == {"workdir": "/tmp/x", "force": True}
-    assert overrides == {"train.seed": "3"}
-
-
-def test_unknown_flag_is_an_error():
-    with pytest.raises(ValueError, match="unknown flag --wrkdir"):
-        parse_flags(["--wrkdir=/tmp/x"], {"workdir": ""})
 
 
 def test_config_round_trips_through_its_dict_with_backslashes_and_quotes():

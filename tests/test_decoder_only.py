@@ -10,7 +10,7 @@ from flax import nnx
 from jax.sharding import Mesh
 from test_decode import sources, strip, uncached_greedy
 from test_model import unpacked_batch
-from test_train import run_steps, tiny_batches
+from test_trainer import run_steps, tiny_batches
 
 from scripts import model_summary
 from translate import sharding, translate
@@ -20,7 +20,7 @@ from translate.decode import beam_search, greedy_search, translate_tokens
 from translate.decoder_only import DecoderOnlyTransformer
 from translate.model import Transformer
 from translate.tokenizer import BOS_ID, EOS_ID, PAD_ID
-from translate.train import train_and_evaluate
+from translate.trainer import train_and_evaluate
 from translate.workdir import load_model
 
 VOCAB = 64

@@ -24,8 +24,8 @@ from translate.decode import beam_search, greedy_search
 from translate.factory import abstract_model, resolve_model_attention
 from translate.model import MultiHeadAttention, attention_mask
 from translate.optim import make_optimizer
+from translate.steps import make_steps
 from translate.tokenizer import EOS_ID, PAD_ID
-from translate.train import make_steps
 
 pytestmark = [
     pytest.mark.gpu,

@@ -14,7 +14,7 @@ from translate.batching import BatchLayout, make_batch, plan_epoch
 from translate.data import load_data
 from translate.decode import greedy_search, sample
 from translate.tokenizer import BOS_ID, EOS_ID, PAD_ID
-from translate.train import train_and_evaluate
+from translate.trainer import train_and_evaluate
 from translate.workdir import Workdir
 
 

@@ -101,9 +101,9 @@ def flat_params(params) -> dict[str, np.ndarray]:
 
 def worker_steps(config, out_dir: pathlib.Path) -> None:
     """A few train steps through the trainer's building blocks, as train_and_evaluate runs them."""
-    from translate import evaluate, sharding
+    from translate import sharding
     from translate.batching import DataPosition, iterate_batches
-    from translate.train import make_steps
+    from translate.steps import make_steps
 
     mesh = sharding.make_mesh()
     layout = global_layout(config)
@@ -122,16 +122,16 @@ def worker_steps(config, out_dir: pathlib.Path) -> None:
     np.savez(
         out_dir / f"process_{jax.process_index()}.npz",
         src=np.stack(loaded),  # [steps, A, R / processes, row_len]
-        **flat_params(evaluate.local_copy(params)),
+        **flat_params(sharding.local_copy(params)),
     )
 
 
 def worker_train_and_evaluate(config, out_dir: pathlib.Path) -> None:
     """The real trainer on a shared workdir; records this process's first batch and final params."""
-    from translate import evaluate, train
+    from translate import sharding, train, trainer
 
     first_batches, final_params = [], []
-    original_batches, original_local_copy = train.iterate_batches, evaluate.local_copy
+    original_batches, original_local_copy = trainer.iterate_batches, sharding.local_copy
 
     def recording_batches(*args, **kwargs):
         for batch, position in original_batches(*args, **kwargs):
@@ -143,10 +143,10 @@ def worker_train_and_evaluate(config, out_dir: pathlib.Path) -> None:
         final_params[:] = [original_local_copy(params)]
         return final_params[0]
 
-    train.iterate_batches = recording_batches
-    evaluate.local_copy = recording_local_copy
+    trainer.iterate_batches = recording_batches
+    sharding.local_copy = recording_local_copy
     train.setup_logging()
-    train.train_and_evaluate(config, out_dir / "workdir")
+    trainer.train_and_evaluate(config, out_dir / "workdir")
     np.savez(
         out_dir / f"process_{jax.process_index()}.npz",
         src=first_batches[0],
@@ -210,7 +210,7 @@ def test_processes_hold_identical_parameters_after_training(steps_run):
 
 @pytest.mark.slow  # compiles the step once more, in this process: about 12 s
 def test_two_processes_train_like_one_process_on_the_same_batches(steps_run):
-    from test_train import run_steps
+    from test_trainer import run_steps
 
     from translate.batching import DataPosition, iterate_batches
 

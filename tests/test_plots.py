@@ -10,10 +10,11 @@ import pytest
 from conftest import tiny_config
 from flax import nnx
 
-from translate import evaluate, plots
+from translate import plots
 from translate.batching import Batch
 from translate.config import ModelConfig
 from translate.model import Transformer
+from translate.report import write_report
 from translate.train import train_and_evaluate
 from translate.workdir import Workdir
 
@@ -125,7 +126,7 @@ def test_report_lists_the_training_curves_in_the_workdir(workdir, tmp_path):
     lines = ["a b c ."] * 12
 
     def write():
-        evaluate.write_report(tmp_path, report, lines, lines, lines, plots_dir=workdir)
+        write_report(tmp_path, report, lines, lines, lines, plots_dir=workdir)
 
     drawn = Workdir(workdir).metric_plots()  # by the trainer, as it ended
     for path in drawn:

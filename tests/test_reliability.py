@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from conftest import tiny_config
 
-from translate import checkpoint, monitor, synthetic, train
+from translate import checkpoint, monitor, synthetic, trainer
 from translate.tokenizer import train_tokenizer
 from translate.workdir import Workdir, WorkdirBusy, load_model, lock
 
@@ -116,7 +116,7 @@ def test_many_kills_and_terms_leave_the_run_identical(tmp_path):
 def trained_once(tmp_path_factory):
     """A finished tiny run with checkpoints at steps 3 and 6, trained once for this module."""
     workdir = tmp_path_factory.mktemp("trained")
-    train.train_and_evaluate(tiny_config(), workdir)
+    trainer.train_and_evaluate(tiny_config(), workdir)
     return workdir
 
 
@@ -148,11 +148,11 @@ def test_corrupt_newest_checkpoint_falls_back_to_the_previous(trained, capsys):
 @pytest.mark.slow  # 10-18 s; kept out of the default run's 10 minutes
 def test_nonfinite_loss_stops_naming_the_step_and_keeps_the_checkpoint(config, tmp_path):
     config.train.num_train_steps = 3
-    train.train_and_evaluate(config, tmp_path)
+    trainer.train_and_evaluate(config, tmp_path)
     config.train.num_train_steps = 9
     config.train.learning_rate_scale = 1e30  # the first update makes every later loss inf/NaN
     with pytest.raises(FloatingPointError, match=r"non-finite loss or gradient at step \d+"):
-        train.train_and_evaluate(config, tmp_path)
+        trainer.train_and_evaluate(config, tmp_path)
     assert checkpoint.latest_step(Workdir(tmp_path).checkpoints) in (3, 6)
     params = load_model(tmp_path)[1]
     assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(params))
@@ -162,7 +162,7 @@ def test_nonfinite_loss_stops_naming_the_step_and_keeps_the_checkpoint(config, t
 def test_skip_policy_counts_nonfinite_steps_and_finishes(config, tmp_path):
     config.train.learning_rate_scale = 1e30
     config.train.on_nonfinite = "skip"
-    train.train_and_evaluate(config, tmp_path)
+    trainer.train_and_evaluate(config, tmp_path)
     lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert sum(x.get("train/skipped_steps", 0) for x in lines) > 0
     params = load_model(tmp_path)[1]
@@ -182,12 +182,12 @@ def test_swapped_vocabulary_is_a_clear_error(trained, tmp_path_factory):
 def test_workdir_with_a_different_model_is_refused_unless_forced(config, trained):
     config.model.d_model = 64
     with pytest.raises(ValueError, match=r"config.model .*--force"):
-        train.train_and_evaluate(config, trained)
+        trainer.train_and_evaluate(config, trained)
     assert checkpoint.latest_step(Workdir(trained).checkpoints) == 6, (
         "the refused run wrote nothing over"
     )
     config.train.num_train_steps = 2
-    train.train_and_evaluate(config, trained, force=True)
+    trainer.train_and_evaluate(config, trained, force=True)
     assert checkpoint.latest_step(Workdir(trained).checkpoints) == 2
     assert not Workdir(trained).previous_run.exists(), "the earlier run is gone once data loaded"
 
@@ -196,7 +196,7 @@ def test_missing_data_directory_is_a_clear_error(config, tmp_path):
     config.data.source = "files"
     config.data.dir = str(tmp_path / "nowhere")
     with pytest.raises(FileNotFoundError, match="--config.data.dir: .*nowhere"):
-        train.train_and_evaluate(config, tmp_path / "run")
+        trainer.train_and_evaluate(config, tmp_path / "run")
 
 
 @pytest.mark.slow  # 12-18 s; kept out of the default run's 10 minutes
@@ -205,13 +205,13 @@ def test_bad_training_file_writes_nothing_over_an_existing_run(config, tmp_path)
     synthetic.write_splits(data, 200, 8, 8, seed=0)
     config.data.source, config.data.dir = "files", str(data)
     config.data.dev_prefix, config.data.test_prefix = "dev", "test"
-    train.train_and_evaluate(config, tmp_path / "run")
+    trainer.train_and_evaluate(config, tmp_path / "run")
     before = {p: p.read_bytes() for p in (tmp_path / "run").rglob("*") if p.is_file()}
     with open(data / "train.de", "a") as f:
         f.write("Eine Zeile zu viel.\n")
     config.train.num_train_steps = 12
     with pytest.raises(ValueError, match="train.en has 200 lines"):
-        train.train_and_evaluate(config, tmp_path / "run")
+        trainer.train_and_evaluate(config, tmp_path / "run")
     after = {p: p.read_bytes() for p in (tmp_path / "run").rglob("*") if p.is_file()}
     assert after == before
 
@@ -231,7 +231,7 @@ def test_corrupt_newest_checkpoint_is_set_aside_and_training_saves_that_step_aga
             path.write_bytes(b"\0" * 7)
     config.train.num_train_steps = 6
     for _ in range(2):  # the second run finds a whole step 6 and only evaluates
-        train.train_and_evaluate(config, trained)
+        trainer.train_and_evaluate(config, trained)
     assert checkpoint.latest_step(checkpoints) == 6
     assert load_model(trained)[4] == [6]
     aside = checkpoints.with_name("checkpoints.corrupt") / "6"
@@ -246,7 +246,7 @@ def test_swapped_vocabulary_stops_training_before_the_workdir_changes(config, tr
     before = {p: p.read_bytes() for p in trained.rglob("*") if p.is_file()}
     config.train.num_train_steps = 9
     with pytest.raises(ValueError, match="not the vocabulary the checkpoints"):
-        train.train_and_evaluate(config, trained)
+        trainer.train_and_evaluate(config, trained)
     after = {p: p.read_bytes() for p in trained.rglob("*") if p.is_file()}
     assert after == before, "tokens/ and config.json were left as they were"
 
@@ -255,7 +255,7 @@ def test_swapped_vocabulary_stops_training_before_the_workdir_changes(config, tr
 def test_force_keeps_a_users_own_files_in_the_data_directory(config, trained):
     data = Workdir(trained).data
     (data / "my_corpus.en").write_text("my own sentence\n")
-    train.train_and_evaluate(config, trained, force=True)
+    trainer.train_and_evaluate(config, trained, force=True)
     assert (data / "my_corpus.en").read_text() == "my own sentence\n"
 
 
@@ -271,7 +271,7 @@ def test_a_second_trainer_on_a_busy_workdir_stops_at_once_naming_the_first(confi
     workdir = Workdir(tmp_path)
     with lock(workdir):
         with pytest.raises(WorkdirBusy, match=rf"in use by .*pid {os.getpid()}"):
-            train.train_and_evaluate(config, tmp_path)
+            trainer.train_and_evaluate(config, tmp_path)
     assert not workdir.checkpoints.exists(), "the refused trainer wrote nothing"
 
 
@@ -315,7 +315,7 @@ def test_an_error_after_a_save_waits_for_that_save_to_finish(config, tmp_path, m
     config.train.checkpoint_every_steps = config.train.log_every_steps = 1
     config.train.learning_rate_scale = 1e30  # step 1 is finite and saved; step 2 stops the run
     with pytest.raises(FloatingPointError):
-        train.train_and_evaluate(config, tmp_path)
+        trainer.train_and_evaluate(config, tmp_path)
     assert closed, "the manager was closed on the error path"
     assert checkpoint.latest_step(Workdir(tmp_path).checkpoints) is not None
     assert not list(Workdir(tmp_path).checkpoints.glob("*.orbax-checkpoint-tmp*"))
@@ -332,11 +332,11 @@ def test_missing_dev_files_are_a_clear_error_and_an_empty_prefix_means_none(conf
     write_files_corpus(config, tmp_path / "data")
     config.data.dev_prefix = "valid"
     with pytest.raises(FileNotFoundError, match=r"valid\.en: no such file.*dev_prefix"):
-        train.train_and_evaluate(config, tmp_path / "run")
+        trainer.train_and_evaluate(config, tmp_path / "run")
     assert not (tmp_path / "run" / "config.json").exists()
     config.data.dev_prefix = ""
     config.train.num_train_steps = 1
-    train.train_and_evaluate(config, tmp_path / "run")
+    trainer.train_and_evaluate(config, tmp_path / "run")
     assert not any("eval/loss" in line for line in (tmp_path / "run/metrics.jsonl").open())
 
 
@@ -345,7 +345,7 @@ def test_empty_training_file_is_an_error_naming_it(config, tmp_path):
     for lang in ("en", "de"):
         (tmp_path / "data" / f"train.{lang}").write_text("")
     with pytest.raises(ValueError, match=r"train\.en: the training file holds no sentence"):
-        train.train_and_evaluate(config, tmp_path / "run")
+        trainer.train_and_evaluate(config, tmp_path / "run")
     assert not (tmp_path / "run" / "config.json").exists()
 
 
@@ -353,7 +353,7 @@ def test_reversed_language_direction_on_an_existing_run_is_refused(config, train
     config.data.src_lang, config.data.tgt_lang = "de", "en"
     before = {p: p.read_bytes() for p in trained.rglob("*") if p.is_file()}
     with pytest.raises(ValueError, match=r"config.data.src_lang = en, now de"):
-        train.train_and_evaluate(config, trained)
+        trainer.train_and_evaluate(config, trained)
     assert {p: p.read_bytes() for p in trained.rglob("*") if p.is_file()} == before
 
 
@@ -363,7 +363,7 @@ def test_skip_policy_stops_after_too_many_skipped_steps_in_a_row(config, tmp_pat
     config.train.on_nonfinite = "skip"
     config.train.max_consecutive_skips = 4
     with pytest.raises(FloatingPointError, match=r"4 steps in a row \(steps \d+ to \d+\)"):
-        train.train_and_evaluate(config, tmp_path)
+        trainer.train_and_evaluate(config, tmp_path)
     assert not (tmp_path / "report.json").exists()
 
 
@@ -389,13 +389,13 @@ def test_sigterm_during_dev_evaluation_stops_at_once_and_the_restart_redoes_it(
     config.train.eval_every_steps = 3
     config.train.checkpoint_every_steps = 4  # step 3 has no checkpoint of its own
     with monkeypatch.context() as patched:
-        patched.setattr(train, "dev_bleu", signal_then_work)
+        patched.setattr(trainer, "dev_bleu", signal_then_work)
         with pytest.raises(monitor.Interrupted, match="stopped by SIGTERM at step 3"):
-            train.train_and_evaluate(config, tmp_path)
+            trainer.train_and_evaluate(config, tmp_path)
         assert time.monotonic() - SIGNALLED_AT[-1] < 10
     assert checkpoint.latest_step(Workdir(tmp_path).checkpoints) == 3
     assert eval_steps(tmp_path) == []
-    train.train_and_evaluate(config, tmp_path)
+    trainer.train_and_evaluate(config, tmp_path)
     assert eval_steps(tmp_path) == [3, 6]
     assert (tmp_path / "report.json").is_file()
 
@@ -405,14 +405,14 @@ def test_sigterm_during_test_decoding_stops_at_once_and_the_restart_decodes_agai
     config, tmp_path, monkeypatch
 ):
     with monkeypatch.context() as patched:
-        patched.setattr(train, "dev_bleu", lambda *args: {})
-        patched.setattr(train.evaluate, "evaluate", signal_then_work)
+        patched.setattr(trainer, "dev_bleu", lambda *args: {})
+        patched.setattr(trainer, "translate_and_score", signal_then_work)
         with pytest.raises(monitor.Interrupted, match="stopped by SIGTERM at step 6"):
-            train.train_and_evaluate(config, tmp_path)
+            trainer.train_and_evaluate(config, tmp_path)
         assert time.monotonic() - SIGNALLED_AT[-1] < 10
     assert checkpoint.latest_step(Workdir(tmp_path).checkpoints) == 6
     assert not (tmp_path / "report.json").exists()
-    train.train_and_evaluate(config, tmp_path)
+    trainer.train_and_evaluate(config, tmp_path)
     assert (tmp_path / "report.json").is_file()
     assert checkpoint.latest_step(Workdir(tmp_path).checkpoints) == 6
 
@@ -424,6 +424,6 @@ def test_force_with_bad_data_puts_the_earlier_run_back(config, trained, tmp_path
         f.write("Eine Zeile zu viel.\n")
     before = {p: p.read_bytes() for p in trained.rglob("*") if p.is_file()}
     with pytest.raises(ValueError, match="train.en has 200 lines"):
-        train.train_and_evaluate(config, trained, force=True)
+        trainer.train_and_evaluate(config, trained, force=True)
     assert {p: p.read_bytes() for p in trained.rglob("*") if p.is_file()} == before
     assert not Workdir(trained).previous_run.exists()

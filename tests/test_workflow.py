@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from conftest import tiny_config
 
-from translate import checkpoint, monitor, synthetic, train
+from translate import checkpoint, monitor, synthetic, trainer
 from translate.config import Config
 from translate.workdir import Workdir, load_model
 
@@ -30,7 +30,7 @@ def spy_on_train_step(monkeypatch, first_call_seconds=0.0):
     """Records host copies of the first train step's (params, opt_state, step); the first call
     may sleep, as a slow compilation would."""
     calls = []
-    make_steps = train.make_steps
+    make_steps = trainer.make_steps
 
     def make_spied_steps(*args, **kwargs):
         steps = make_steps(*args, **kwargs)
@@ -43,7 +43,7 @@ def spy_on_train_step(monkeypatch, first_call_seconds=0.0):
 
         return steps._replace(train=spied)
 
-    monkeypatch.setattr(train, "make_steps", make_spied_steps)
+    monkeypatch.setattr(trainer, "make_steps", make_spied_steps)
     return calls
 
 
@@ -86,13 +86,13 @@ def slow_compile_run(tmp_path_factory, text_dir):
     would, profiled at steps 2 to 3 (dev BLEU faked: no decoding), and its log."""
     monkeypatch = pytest.MonkeyPatch()
     spy_on_train_step(monkeypatch, first_call_seconds=5.0)
-    monkeypatch.setattr(train, "dev_bleu", lambda *args, **kwargs: {"eval/bleu": 1.0})
+    monkeypatch.setattr(trainer, "dev_bleu", lambda *args, **kwargs: {"eval/bleu": 1.0})
     path = tmp_path_factory.mktemp("slow_compile")
     config = files_config(text_dir, dev=True)
     config.train.profile_steps = "2:3"
     with capture_log() as messages:
         try:
-            train.train_and_evaluate(config, path)
+            trainer.train_and_evaluate(config, path)
         finally:
             monkeypatch.undo()
     return path, messages
@@ -116,7 +116,7 @@ def tuned_run(tmp_path_factory, text_dir, source_run):
     monkeypatch = pytest.MonkeyPatch()
     calls = spy_on_train_step(monkeypatch)
     try:
-        train.train_and_evaluate(config, path / "run")
+        trainer.train_and_evaluate(config, path / "run")
     finally:
         monkeypatch.undo()
     return config, path / "run", copy, calls[0]
@@ -164,7 +164,7 @@ def test_init_from_starts_from_the_other_runs_parameters_at_step_zero(tuned_run,
     assert step == 0
     assert_trees_equal(params, load_model(source_run, step=3)[1])
     # A fresh optimizer: the state optax's Adam starts from (count 0, zero moments).
-    steps = train.make_steps(config, 200, jax.sharding.Mesh(jax.devices()[:1], ("data",)))
+    steps = trainer.make_steps(config, 200, jax.sharding.Mesh(jax.devices()[:1], ("data",)))
     _, fresh = steps.init(jax.random.key(0))
     assert_trees_equal(opt_state, host_copy(fresh))
     assert (workdir / "vocab.model").read_bytes() == (source_run / "vocab.model").read_bytes()
@@ -179,7 +179,7 @@ def test_resumed_run_continues_from_its_own_checkpoint_not_init_from(
     calls = spy_on_train_step(monkeypatch)
     config.train.num_train_steps = 4
     with caplog.at_level(logging.INFO, logger="translate"):
-        train.train_and_evaluate(config, workdir)
+        trainer.train_and_evaluate(config, workdir)
     assert calls[0][2] == 2 and "resumed from step 2" in caplog.text
     assert checkpoint.latest_step(Workdir(workdir).checkpoints) == 4
 
@@ -193,7 +193,7 @@ def test_init_from_refuses_a_different_vocabulary_before_writing(
     config = files_config(text_dir)
     config.train.init_from = str(source_run)
     with pytest.raises(ValueError, match="different vocabularies") as error:
-        train.train_and_evaluate(config, workdir)
+        trainer.train_and_evaluate(config, workdir)
     assert str(source_run) in str(error.value) and str(workdir) in str(error.value)
     assert sorted(p.name for p in workdir.iterdir()) == ["train.lock", "vocab.model"]
 
@@ -203,7 +203,7 @@ def test_init_from_refuses_a_model_of_other_shapes(text_dir, source_run, tmp_pat
     config.model.d_ff = 128
     config.train.init_from = str(source_run)
     with pytest.raises(ValueError, match="d_ff 64 there, 128 here"):
-        train.train_and_evaluate(config, tmp_path / "tuned")
+        trainer.train_and_evaluate(config, tmp_path / "tuned")
     assert not (tmp_path / "tuned" / "config.json").exists()
 
 
@@ -213,15 +213,15 @@ def scripted_run(tmp_path_factory, text_dir):
     is 1, 3, 2, 2.5, 1, 1, ...; with the parameters evaluated at each step, and its log."""
     scores = iter([1.0, 3.0, 2.0, 2.5] + [1.0] * 100)
     evaluated = {}
-    dev_loss = train.dev_loss
+    dev_loss = trainer.dev_loss
 
     def recording_dev_loss(eval_step, params, corpus, layout, mesh, row_slice):
         evaluated[len(evaluated) * 2 + 2] = host_copy(params)
         return dev_loss(eval_step, params, corpus, layout, mesh, row_slice)
 
     monkeypatch = pytest.MonkeyPatch()
-    monkeypatch.setattr(train, "dev_bleu", lambda *args, **kwargs: {"eval/bleu": next(scores)})
-    monkeypatch.setattr(train, "dev_loss", recording_dev_loss)
+    monkeypatch.setattr(trainer, "dev_bleu", lambda *args, **kwargs: {"eval/bleu": next(scores)})
+    monkeypatch.setattr(trainer, "dev_loss", recording_dev_loss)
     config = files_config(text_dir, dev=True, test=True)
     config.train.num_train_steps = 20
     config.train.eval_every_steps = 2
@@ -232,7 +232,7 @@ def scripted_run(tmp_path_factory, text_dir):
     path = tmp_path_factory.mktemp("scripted")
     with capture_log() as messages:
         try:
-            report = train.train_and_evaluate(config, path)
+            report = trainer.train_and_evaluate(config, path)
         finally:
             monkeypatch.undo()
     return config, path, report, evaluated, messages
@@ -261,7 +261,7 @@ def test_early_stopping_stops_after_patience_evaluations_without_improvement(
     # The same command again trains no further.
     shutil.copytree(path, tmp_path / "again")
     with caplog.at_level(logging.INFO, logger="translate"):
-        train.train_and_evaluate(config, tmp_path / "again")
+        trainer.train_and_evaluate(config, tmp_path / "again")
     assert "stopped early at step 10 already" in caplog.text
     assert checkpoint.latest_step(Workdir(tmp_path / "again").checkpoints) == 10
 
@@ -293,5 +293,5 @@ def test_training_ends_by_drawing_its_curves_into_the_workdir(slow_compile_run):
 
 def test_a_plotting_failure_is_a_warning_not_a_failed_run(tmp_path, caplog):
     with caplog.at_level(logging.INFO, logger="translate"):
-        train.draw_training_curves(Workdir(tmp_path))  # no metrics.jsonl to draw from
+        trainer.draw_training_curves(Workdir(tmp_path))  # no metrics.jsonl to draw from
     assert "WARNING: could not draw the training curves" in caplog.text

@@ -17,11 +17,10 @@ import io
 import json
 import math
 import pathlib
-import sys
 import textwrap
 import tokenize
 import typing
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 
@@ -394,7 +393,7 @@ def _has_type(value: Any, kind: Any) -> bool:
     return isinstance(value, kind)
 
 
-def _parse_value(text: str, kind: Any, flag: str) -> Any:
+def parse_value(text: str, kind: Any, flag: str) -> Any:
     try:
         if kind is bool:
             lowered = text.lower()
@@ -416,7 +415,7 @@ def apply_override(config: Config, dotted: str, text: str) -> None:
     """Sets `config.<section>.<field>` from its command-line text, checking name and type."""
     kind = config_field_type(dotted)
     section, name = dotted.split(".")
-    setattr(getattr(config, section), name, _parse_value(text, kind, f"--config.{dotted}"))
+    setattr(getattr(config, section), name, parse_value(text, kind, f"--config.{dotted}"))
 
 
 def packaged_configs_dir() -> pathlib.Path:
@@ -485,17 +484,6 @@ def config_from_dict(values: dict[str, Any]) -> Config:
     return config
 
 
-@dataclasses.dataclass(frozen=True)
-class Flag:
-    """An entry point's own flag: its default, whose type parses the value, and what it does.
-
-    A list default collects the flag's repeated values; None takes any text.
-    """
-
-    default: Any
-    help: str
-
-
 def field_descriptions(section: type) -> dict[str, str]:
     """Each field's description: the `#` comment above it in this file, its one source.
 
@@ -549,131 +537,5 @@ def config_field_type(dotted: str) -> Any:
     return hints[parts[1]]
 
 
+# The sections of a Config, in the order --help lists them.
 CONFIG_SECTIONS = ("model", "data", "train", "decode")
-# What a bool flag given without "=" may take as its value from the next argument.
-_BOOL_WORDS = ("true", "false", "1", "0")
-
-
-def _flag_type(default: Any) -> Any:
-    if isinstance(default, list) or default is None:
-        return str
-    return type(default)
-
-
-def format_help(doc: str, known: dict[str, Any], sections: Sequence[str]) -> str:
-    """An entry point's --help: its docstring, its flags, then the config fields it takes.
-
-    Every line after the docstring comes from `known` (the entry point's `Flag`s) and from
-    the comments beside the config dataclasses' fields, so the help cannot fall behind them.
-    """
-    width = 100
-
-    def entry(name: str, kind: Any, default: Any, text: str) -> list[str]:
-        head = f"  --{name}={kind.__name__.upper()}"
-        if isinstance(default, list):
-            head += "  (repeatable)"
-        elif default is not None:
-            head += f"  (default {default!r})"
-        body = textwrap.wrap(text or "(no description)", width - 6)
-        return [head, *(f"      {line}" for line in body)]
-
-    lines = [textwrap.dedent(doc).strip(), "", "flags:"]
-    for name, spec in known.items():
-        flag = spec if isinstance(spec, Flag) else Flag(spec, "")
-        lines += entry(name, _flag_type(flag.default), flag.default, flag.help)
-    lines += ["  -h, --help", "      Show this help and exit."]
-    if sections:
-        lines += [
-            "",
-            "config fields (--config.SECTION.FIELD=VALUE or --config.SECTION.FIELD VALUE; "
-            "the defaults",
-            "shown are the paper's base model, which a config file changes):",
-        ]
-    defaults = Config()
-    for section in sections:
-        values = getattr(defaults, section)
-        described = field_descriptions(type(values))
-        for name, kind in typing.get_type_hints(type(values)).items():
-            lines += entry(
-                f"config.{section}.{name}", kind, getattr(values, name), described.get(name, "")
-            )
-    return "\n".join(lines) + "\n"
-
-
-def parse_flags(
-    argv: Sequence[str],
-    known: dict[str, Any],
-    doc: str = "",
-    sections: Sequence[str] = CONFIG_SECTIONS,
-) -> tuple[dict[str, Any], dict[str, str]]:
-    """Splits flags into the entry point's own flags and config overrides; -h prints the help.
-
-    `--name=value` and `--name value` both work. A bool flag alone means true, and takes a
-    following `true`, `false`, `1` or `0` as its value.
-
-    Args:
-      argv: command-line arguments without the program name.
-      known: the entry point's own flags: a `Flag` each (or a bare default, undocumented); a
-        default's type parses the value, a list default collects repeated flags.
-      doc: what --help prints above the flags: the entry point's usage (its module docstring).
-      sections: the config sections whose fields `--config.SECTION.FIELD` may set, all by
-        default; () for a command that takes no config overrides.
-
-    Returns:
-      (flags, overrides): flag values by name, and `section.field -> text` config overrides.
-
-    Raises:
-      SystemExit(0) after printing the help for -h or --help.
-      ValueError naming the flag for an unknown flag, a missing value or a value of the
-        wrong type.
-    """
-    argv = list(argv)
-    if "-h" in argv or "--help" in argv:
-        sys.stdout.write(format_help(doc, known, sections))
-        raise SystemExit(0)
-    defaults = {n: (s.default if isinstance(s, Flag) else s) for n, s in known.items()}
-    flags = {n: (list(d) if isinstance(d, list) else d) for n, d in defaults.items()}
-    overrides: dict[str, str] = {}
-    position = 0
-    while position < len(argv):
-        arg = argv[position]
-        position += 1
-        if not arg.startswith("--"):
-            raise ValueError(
-                f"unexpected argument {arg!r}; flags look like --name=value or --name value"
-            )
-        name, has_value, text = arg[2:].partition("=")
-        if name.startswith("config."):
-            dotted = name[len("config.") :]
-            kind = config_field_type(dotted)
-            if dotted.split(".")[0] not in sections:
-                allowed = ", ".join(f"--config.{s}.*" for s in sections)
-                raise ValueError(
-                    f"--{name}: this command takes "
-                    + (f"only {allowed}" if sections else "no --config.* flags")
-                )
-        elif name in defaults:
-            kind = _flag_type(defaults[name])
-        else:
-            raise ValueError(
-                f"unknown flag --{name}; known flags: "
-                + ", ".join(f"--{k}" for k in sorted(defaults))
-                + " (--help lists them)"
-            )
-        if not has_value:
-            following = argv[position] if position < len(argv) else None
-            if kind is bool:
-                text = "true"
-                if following is not None and following.lower() in _BOOL_WORDS:
-                    text, position = following, position + 1
-            elif following is None or following.startswith("--"):
-                raise ValueError(f"--{name} needs a value: --{name}=VALUE or --{name} VALUE")
-            else:
-                text, position = following, position + 1
-        if name.startswith("config."):
-            overrides[name[len("config.") :]] = text
-        elif isinstance(defaults[name], list):
-            flags[name].append(text)
-        else:
-            flags[name] = _parse_value(text, kind, f"--{name}")
-    return flags, overrides

@@ -17,13 +17,12 @@ import json
 import multiprocessing
 import os
 import pathlib
-import shutil
-import socket
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 import sentencepiece as spm
 
+from translate import atomic
 from translate.text import ParallelText
 from translate.tokenizer import Tokenizer
 
@@ -85,18 +84,6 @@ def tokenize_parallel(
     return corpus, len(src_ids) - len(keep)
 
 
-def owner() -> str:
-    """This process's mark in temporary names: host and pid, unique on a shared filesystem."""
-    return f"{socket.gethostname()}-{os.getpid()}"
-
-
-def write_atomically(path: pathlib.Path, write: Callable[[pathlib.Path], None]) -> None:
-    """Calls `write(temporary path)`, then renames, so `path` is either whole or absent."""
-    tmp = path.with_name(f"{path.name}.tmp{owner()}")
-    write(tmp)
-    os.replace(tmp, path)
-
-
 def tokenize_once(
     text: ParallelText,
     tokenizer: Tokenizer,
@@ -131,23 +118,13 @@ def tokenize_once(
     }
     manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else {}
     if {k: manifest.get(k) for k in expected} != expected:
-        # Build the new cache beside the old one and swap it in only when complete, so bad
-        # input or a kill mid-way leaves the old cache (or none) but never a mixture.
-        building = cache_dir.with_name(f"{cache_dir.name}.building{owner()}")
-        shutil.rmtree(building, ignore_errors=True)
-        building.mkdir(parents=True)
-        try:
+        # Built beside the old cache and swapped in only when complete, so bad input or a
+        # kill mid-way leaves the old cache (or none) but never a mixture.
+        cache_dir.parent.mkdir(parents=True, exist_ok=True)
+        with atomic.directory(cache_dir) as building:
             counts = write_token_cache(text, tokenizer, max_len, building, num_workers)
             manifest = {**expected, **counts}
             (building / "manifest.json").write_text(json.dumps(manifest, indent=2))
-        except BaseException:
-            shutil.rmtree(building, ignore_errors=True)
-            raise
-        retired = cache_dir.with_name(f"{cache_dir.name}.retired{owner()}")
-        if cache_dir.exists():
-            os.replace(cache_dir, retired)
-        os.replace(building, cache_dir)
-        shutil.rmtree(retired, ignore_errors=True)
     arrays = []
     for side in ("src", "tgt"):
         offsets = np.load(cache_dir / f"{side}.offsets.npy", mmap_mode="r")
@@ -206,7 +183,11 @@ def write_token_cache(
     cache_dir: pathlib.Path,
     num_workers: int | None,
 ) -> dict:
-    """Encodes `text` in jobs over worker processes into the cache files; returns counts."""
+    """Encodes `text` in jobs over worker processes into the cache files; returns counts.
+
+    The files are written in place: `cache_dir` is a new directory that `tokenize_once` swaps
+    in only once it is whole.
+    """
     dtype = np.uint16 if tokenizer.vocab_size <= np.iinfo(np.uint16).max + 1 else np.int32
     dtype_name = np.dtype(dtype).name
     num_jobs = -(-text.num_pairs // ENCODE_CHUNK)
@@ -218,9 +199,9 @@ def write_token_cache(
             yield str(tokenizer.path), src, tgt, dtype_name
 
     lengths = {"src": [], "tgt": []}
-    tmp = {side: cache_dir / f"{side}.tokens.tmp{owner()}" for side in lengths}
+    tokens = {side: cache_dir / f"{side}.tokens" for side in lengths}
     num_dropped = 0
-    with open(tmp["src"], "wb") as src_file, open(tmp["tgt"], "wb") as tgt_file:
+    with open(tokens["src"], "wb") as src_file, open(tokens["tgt"], "wb") as tgt_file:
         files = {"src": src_file, "tgt": tgt_file}
         for src_flat, src_len, tgt_flat, tgt_len in encode_in_order(jobs(), num_workers):
             keep = fits(src_len, tgt_len, max_len)
@@ -233,12 +214,7 @@ def write_token_cache(
     for side in lengths:
         offsets = np.zeros(text.num_pairs - num_dropped + 1, np.int64)
         np.cumsum(np.concatenate(lengths[side]), out=offsets[1:])
-
-        def save(path: pathlib.Path, offsets=offsets) -> None:
-            with open(path, "wb") as f:
-                np.save(f, offsets)
-
-        write_atomically(cache_dir / f"{side}.offsets.npy", save)
-        os.replace(tmp[side], cache_dir / f"{side}.tokens")
+        with open(cache_dir / f"{side}.offsets.npy", "wb") as f:
+            np.save(f, offsets)
     num_pairs = text.num_pairs - num_dropped
     return {"dtype": dtype_name, "num_pairs": num_pairs, "num_dropped": num_dropped}

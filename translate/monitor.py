@@ -1,11 +1,11 @@
 """What a training run reports, and how it stops.
 
-Reports: a console line per logging window (loss, learning rate, tokens/s, steps/s, ETA), and
-`metrics.jsonl` and TensorBoard events in the workdir; a profiler trace of chosen steps
-(`StepProfiler`). Stops: a first SIGTERM or SIGINT asks for a checkpoint after the current step
-(`StopSignal`, then `Interrupted`); a step whose loss or gradient is not finite stops the run or
-is counted, by `train.on_nonfinite`; dev BLEU that stops improving ends it early, by
-`train.early_stopping_patience` (`DevBleuHistory`).
+Reports: a console line per logging window (loss, learning rate, tokens/s, steps/s, ETA, MFU:
+a `ThroughputWindow`), and `metrics.jsonl` and TensorBoard events in the workdir; a profiler
+trace of chosen steps (`StepProfiler`). Stops: a first SIGTERM or SIGINT asks for a checkpoint
+after the current step (`StopSignal`, then `Interrupted`); a step whose loss or gradient is not
+finite stops the run or is counted, by `train.on_nonfinite`; dev BLEU that stops improving ends
+it early, by `train.early_stopping_patience` (`DevBleuHistory`).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import os
 import pathlib
 import signal
 import threading
+import time
 from typing import Any
 
 import jax
@@ -130,6 +131,50 @@ def summarize(window: list[dict[str, np.ndarray]], seconds: float, steps: int) -
         "train/steps_per_sec": steps / seconds,
         "train/skipped_steps": float(sum(m["nonfinite"] for m in window)),
     }
+
+
+class ThroughputWindow:
+    """The steps since the last log line: their metrics, their model FLOPs and their wall time.
+
+    `summary` turns them into the logged numbers: loss and accuracy, tokens/s and steps/s (from
+    which `log_progress` gives the ETA), model FLOPs/s, and MFU against the devices' published
+    peak. Time that is not training (compiling the step, dev evaluations) is `exclude`d.
+    """
+
+    def __init__(self, step: int, peak_flops_per_device: float | None):
+        self.peak = peak_flops_per_device
+        self.reset(step)
+
+    def reset(self, step: int) -> None:
+        """Starts a new window after `step` steps."""
+        self.metrics: list[dict[str, Any]] = []
+        self.flops = 0.0
+        self.first_step = step
+        self.start = time.perf_counter()
+
+    def add(self, metrics: dict[str, Any], flops: float) -> None:
+        """One step's metrics (still on the device) and its model FLOPs on this host's rows."""
+        self.metrics.append(metrics)
+        self.flops += flops
+
+    def exclude(self, seconds: float) -> None:
+        """Leaves `seconds` of other work out of the window's clock."""
+        self.start += seconds
+
+    def fetch(self) -> list[dict[str, Any]]:
+        """The window's metrics on the host: the one host sync of a window."""
+        self.metrics = jax.device_get(self.metrics)
+        return self.metrics
+
+    def summary(self, step: int, learning_rate: float) -> dict[str, float]:
+        """The logged numbers of the window that ends after `step` steps (fetched first)."""
+        seconds = time.perf_counter() - self.start
+        logged = summarize(self.metrics, seconds, step - self.first_step)
+        logged["train/learning_rate"] = learning_rate
+        logged["train/model_flops_per_sec"] = self.flops / seconds
+        if self.peak:
+            logged["train/mfu"] = self.flops / seconds / (self.peak * jax.local_device_count())
+        return logged
 
 
 class Interrupted(Exception):

@@ -16,23 +16,21 @@ from collections.abc import Sequence
 
 import jax
 import numpy as np
-from absl import logging as absl_logging
 
 from translate import cli
-from translate.config import Flag, parse_flags
+from translate.cli import Flag, parse_flags
 from translate.decode import sample
 from translate.tokenizer import BOS_ID, EOS_ID
 from translate.workdir import load_ensemble
 
 
 def main(argv: Sequence[str]) -> None:
-    absl_logging.set_verbosity(absl_logging.ERROR)  # Orbax's read-only manager warnings
+    cli.quiet_libraries()
     flags, _ = parse_flags(
         list(argv),
         {
             "workdir": Flag("", "Required. A training workdir (a language model's, usually)."),
-            "step": Flag(-1, "The checkpoint step to sample from; -1: the newest."),
-            "average": Flag(0, "Sample from the mean parameters of the newest N checkpoints."),
+            **cli.checkpoint_flags("sample from"),
             "prompt": Flag("", "The text each sample starts with."),
             "source": Flag(
                 "", "For a translation model: the sentence whose translation is sampled."
@@ -56,8 +54,8 @@ def main(argv: Sequence[str]) -> None:
     ]:
         if not ok:
             raise SystemExit(f"--{name}={flags[name]}: must be {rule}")
-    step = None if flags["step"] == -1 else flags["step"]
-    graphdefs, params, tokenizer, _, _ = load_ensemble([flags["workdir"]], step, flags["average"])
+    step, average = cli.checkpoint_choice(flags)
+    graphdefs, params, tokenizer, _, _ = load_ensemble([flags["workdir"]], step, average)
     if flags["top_k"] > tokenizer.vocab_size:
         raise SystemExit(
             f"--top_k={flags['top_k']}: the vocabulary has only {tokenizer.vocab_size} pieces"
@@ -79,5 +77,10 @@ def main(argv: Sequence[str]) -> None:
         print(tokenizer.decode(row))
 
 
-if __name__ == "__main__":
+def console_main() -> None:
+    """`translate-sample`, the console script of pyproject.toml."""
     cli.run(main)
+
+
+if __name__ == "__main__":
+    console_main()

@@ -87,3 +87,8 @@ def put_batch(batch: Batch, mesh: Mesh) -> Batch:
     """Assembles this host's rows into global arrays sharded on the `data` axis."""
     sharding = batch_sharding(mesh)
     return jax.tree.map(lambda v: jax.make_array_from_process_local_data(sharding, v), batch)
+
+
+def local_copy(params):
+    """This host's full copy of replicated parameters, on its first device (for decoding)."""
+    return jax.tree.map(lambda x: x.addressable_data(0), params)

@@ -13,9 +13,10 @@ from __future__ import annotations
 import os
 import pathlib
 import random
-import tempfile
 from dataclasses import dataclass
 from typing import TypeVar
+
+from translate import atomic
 
 MASCULINE, FEMININE, NEUTER = "m", "f", "n"
 NOMINATIVE, ACCUSATIVE, DATIVE = "nom", "acc", "dat"
@@ -811,27 +812,13 @@ def generate_splits(
     }
 
 
-def _write_atomically(path: pathlib.Path, lines: list[str]) -> None:
-    """Writes lines to path so that readers see either the old file or the complete new one."""
-    fd, temp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with open(fd, "w", encoding="utf-8", newline="\n") as handle:
-            handle.write("".join(line + "\n" for line in lines))
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temp_name, path)
-    except BaseException:
-        pathlib.Path(temp_name).unlink(missing_ok=True)
-        raise
-
-
 def write_splits(
     out_dir: str | os.PathLike[str], num_train: int, num_dev: int, num_test: int, seed: int
 ) -> dict[str, tuple[pathlib.Path, pathlib.Path]]:
     """Generates the splits and writes {split}.en and {split}.de files.
 
     Files are UTF-8 with one sentence per line and a trailing newline; each one is written
-    to a temporary name and then renamed, so a killed process never leaves a partial file.
+    atomically (translate/atomic.py), so a killed process never leaves a partial file.
 
     Args:
         out_dir: Directory for the files; created if missing.
@@ -853,7 +840,9 @@ def write_splits(
     for split in SPLITS:
         english_path = directory / f"{split}.en"
         german_path = directory / f"{split}.de"
-        _write_atomically(english_path, [english for english, _ in splits[split]])
-        _write_atomically(german_path, [german for _, german in splits[split]])
+        english_text = "".join(english + "\n" for english, _ in splits[split])
+        german_text = "".join(german + "\n" for _, german in splits[split])
+        atomic.write_text(english_path, english_text, fsync=True)
+        atomic.write_text(german_path, german_text, fsync=True)
         paths[split] = (english_path, german_path)
     return paths

@@ -10,6 +10,8 @@ from collections.abc import Iterable, Sequence
 
 import sentencepiece as spm
 
+from translate import atomic
+
 # Special token ids, defined here and nowhere else.
 PAD_ID = 0
 UNK_ID = 1
@@ -73,7 +75,7 @@ def train_tokenizer(
     A large corpus is sampled first (text.sample_sentences, seeded, from both sides).
     The vocabulary may come out smaller than `vocab_size` on a small corpus (SentencePiece
     stops when no merge is left); the model's vocabulary size is read from the saved file.
-    The file is written under a temporary name and renamed, so it is either whole or absent.
+    The file is written atomically (translate/atomic.py): either whole or absent.
     """
     out_path = pathlib.Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
@@ -92,7 +94,5 @@ def train_tokenizer(
         num_threads=os.cpu_count() or 1,
         minloglevel=2,
     )
-    tmp = out_path.with_suffix(".tmp")
-    tmp.write_bytes(model.getvalue())
-    os.replace(tmp, out_path)
+    atomic.write_bytes(out_path, model.getvalue())
     return Tokenizer(out_path)

@@ -33,6 +33,7 @@ import urllib.request
 import zipfile
 from collections.abc import Sequence
 
+from translate import atomic
 from translate.text import ParallelText
 
 log = logging.getLogger("translate")
@@ -122,17 +123,16 @@ def fetch_archives(builder, manual_dir: pathlib.Path) -> None:
     infos = builder.url_infos or {}
     for url, name in missing.items():
         log.info("downloading %s to %s", url, manual_dir)
-        tmp = manual_dir / f"{name}.tmp{os.getpid()}"
         digest = hashlib.sha256()
-        with urllib.request.urlopen(url, timeout=60) as response, open(tmp, "wb") as f:
-            for block in iter(lambda: response.read(1 << 20), b""):
-                digest.update(block)
-                f.write(block)
-        expected = infos[url].checksum if url in infos else None
-        if expected and digest.hexdigest() != expected:
-            tmp.unlink()
-            raise OSError(f"{url}: sha256 {digest.hexdigest()}, TFDS expects {expected}")
-        os.replace(tmp, manual_dir / name)
+        with atomic.AtomicFile(manual_dir / name, fsync=False) as f:
+            with urllib.request.urlopen(url, timeout=60) as response:
+                for block in iter(lambda: response.read(1 << 20), b""):
+                    digest.update(block)
+                    f.write(block)
+            expected = infos[url].checksum if url in infos else None
+            if expected and digest.hexdigest() != expected:
+                raise OSError(f"{url}: sha256 {digest.hexdigest()}, TFDS expects {expected}")
+            f.commit()
 
 
 def extract_archives(builder, downloads: pathlib.Path) -> None:
@@ -146,18 +146,20 @@ def extract_archives(builder, downloads: pathlib.Path) -> None:
         target = downloads / "extracted" / f"{kind.name}.{name}"
         if kind == method.NO_EXTRACT or target.exists():
             continue
-        tmp = target.with_name(f"{target.name}.tmp{os.getpid()}")
-        shutil.rmtree(tmp, ignore_errors=True)
+        target.parent.mkdir(parents=True, exist_ok=True)
         if kind in (method.TAR, method.TAR_GZ, method.TAR_STREAM, method.TAR_GZ_STREAM):
-            with tarfile.open(archive) as tar:
+            with atomic.directory(target) as tmp, tarfile.open(archive) as tar:
                 tar.extractall(tmp, filter="data")
         elif kind == method.ZIP:
-            with zipfile.ZipFile(archive) as z:
+            with atomic.directory(target) as tmp, zipfile.ZipFile(archive) as z:
                 z.extractall(tmp)
         else:  # GZIP: one compressed file, which TFDS extracts to a file of the target's name
-            with gzip.open(archive, "rb") as src, open(tmp, "wb") as dst:
+            with (
+                atomic.file(target) as tmp,
+                gzip.open(archive, "rb") as src,
+                open(tmp, "wb") as dst,
+            ):
                 shutil.copyfileobj(src, dst)
-        os.replace(tmp, target)
 
 
 def prepare(name: str, data_dir: pathlib.Path):

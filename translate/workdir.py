@@ -15,8 +15,8 @@ Only this module spells a workdir's file names. A training workdir holds:
   metrics_*.png   training curves drawn when training ends (translate/plots.py)
   train.lock      held by the trainer that runs in it (an advisory lock; see `lock`)
   previous_run/   an earlier run that --force set aside, while the new run's data loads
-A workdir written by scripts/average_checkpoints.py holds config.json, vocab.model and one
-parameters-only checkpoint.
+A workdir written by scripts/average_checkpoints.py (`write_average`) holds config.json,
+vocab.model and one parameters-only checkpoint.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from typing import NamedTuple
 
 import jax
 
-from translate import checkpoint, sharding
+from translate import atomic, checkpoint, sharding
 from translate.config import Config, config_from_dict, split_init_from
 from translate.factory import abstract_model
 from translate.tokenizer import Tokenizer
@@ -276,9 +276,8 @@ def copy_vocabulary(source: Workdir, target: Workdir) -> None:
     """
     if jax.process_index() == 0 and not target.vocab.is_file():
         target.path.mkdir(parents=True, exist_ok=True)
-        tmp = target.vocab.with_suffix(".tmp")
-        shutil.copyfile(source.vocab, tmp)
-        os.replace(tmp, target.vocab)
+        with atomic.file(target.vocab) as tmp:
+            shutil.copyfile(source.vocab, tmp)
     sharding.sync_processes("vocabulary copied")
 
 
@@ -296,9 +295,7 @@ def read_init_params(init: InitFrom, abstract_params, tokenizer: Tokenizer):
 def write_config(config: Config, workdir: Workdir) -> None:
     """Process 0 records the config, whole or absent even if the process is killed here."""
     if jax.process_index() == 0:
-        tmp = workdir.config.with_suffix(".tmp")
-        tmp.write_text(json.dumps(config.to_dict(), indent=2) + "\n")
-        os.replace(tmp, workdir.config)
+        atomic.write_text(workdir.config, json.dumps(config.to_dict(), indent=2) + "\n")
 
 
 def read_config(workdir: Workdir) -> Config:
@@ -311,13 +308,14 @@ def read_config(workdir: Workdir) -> Config:
     return config_from_dict(json.loads(workdir.config.read_text()))
 
 
-def load_model(path: str | os.PathLike, step: int | None = None, average: int = 0):
+def load_model(path: str | os.PathLike, step: int | None = None, average: int | Sequence[int] = 0):
     """Loads (graphdef, params, tokenizer, config, steps) from a training workdir.
 
     Args:
       path: a `translate.train` workdir, or one written by scripts/average_checkpoints.py.
       step: the checkpoint to load; None for the newest.
-      average: if > 0, the parameters are the mean of the newest `average` checkpoints instead.
+      average: if > 0, the parameters are the mean of the newest `average` checkpoints instead;
+        a list of steps: the mean of the checkpoints at those steps.
 
     Returns:
       The model's graph and parameters (on the first local device: decoding runs there), the
@@ -339,10 +337,18 @@ def load_model(path: str | os.PathLike, step: int | None = None, average: int = 
     graphdef, shapes = abstract_model(config, tokenizer.vocab_size)
     device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
     abstract = checkpoint.abstract_like(shapes, device)
-    if average > 0:
+    if not isinstance(average, int) or average > 0:
         if step is not None:
             raise ValueError("give a step or a number of checkpoints to average, not both")
-        steps = checkpoint.steps_to_average(manager, average, config.train.keep_checkpoints)
+        if isinstance(average, int):
+            steps = checkpoint.steps_to_average(manager, average, config.train.keep_checkpoints)
+        else:
+            missing = sorted(set(average) - set(manager.all_steps()))
+            if missing:
+                raise ValueError(
+                    f"--steps {missing} not in {manager.directory} (there: {manager.all_steps()})"
+                )
+            steps = sorted(average)
         params = checkpoint.average_params(manager, steps, abstract)
         return graphdef, params, tokenizer, config, steps
     requested = step is not None
@@ -363,6 +369,31 @@ def load_model(path: str | os.PathLike, step: int | None = None, average: int = 
     else:
         step, params, _, meta = checkpoint.restore_latest(manager, abstract, check_meta=check)
     return graphdef, params, tokenizer, config, meta.get("averaged_steps", [step])
+
+
+def write_average(
+    source: Workdir, target: Workdir, params, steps: Sequence[int], step: int
+) -> None:
+    """Writes a workdir for decoding with the mean parameters of `source`'s checkpoints.
+
+    It holds `source`'s config.json and vocab.model as they are, and `params` as one
+    parameters-only checkpoint at `step` whose metadata lists the averaged `steps` (which
+    `load_model` returns) and where they come from. scripts/average_checkpoints.py writes it
+    into a new directory that it renames into place once whole.
+
+    Args:
+      source: the training workdir whose checkpoints were averaged.
+      target: a new or empty workdir.
+      params: the mean parameters (`load_model(source.path, average=...)`).
+      steps: the averaged steps, oldest first.
+      step: the step to save the average at.
+    """
+    target.path.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(source.config, target.config)
+    shutil.copyfile(source.vocab, target.vocab)
+    meta = {"step": step, "averaged_steps": list(steps), "averaged_from": str(source.path)}
+    with checkpoint.make_manager(target.checkpoints, keep=1) as manager:
+        checkpoint.save_params(manager, step, params, meta)
 
 
 class Ensemble(NamedTuple):

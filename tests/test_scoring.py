@@ -1,8 +1,8 @@
-"""The two BLEU scores of translate/evaluate.py: sacreBLEU and the paper's tokenized BLEU."""
+"""The scores of translate/scoring.py: sacreBLEU, the paper's tokenized BLEU, the bootstrap."""
 
 import pytest
 
-from translate.evaluate import (
+from translate.scoring import (
     paired_bootstrap,
     score,
     split_compounds,

@@ -9,10 +9,12 @@ import pytest
 from jax.sharding import Mesh
 
 from scripts.average_checkpoints import average_workdir
-from translate import checkpoint, evaluate, sharding
+from translate import checkpoint, sharding
 from translate.batching import BatchLayout, make_batch, plan_epoch
 from translate.corpus import TokenizedCorpus
-from translate.train import final_params, make_steps, train_and_evaluate
+from translate.report import translate_and_score
+from translate.steps import make_steps
+from translate.trainer import final_params, train_and_evaluate
 from translate.workdir import Workdir, load_model
 
 
@@ -142,7 +144,7 @@ def test_final_report_decodes_the_average_that_average_checkpoints_writes(config
 
     sources = (run.data / "test.en").read_text().splitlines()
     references = (run.data / "test.de").read_text().splitlines()
-    again, hypotheses = evaluate.evaluate(
+    again, hypotheses = translate_and_score(
         (graphdef,), (averaged,), tokenizer, config, sources, references, 6, steps
     )
     assert run.hypotheses.read_text().splitlines() == hypotheses

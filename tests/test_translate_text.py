@@ -1,4 +1,4 @@
-"""The translate command (translate/translate.py) and ensembles in translate/decode.py."""
+"""The text command (translate/translate_text.py) and ensembles in translate/decode.py."""
 
 import hashlib
 import json
@@ -18,13 +18,13 @@ import pytest
 from conftest import tiny_config
 from flax import nnx
 
-from translate import evaluate, translate
+from translate import evaluate, translate_text
 from translate import workdir as workdir_module
 from translate.batching import source_batches
 from translate.decode import DecodeTimes, beam_search, greedy_search, translate_sentences
 from translate.model import Transformer
 from translate.tokenizer import train_tokenizer
-from translate.train import train_and_evaluate
+from translate.trainer import train_and_evaluate
 from translate.workdir import Workdir, load_ensemble, load_model, read_config
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -71,13 +71,13 @@ def run(tmp_path, lines, *flags, name="out.txt"):
     source = tmp_path / "in.txt"
     source.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
     target = tmp_path / name
-    translate.main([f"--input={source}", f"--output={target}", *flags])
+    translate_text.main([f"--input={source}", f"--output={target}", *flags])
     return target.read_text(encoding="utf-8").split("\n")[:-1]
 
 
 def test_translate_keeps_input_order_and_line_count(workdir, tmp_path, monkeypatch, varied_outputs):
     # Chunks of 3 lines: the order must survive chunking as well as length-sorted batches.
-    monkeypatch.setattr(translate, "LINES_PER_CHUNK", 3)
+    monkeypatch.setattr(translate_text, "LINES_PER_CHUNK", 3)
     out = run(tmp_path, LINES, f"--workdir={workdir}", "--beam_size=1", "--batch_size=2")
     assert len(out) == len(LINES)
     graphdef, params, tokenizer, config, _ = workdir_module.load_model(workdir)
@@ -164,7 +164,7 @@ def test_checkpoint_flags_reject_what_they_cannot_read(workdir):
     with pytest.raises(ValueError, match="must be >= 0"):
         load_ensemble([workdir], average=-1)
     command_lines = [
-        (translate.main, [f"--workdir={workdir}", "--average=3"]),
+        (translate_text.main, [f"--workdir={workdir}", "--average=3"]),
         (evaluate.main, [f"--workdir={workdir}", "--average=3", "--src=x", "--ref=y"]),
     ]
     for main, argv in command_lines:  # both commands choose checkpoints through load_ensemble
@@ -212,7 +212,7 @@ def test_output_that_is_the_input_is_refused_before_anything_is_opened(
     ]:
         argv = [f"--workdir={workdir}", f"--input={given_input}", f"--output={given_output}"]
         with pytest.raises(SystemExit, match="same file") as error:
-            translate.main(argv)
+            translate_text.main(argv)
         assert f"--input={given_input}" in str(error.value)
         assert f"--output={given_output}" in str(error.value)
         assert source.read_text(encoding="utf-8") == text
@@ -220,7 +220,7 @@ def test_output_that_is_the_input_is_refused_before_anything_is_opened(
     with open(source, encoding="utf-8") as stdin:
         monkeypatch.setattr(sys, "stdin", stdin)
         with pytest.raises(SystemExit, match="--output=in.txt is the file that standard input"):
-            translate.main([f"--workdir={workdir}", "--output=in.txt"])
+            translate_text.main([f"--workdir={workdir}", "--output=in.txt"])
     assert source.read_text(encoding="utf-8") == text
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hard.txt", "in.txt", "link.txt"]
 
@@ -248,9 +248,9 @@ def test_output_onto_a_workdirs_own_files_is_refused(workdir, tmp_path):
             with pytest.raises(
                 SystemExit, match=f"--output={target} is a file of --workdir={copy}"
             ):
-                translate.main([*argv, f"--output={target}"])
+                translate_text.main([*argv, f"--output={target}"])
     with pytest.raises(SystemExit, match=f"--output={copy} is a directory"):
-        translate.main([f"--workdir={workdir}", f"--input={source}", f"--output={copy}"])
+        translate_text.main([f"--workdir={workdir}", f"--input={source}", f"--output={copy}"])
     assert {p: p.read_bytes() for p in copy.rglob("*") if p.is_file()} == before
 
 
@@ -260,8 +260,8 @@ def test_an_interrupted_translation_leaves_the_earlier_output_as_it_was(
     target = tmp_path / "out.txt"
     target.write_text("an earlier translation\n", encoding="utf-8")
     target.chmod(0o640)
-    monkeypatch.setattr(translate, "LINES_PER_CHUNK", 3)
-    decode = translate.translate_sentences
+    monkeypatch.setattr(translate_text, "LINES_PER_CHUNK", 3)
+    decode = translate_text.translate_sentences
     calls = []
 
     def interrupted_at_the_second_chunk(*args, **kwargs):
@@ -270,13 +270,13 @@ def test_an_interrupted_translation_leaves_the_earlier_output_as_it_was(
             raise KeyboardInterrupt
         return decode(*args, **kwargs)
 
-    monkeypatch.setattr(translate, "translate_sentences", interrupted_at_the_second_chunk)
+    monkeypatch.setattr(translate_text, "translate_sentences", interrupted_at_the_second_chunk)
     with pytest.raises(KeyboardInterrupt):
         run(tmp_path, LINES, f"--workdir={workdir}", "--beam_size=1")
     assert target.read_text(encoding="utf-8") == "an earlier translation\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt", "out.txt"]  # no temp file
 
-    monkeypatch.setattr(translate, "translate_sentences", decode)
+    monkeypatch.setattr(translate_text, "translate_sentences", decode)
     (tmp_path / "via.txt").symlink_to(target)
     assert len(run(tmp_path, LINES, f"--workdir={workdir}", "--beam_size=1", name="via.txt")) == 7
     assert (tmp_path / "via.txt").is_symlink()  # written through the link, as open() would
@@ -292,7 +292,7 @@ def test_file_input_is_read_in_full_chunks_for_sorted_batches(tmp_path):
     source = tmp_path / "in.txt"
     source.write_bytes(b"".join(b"line %d\n" % i for i in range(25)) + b"last, no line end")
     with open(source, "rb") as f:
-        chunks = list(translate.read_chunks(f, "in.txt", 10))
+        chunks = list(translate_text.read_chunks(f, "in.txt", 10))
     assert [len(c) for c in chunks] == [10, 10, 6]
     assert chunks[0][0] == "line 0" and chunks[-1][-1] == "last, no line end"
 
@@ -300,7 +300,7 @@ def test_file_input_is_read_in_full_chunks_for_sorted_batches(tmp_path):
 def test_a_pipe_gives_each_line_as_it_arrives_and_waiting_lines_together():
     read_end, write_end = os.pipe()
     with open(read_end, "rb", buffering=0) as reader, open(write_end, "wb", buffering=0) as writer:
-        chunks = translate.read_chunks(reader, "<stdin>", 10)
+        chunks = translate_text.read_chunks(reader, "<stdin>", 10)
         writer.write(b"one\n")
         assert next(chunks) == ["one"]  # before the pipe is closed
         writer.write(b"two\nthree\nfour\n")
@@ -326,7 +326,7 @@ def test_interactive_translation_answers_a_line_before_the_input_ends(
 
     def command():
         try:
-            translate.main([f"--workdir={workdir}"])
+            translate_text.main([f"--workdir={workdir}"])
         except BaseException as e:  # noqa: BLE001 - reported by the test below
             errors.append(e)
         finally:

@@ -1,0 +1,253 @@
+"""A test-set report: decode and score, record what produced it, write it for people to read.
+
+`translate_and_score` decodes a set of sentences and scores them (translate/scoring.py) into a
+report dict that also records the decoding settings and speed and its provenance: the git
+commit, package versions, device, config and model size. `write_report` writes report.json,
+report.txt (a person reads this one first) and hypotheses.txt. The trainer's final evaluation,
+`translate-evaluate` and the scripts all report through this module.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+import pathlib
+import platform
+import subprocess
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from translate import atomic, scoring
+from translate.config import Config
+from translate.decode import DecodeTimes, translate_sentences
+from translate.tokenizer import Tokenizer
+from translate.workdir import Workdir
+
+
+def sha256_of_lines(lines: Sequence[str]) -> str:
+    """The sha256 of the text as a file of these lines, each ended by "\\n"."""
+    digest = hashlib.sha256()
+    for line in lines:
+        digest.update(line.encode("utf-8") + b"\n")
+    return digest.hexdigest()
+
+
+def sha256_of_file(path: str | pathlib.Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def git_commit() -> dict[str, Any] | None:
+    """The commit of the checkout this package runs from, and whether files differ from it.
+
+    None when the package is not a git checkout's (an installed wheel) or git is missing.
+    """
+    checkout = pathlib.Path(__file__).resolve().parent.parent
+
+    def git(*args: str) -> str:
+        done = subprocess.run(
+            ["git", "-C", str(checkout), *args], capture_output=True, text=True, timeout=30
+        )
+        if done.returncode != 0:
+            raise OSError(done.stderr)
+        return done.stdout.strip()
+
+    try:
+        if pathlib.Path(git("rev-parse", "--show-toplevel")).resolve() != checkout:
+            return None
+        return {
+            "commit": git("rev-parse", "HEAD"),
+            "modified": bool(git("status", "--porcelain", "--untracked-files=no")),
+        }
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+# The distributions whose versions can change a score or a translation.
+PACKAGES = (
+    "translate",
+    "jax",
+    "jaxlib",
+    "flax",
+    "optax",
+    "orbax-checkpoint",
+    "numpy",
+    "sentencepiece",
+    "sacrebleu",
+    "sacremoses",
+)
+
+
+def package_versions() -> dict[str, str | None]:
+    """Versions of `PACKAGES` (None when one is not installed as a distribution) and Python."""
+    versions: dict[str, str | None] = {"python": platform.python_version()}
+    for name in PACKAGES:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = None
+    return versions
+
+
+def provenance(config: Config, params: tuple) -> dict[str, Any]:
+    """What produced a report: code, packages, devices, config and model size."""
+    return {
+        "git": git_commit(),
+        "packages": package_versions(),
+        "platform": jax.default_backend(),
+        "num_devices": jax.device_count(),
+        "config": config.to_dict(),
+        # Per model of an ensemble.
+        "num_parameters": [
+            int(sum(np.size(x) for x in jax.tree.leaves(model))) for model in params
+        ],
+    }
+
+
+def translate_and_score(
+    graphdefs: tuple,
+    params: tuple,
+    tokenizer: Tokenizer,
+    config: Config,
+    sources: Sequence[str],
+    references: Sequence[str],
+    step: int,
+    averaged_steps: Sequence[int] = (),
+    lowercase: bool = False,
+) -> tuple[dict[str, Any], list[str]]:
+    """Decodes `sources` and scores against `references`; returns (report, hypotheses).
+
+    `graphdefs` and `params` are an ensemble's tuples (translate.decode), one model or more.
+    `step` is the checkpoint's training step; `averaged_steps`, when the parameters are a
+    checkpoint average, the steps averaged (recorded in the report). `lowercase` adds the
+    case-insensitive BLEU beside the cased one.
+    """
+    times = DecodeTimes()
+    translations = translate_sentences(
+        graphdefs, params, tokenizer, sources, config.decode, config.data.max_len, times=times
+    )
+    hypotheses = [best[0][1] for best in translations]
+    seconds = times.decode_seconds
+    report = scoring.score(hypotheses, references, config.data.tgt_lang, lowercase)
+    report.update(
+        {
+            "num_sentences": len(sources),
+            # Searching alone; the first call of each batch shape is `compile_seconds`.
+            "decode_seconds": round(seconds, 3),
+            "compile_seconds": round(times.compile_seconds, 3),
+            "num_batch_shapes": len(times.shapes),
+            "sentences_per_second": round(len(sources) / max(seconds, 1e-9), 2),
+            "beam_size": config.decode.beam_size,
+            "length_penalty": config.decode.length_penalty,
+            "max_extra_len": config.decode.max_extra_len,
+            "step": int(step),
+            "checkpoint_steps": [int(s) for s in averaged_steps] or [int(step)],
+            "device": jax.local_devices()[0].device_kind,
+            "test_set": {
+                "source_sha256": sha256_of_lines(sources),
+                "reference_sha256": sha256_of_lines(references),
+            },
+        }
+    )
+    report.update(provenance(config, params))
+    return report, hypotheses
+
+
+def example_indices(num_sentences: int, num_examples: int) -> list[int]:
+    """Evenly spaced line indices, so the examples are not all from the start of the test set."""
+    if num_sentences <= num_examples:
+        return list(range(num_sentences))
+    return [i * num_sentences // num_examples for i in range(num_examples)]
+
+
+def write_report(
+    out_dir: str | pathlib.Path,
+    report: dict[str, Any],
+    sources: Sequence[str],
+    references: Sequence[str],
+    hypotheses: Sequence[str],
+    num_examples: int = 5,
+    plots_dir: str | pathlib.Path | None = None,
+) -> None:
+    """Writes report.json, report.txt (for a person to read first) and hypotheses.txt.
+
+    report.txt gives the scores with their signatures, how the test set was decoded and how
+    fast, the training-curve pictures found in `plots_dir` (default `out_dir`; drawn by
+    scripts/plot_metrics.py), and a few translations beside their references.
+    """
+    out = Workdir(out_dir)
+    plots_dir = out.path if plots_dir is None else pathlib.Path(plots_dir)
+    out.path.mkdir(parents=True, exist_ok=True)
+    atomic.write_text(out.hypotheses, "".join(h + "\n" for h in hypotheses))
+    atomic.write_text(out.report_json, json.dumps(report, indent=2) + "\n")
+    models = report.get("ensemble") or [f"checkpoint step {report['step']}"]
+    steps = report["checkpoint_steps"]
+    if len(steps) > 1:
+        models = [f"mean parameters of the {len(steps)} checkpoints at steps {steps}"]
+    lines = [
+        f"sacreBLEU       {report['bleu']:.2f}   {report['signature']}",
+        "                (detokenized, against the raw references; report.json key `bleu`)",
+        f"                {report['bleu_detail']}",
+        f"tokenized BLEU  {report['tokenized_bleu']:.2f}   (the paper's metric; key "
+        "`tokenized_bleu`; not comparable with sacreBLEU)",
+        f"                {report['tokenized_bleu_recipe']}",
+        f"chrF            {report['chrf']:.2f}   {report['chrf_signature']}",
+    ]
+    if "bleu_lowercase" in report:
+        lines.insert(
+            3, f"lowercased      {report['bleu_lowercase']:.2f}   {report['signature_lowercase']}"
+        )
+    lines += comparison_lines(report.get("comparison"))
+    lines += [
+        "",
+        f"model     {models[0]}",
+        *(f"          {m}" for m in models[1:]),
+        f"decoding  beam {report['beam_size']}, length penalty {report['length_penalty']}, "
+        f"at most source length + {report['max_extra_len']} tokens",
+        f"speed     {report['sentences_per_second']:.1f} sentences/s: "
+        f"{report['num_sentences']} sentences in {report['decode_seconds']:.1f} s on "
+        f"{report['device']}; compiling {report['num_batch_shapes']} batch "
+        f"shape{'' if report['num_batch_shapes'] == 1 else 's'} took "
+        f"{report['compile_seconds']:.1f} s more",
+    ]
+    git = report.get("git")
+    if "packages" in report:
+        versions = report["packages"]
+        code = f"commit {git['commit'][:12]}" + (" (modified)" if git["modified"] else "")
+        lines.append(
+            f"code      {code if git else 'not a git checkout'}; "
+            + ", ".join(f"{k} {versions[k]}" for k in ("jax", "flax", "sacrebleu") if k in versions)
+            + f"; {report['num_parameters'][0]:,} parameters"
+        )
+    plots = [p.name for p in Workdir(plots_dir).metric_plots()]
+    if plots:
+        lines.append(f"curves    {plots_dir}: {', '.join(plots)}")
+    indices = example_indices(len(sources), num_examples)
+    if indices:
+        lines += ["", "Examples (line: source, reference, hypothesis)"]
+    for i in indices:
+        lines += ["", f"{i + 1:>6}  SRC {sources[i]}", f"        REF {references[i]}"]
+        lines += [f"        HYP {hypotheses[i]}"]
+    atomic.write_text(out.report_txt, "\n".join(lines) + "\n")
+
+
+def comparison_lines(comparison: dict[str, Any] | None) -> list[str]:
+    """report.txt's lines on the paired bootstrap test, if one was run."""
+    if not comparison:
+        return []
+    c = comparison
+    if c["identical"]:
+        return ["", f"compared  with {c['other']}: identical hypotheses, BLEU {c['bleu']:.2f}"]
+    verdict = "significant" if c["significant"] else "not significant"
+    return [
+        "",
+        f"compared  with {c['other']}: BLEU {c['bleu']:.2f} (95% CI +-{c['bleu_ci95']:.2f}) vs "
+        f"{c['other_bleu']:.2f} (+-{c['other_bleu_ci95']:.2f}), difference "
+        f"{c['bleu'] - c['other_bleu']:+.2f}",
+        f"          p = {c['p_value']:.4f}: {verdict} at p < 0.05 (paired bootstrap resampling, "
+        f"{c['signature']})",
+    ]

@@ -1,0 +1,168 @@
+"""The trainer's jitted functions: initialise, train one step, evaluate the dev loss.
+
+`make_steps` assembles them once for a config, vocabulary and mesh. The train step accumulates
+the gradients of summed losses over micro-batches (`train.grad_accum_steps`), takes the mean
+over every real target token of the batch, and never applies a non-finite update.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from translate import sharding
+from translate.batching import BatchLayout, make_batch, plan_epoch
+from translate.config import Config
+from translate.corpus import TokenizedCorpus
+from translate.factory import abstract_model, make_model, resolve_model_attention
+from translate.losses import projected_cross_entropy
+from translate.optim import make_optimizer
+
+
+def make_init(config: Config, vocab_size: int, optimizer, mesh):
+    """Jitted key -> (params, opt_state), created directly with their (replicated) shardings."""
+    attention = resolve_model_attention(config.model)
+
+    def init(key):
+        model = make_model(config.model, vocab_size, nnx.Rngs(params=key), attention)
+        params = nnx.state(model, nnx.Param)
+        return params, optimizer.init(params)
+
+    replicated = sharding.replicated(mesh)
+    return jax.jit(init, out_shardings=(replicated, replicated))
+
+
+def make_train_step(graphdef, optimizer, label_smoothing: float, mesh):
+    """The jitted step: accumulate gradients of summed losses over micro-batches, then update."""
+    replicated = sharding.replicated(mesh)
+
+    def loss_fn(params, micro, key):
+        model = nnx.merge(graphdef, params)
+        y = model.hidden(micro, dropout_key=key)  # [R, T, D]
+        weights = (micro.tgt_segments > 0).astype(jnp.float32)
+        loss_sum, nll_sum, count, correct = projected_cross_entropy(
+            y, model.embed.embedding[...], micro.tgt_out, weights, label_smoothing
+        )
+        return loss_sum, (nll_sum, count, correct)
+
+    def train_step(params, opt_state, batch, step, base_key):
+        key = jax.random.fold_in(base_key, step)
+
+        def accumulate(carry, inputs):
+            grads, sums = carry
+            micro, index = inputs
+            (loss_sum, aux), g = jax.value_and_grad(loss_fn, has_aux=True)(
+                params, micro, jax.random.fold_in(key, index)
+            )
+            grads = jax.tree.map(jnp.add, grads, g)
+            return (grads, sums + jnp.stack([loss_sum, *aux])), None
+
+        zeros = jax.tree.map(jnp.zeros_like, params)
+        num_micro = batch.src.shape[0]
+        (grads, sums), _ = jax.lax.scan(
+            accumulate, (zeros, jnp.zeros(4)), (batch, jnp.arange(num_micro))
+        )
+        loss_sum, nll_sum, count, correct = sums
+        # Mean over every real target token of the whole batch, however it was split.
+        grads = jax.tree.map(lambda g: g / jnp.maximum(count, 1.0), grads)
+        grad_norm = optax.global_norm(grads)
+        updates, new_opt_state = optimizer.update(grads, opt_state, params)
+        # A non-finite loss or gradient never reaches the parameters or Adam's moments: the
+        # step keeps the old state and reports itself, and the host stops or counts it.
+        finite = jnp.isfinite(loss_sum) & jnp.isfinite(grad_norm)
+        params, opt_state = jax.tree.map(
+            lambda new, old: jnp.where(finite, new, old),
+            (optax.apply_updates(params, updates), new_opt_state),
+            (params, opt_state),
+        )
+        metrics = {
+            "loss_sum": loss_sum,
+            "nll_sum": nll_sum,
+            "tokens": count,
+            "correct": correct,
+            "grad_norm": grad_norm,
+            "nonfinite": 1.0 - finite.astype(jnp.float32),
+        }
+        return params, opt_state, metrics
+
+    return jax.jit(
+        train_step,
+        in_shardings=(replicated, replicated, sharding.batch_sharding(mesh), None, replicated),
+        out_shardings=(replicated, replicated, replicated),
+        donate_argnums=(0, 1),
+    )
+
+
+def make_eval_step(graphdef, label_smoothing: float, mesh):
+    def eval_step(params, batch):
+        model = nnx.merge(graphdef, params)
+        micro = jax.tree.map(lambda x: x[0], batch)
+        weights = (micro.tgt_segments > 0).astype(jnp.float32)
+        loss_sum, nll_sum, count, _ = projected_cross_entropy(
+            model.hidden(micro),
+            model.embed.embedding[...],
+            micro.tgt_out,
+            weights,
+            label_smoothing,
+        )
+        return jnp.stack([loss_sum, nll_sum, count])
+
+    replicated = sharding.replicated(mesh)
+    return jax.jit(
+        eval_step,
+        in_shardings=(replicated, sharding.batch_sharding(mesh)),
+        out_shardings=replicated,
+    )
+
+
+class Steps(NamedTuple):
+    """The trainer's jitted functions for one config, vocabulary and mesh (`make_steps`)."""
+
+    graphdef: nnx.GraphDef
+    # key -> (params, opt_state), created with their shardings.
+    init: Callable
+    # (params, opt_state, batch, step, dropout key) -> (params, opt_state, metrics).
+    train: Callable
+    # (params, batch) -> [loss sum, nll sum, target tokens] of its first micro-batch.
+    eval: Callable
+    # step -> learning rate.
+    schedule: optax.Schedule
+
+
+def make_steps(config: Config, vocab_size: int, mesh, optimizer=None) -> Steps:
+    """Assembles the model's graph, the optimizer and the jitted steps, once.
+
+    `optimizer` replaces the paper's Adam and schedule (tests use plain SGD); the schedule is
+    then the config's all the same, for logging.
+    """
+    graphdef, _ = abstract_model(config, vocab_size)
+    adam, schedule = make_optimizer(config)
+    optimizer = adam if optimizer is None else optimizer
+    smoothing = config.train.label_smoothing
+    return Steps(
+        graphdef,
+        make_init(config, vocab_size, optimizer, mesh),
+        make_train_step(graphdef, optimizer, smoothing, mesh),
+        make_eval_step(graphdef, smoothing, mesh),
+        schedule,
+    )
+
+
+def dev_loss(
+    eval_step, params, corpus: TokenizedCorpus, layout: BatchLayout, mesh, row_slice: slice
+) -> dict[str, float]:
+    single = BatchLayout(layout.row_len, layout.rows, 1)
+    totals = sum(
+        np.asarray(
+            eval_step(params, sharding.put_batch(make_batch(corpus, rows, single, row_slice), mesh))
+        )
+        for rows in plan_epoch(corpus, single, seed=0, epoch=0)
+    )
+    tokens = max(float(totals[2]), 1.0)
+    return {"eval/loss": float(totals[0]) / tokens, "eval/nll": float(totals[1]) / tokens}

@@ -1,0 +1,566 @@
+"""The training run as named phases: open the run, restore or initialise, train, evaluate.
+
+`train_and_evaluate(config, workdir)` is what `translate-train` runs, and reads top to bottom:
+
+    open_run                 check the workdir, make the mesh, load the data, write config.json
+    Trainer(...)             the jitted steps (translate/steps.py) and the checkpoint manager
+    restore_or_initialize    the newest whole checkpoint, `train.init_from`, or a fresh model
+    train                    steps to the end, with the periodic actions each at its interval:
+                             log a window, check it for non-finite steps, save a checkpoint,
+                             stop on a signal, evaluate on dev (keep the best, stop early)
+    final_evaluation         the mean of the newest checkpoints (Sec. 6.1) on dev and test
+    write_test_report        report.json, report.txt and hypotheses.txt in the workdir
+
+What a step changes lives in one `TrainState`; what the run holds fixed lives in `Run`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import pathlib
+import time
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from translate import checkpoint, sharding
+from translate.batching import BatchLayout, DataPosition, iterate_batches
+from translate.config import Config, split_profile_steps
+from translate.data import Data, load_data
+from translate.devices import DeviceFacts, cpu_warning, published_peak
+from translate.factory import resolve_model_attention
+from translate.flops import batch_lengths, train_flops
+from translate.model import resolve_dtype
+from translate.monitor import (
+    DevBleuHistory,
+    EvaluationInterrupted,
+    Interrupted,
+    MetricWriter,
+    NonfiniteGuard,
+    StepProfiler,
+    StopSignal,
+    ThroughputWindow,
+    evaluated_steps,
+    log_progress,
+)
+from translate.report import translate_and_score, write_report
+from translate.steps import Steps, dev_loss, make_steps
+from translate.workdir import (
+    InitFrom,
+    Workdir,
+    check_config,
+    check_init_from,
+    check_vocabulary_unchanged,
+    copy_vocabulary,
+    lock,
+    read_init_params,
+    settle_previous_run,
+    write_config,
+)
+
+log = logging.getLogger("translate")
+
+
+class Run(NamedTuple):
+    """What a run holds fixed from start to end (`open_run`)."""
+
+    config: Config
+    workdir: Workdir
+    facts: DeviceFacts
+    # train.init_from's workdir and step, when this run starts from another's parameters.
+    init: InitFrom | None
+    data: Data
+    mesh: jax.sharding.Mesh
+    layout: BatchLayout
+    # This host's rows of every batch.
+    row_slice: slice
+
+
+@dataclasses.dataclass
+class TrainState:
+    """What each step changes: the steps done, the parameters, Adam's state, the data position."""
+
+    step: int
+    params: Any
+    opt_state: Any
+    position: DataPosition
+
+
+def train_and_evaluate(
+    config: Config, workdir: str | pathlib.Path, force: bool = False
+) -> dict[str, Any] | None:
+    """Trains to `config.train.num_train_steps`, resuming from the workdir; returns the test report.
+
+    Holds the workdir's lock throughout (a second trainer there stops at once). Returns None
+    when the data has no test split.
+    """
+    config.validate()  # also for configs built in Python: before the workdir is touched
+    workdir = Workdir(workdir)
+    with lock(workdir), contextlib.ExitStack() as on_exit:
+        trainer = Trainer(open_run(config, workdir, force), on_exit)
+        trainer.restore_or_initialize()
+        with trainer.stop:  # from here a first SIGTERM or SIGINT checkpoints and stops
+            trainer.train()
+            result = trainer.final_evaluation()
+        return None if result is None else write_test_report(workdir, *result)
+
+
+def open_run(config: Config, workdir: Workdir, force: bool) -> Run:
+    """Checks the workdir against the config, makes the mesh and loads the data.
+
+    Everything that can refuse the run (a kernel this device cannot run, another model's
+    workdir, a changed vocabulary, bad data) does so before the workdir changes; `--force`'s
+    earlier run comes back when the data fails to load.
+    """
+    t, m = config.train, config.model
+    facts = DeviceFacts.of()
+    # Before the workdir changes: a kernel this device cannot run is a config error.
+    attention = resolve_model_attention(m, facts)
+    # A run that has its own checkpoints resumes from them: init_from is for its start only.
+    # Checked before --force deletes anything.
+    resuming = not force and checkpoint.latest_step(workdir.checkpoints) is not None
+    init = check_init_from(config, workdir, force) if t.init_from and not resuming else None
+    check_config(config, workdir, force)
+    check_vocabulary_unchanged(workdir)  # before the data is opened and tokenized again
+
+    mesh = sharding.make_mesh()
+    log.info(
+        "mesh: %d devices (%s, %s) on %d hosts; compute %s, %s attention",
+        mesh.size,
+        facts.platform,
+        facts.kind,
+        jax.process_count(),
+        jnp.dtype(resolve_dtype(m.compute_dtype)).name,
+        attention,
+    )
+    if warning := cpu_warning(config, facts):
+        log.warning("WARNING: %s", warning)
+
+    try:
+        if init is not None:
+            copy_vocabulary(init.workdir, workdir)  # the data is tokenized with its pieces
+        data = sharding.on_process_zero_first(lambda: load_data(config, workdir))
+        if data.dev is None and (t.keep_best_by or t.early_stopping_patience):
+            flag = "keep_best_by" if t.keep_best_by else "early_stopping_patience"
+            raise ValueError(
+                f"--config.train.{flag}={getattr(t, flag)}: needs dev BLEU, and the data has no "
+                "dev split (see data.dev_prefix or data.tfds_dev_split)"
+            )
+        write_config(config, workdir)  # only once the data has loaded without error
+    except BaseException:
+        settle_previous_run(workdir, keep=True)  # bad data: --force's earlier run comes back
+        raise
+    settle_previous_run(workdir, keep=False)
+    layout = BatchLayout.from_config(
+        config.data.tokens_per_batch, config.data.row_len, t.grad_accum_steps, mesh.size
+    )
+    row_slice = sharding.host_row_slice(layout.rows)
+    return Run(config, workdir, facts, init, data, mesh, layout, row_slice)
+
+
+class Trainer:
+    """One run's loop over a `TrainState`, and the actions it takes every so many steps."""
+
+    def __init__(self, run: Run, on_exit: contextlib.ExitStack):
+        self.run, self.on_exit = run, on_exit
+        self.config, self.workdir, self.data = run.config, run.workdir, run.data
+        t = run.config.train
+        self.keys = dict(zip(("params", "dropout"), jax.random.split(jax.random.key(t.seed))))
+        self.steps: Steps = make_steps(run.config, run.data.tokenizer.vocab_size, run.mesh)
+        # Closed on every way out, an exception included: a save in flight is finished first,
+        # so the checkpoint an error message calls intact is whole.
+        self.manager = on_exit.enter_context(
+            checkpoint.make_manager(run.workdir.checkpoints, keep=t.keep_checkpoints)
+        )
+        replicated = sharding.replicated(run.mesh)
+        # The restore targets: shapes and shardings of (params, opt_state) on the mesh.
+        self.abstract = [
+            checkpoint.abstract_like(a, replicated)
+            for a in jax.eval_shape(self.steps.init, self.keys["params"])
+        ]
+        self.stop = StopSignal(every=t.stop_check_every_steps)
+        self.guard = NonfiniteGuard(t.on_nonfinite, t.max_consecutive_skips)
+        self.state: TrainState | None = None
+        self.resumed = False
+
+    # Phase: restore or initialise.
+
+    def restore_or_initialize(self) -> None:
+        """The newest whole checkpoint; else `train.init_from`'s parameters; else a fresh model."""
+        data, init = self.data, self.run.init
+        restored = checkpoint.restore_latest(
+            self.manager,
+            *self.abstract,
+            check_meta=lambda meta: checkpoint.check_vocabulary(
+                meta, data.tokenizer, self.workdir.path
+            ),
+            log=log.info,
+            set_aside=True,
+        )
+        if restored is not None:
+            step, params, opt_state, meta = restored
+            position = DataPosition(**meta["data_position"])
+            self.state, self.resumed = TrainState(step, params, opt_state, position), True
+            log.info(
+                "resumed from step %d (epoch %d, batch %d)", step, position.epoch, position.index
+            )
+        elif init is not None:
+            params = read_init_params(init, self.abstract[0], data.tokenizer)
+            _, opt_state = self.steps.init(self.keys["params"])  # Adam starts afresh
+            self.state = TrainState(0, params, opt_state, DataPosition())
+            log.info(
+                "initialized from the parameters of %s at step %d; optimizer and step start afresh",
+                init.workdir.path,
+                init.step,
+            )
+        else:
+            self.state = TrainState(0, *self.steps.init(self.keys["params"]), DataPosition())
+        layout = self.run.layout
+        log.info(
+            "model: %d parameters; batch %d micro x %d rows x %d tokens",
+            sum(x.size for x in jax.tree.leaves(self.abstract[0])),
+            layout.num_micro,
+            layout.rows,
+            layout.row_len,
+        )
+
+    # Phase: the loop.
+
+    def open_loop(self) -> None:
+        """What the loop writes to and reads from, from the restored step on."""
+        t, step = self.config.train, self.state.step
+        self.writer = MetricWriter(self.workdir)
+        self.batches = iterate_batches(
+            self.data.train, self.run.layout, t.seed, self.state.position, self.run.row_slice
+        )
+        m = self.config.model
+        # Model FLOPs of this host's rows over its devices' published peak.
+        peak = published_peak(self.run.facts.kind, jnp.dtype(resolve_dtype(m.compute_dtype)).name)
+        self.window = ThroughputWindow(step, peak)
+        # The dev BLEU logged up to this step: the best so far and the evaluations since.
+        self.dev_history = DevBleuHistory.of_run(self.workdir.metrics, step)
+        self.best = None
+        if t.keep_best_by:
+            self.best = checkpoint.make_manager(Workdir(self.workdir.best).checkpoints, keep=1)
+            self.on_exit.enter_context(self.best)
+        self.profiler = StepProfiler(split_profile_steps(t.profile_steps), self.workdir.profile)
+        self.on_exit.callback(self.profiler.close)
+        self.compiled = False
+
+    def train(self) -> None:
+        """Trains to `train.num_train_steps`, or until dev BLEU stops improving."""
+        t = self.config.train
+        self.open_loop()
+        early_stop = self.dev_history.exhausted(t.early_stopping_patience)
+        if early_stop:
+            log.info("this run stopped early at step %d already (dev BLEU)", self.state.step)
+        # A run stopped at (or during) a dev evaluation redoes it first.
+        step = self.state.step
+        if self.resumed and self.is_eval_step(step) and step not in evaluated_steps(self.workdir):
+            early_stop = self.evaluate_dev() or early_stop
+        while self.state.step < t.num_train_steps and not early_stop:
+            early_stop = self.train_step()
+        self.manager.wait_until_finished()
+
+    def train_step(self) -> bool:
+        """One step, then each periodic action that is due; whether to stop early."""
+        t = self.config.train
+        self.take_step()
+        step = self.state.step
+        last = step == t.num_train_steps
+        signum = self.stop.agreed(step)  # read once: a signal may land at any moment
+        save = step % t.checkpoint_every_steps == 0 or last or signum is not None
+        if step % t.log_every_steps == 0 or save:
+            self.guard.check(
+                self.window.fetch(), self.window.first_step, self.manager.latest_step()
+            )
+        if step % t.log_every_steps == 0 or last:
+            self.log_window()
+        if save:
+            self.save_checkpoint()
+        if signum is not None:
+            self.manager.wait_until_finished()
+            self.writer.close()
+            raise Interrupted(signum, step)
+        if not self.is_eval_step(step):
+            return False
+        eval_start = time.perf_counter()
+        early_stop = self.evaluate_dev()
+        self.window.exclude(time.perf_counter() - eval_start)  # evaluating is not training speed
+        return early_stop
+
+    def take_step(self) -> None:
+        """Runs the jitted train step on the next batch and adds it to the throughput window."""
+        s = self.state
+        batch, s.position = next(self.batches)
+        self.profiler.before(s.step)
+        call_start = time.perf_counter()
+        s.params, s.opt_state, metrics = self.steps.train(
+            s.params,
+            s.opt_state,
+            sharding.put_batch(batch, self.run.mesh),
+            s.step,
+            self.keys["dropout"],
+        )
+        if not self.compiled:
+            # The first call traces and compiles before it dispatches: time that is not
+            # training speed, said once and kept out of the first window's clock.
+            self.compiled = True
+            compile_seconds = time.perf_counter() - call_start
+            log.info("compiled the train step in %.1f s", compile_seconds)
+            self.window.exclude(compile_seconds)
+        vocab_size = self.data.tokenizer.vocab_size
+        self.window.add(metrics, train_flops(self.config.model, vocab_size, *batch_lengths(batch)))
+        s.step += 1
+        self.profiler.after(s.step, (s.params, metrics))
+
+    # The periodic actions.
+
+    def log_window(self) -> None:
+        """Every `train.log_every_steps` and at the end: the console line and metrics.jsonl."""
+        step = self.state.step
+        logged = self.window.summary(step, float(self.steps.schedule(step - 1)))
+        log_progress(step, self.config.train.num_train_steps, logged)
+        self.writer.write(step, logged)
+        self.window.reset(step)
+
+    def save_checkpoint(self) -> None:
+        """Every `train.checkpoint_every_steps`, at the end and on a stop signal."""
+        s = self.state
+        meta = {
+            "data_position": dataclasses.asdict(s.position),
+            "step": s.step,
+            "vocab_sha256": self.data.tokenizer.sha256,
+        }
+        checkpoint.save(self.manager, s.step, s.params, s.opt_state, meta)
+        log.info("saving the checkpoint of step %d", s.step)
+
+    def is_eval_step(self, step: int) -> bool:
+        """Every `train.eval_every_steps` and at the end, when the data has a dev split."""
+        t = self.config.train
+        return (
+            step % t.eval_every_steps == 0 or step == t.num_train_steps
+        ) and self.data.dev is not None
+
+    def evaluate_dev(self) -> bool:
+        """Evaluates on the dev set, keeps a best checkpoint; whether to stop early."""
+        t, step = self.config.train, self.state.step
+        try:
+            metrics_eval = self.run_dev_evaluation()
+        except EvaluationInterrupted:
+            raise self.stop_after_evaluation(self.stop.signum) from None
+        if "eval/bleu" not in metrics_eval:  # a language model has no BLEU
+            return False
+        improved = self.dev_history.add(step, metrics_eval["eval/bleu"])
+        if improved and self.best is not None:
+            save_best(
+                self.best,
+                self.config,
+                self.workdir,
+                self.data,
+                self.state.params,
+                step,
+                metrics_eval["eval/bleu"],
+            )
+        if not self.dev_history.exhausted(t.early_stopping_patience) or step == t.num_train_steps:
+            return False
+        history = self.dev_history
+        log.info(
+            "early stopping at step %d: dev BLEU has not improved for %d evaluations "
+            "(best %.2f at step %d)",
+            step,
+            history.since_best,
+            history.best,
+            history.best_step,
+        )
+        if self.manager.latest_step() != step:
+            self.save_checkpoint()
+        return True
+
+    def run_dev_evaluation(self) -> dict[str, float]:
+        """Dev loss and BLEU at this step, logged, written and returned; a signal abandons it."""
+        run, step = self.run, self.state.step
+        log.info("evaluating at step %d", step)
+        with self.stop.evaluation():
+            metrics_eval = dev_loss(
+                self.steps.eval,
+                self.state.params,
+                self.data.dev,
+                run.layout,
+                run.mesh,
+                run.row_slice,
+            )
+            metrics_eval.update(
+                dev_bleu(self.steps.graphdef, self.state.params, self.data, self.config, step)
+            )
+        log.info(
+            "eval at step %d: %s", step, "  ".join(f"{k} {v:.3f}" for k, v in metrics_eval.items())
+        )
+        self.writer.write(step, metrics_eval)
+        return metrics_eval
+
+    def stop_after_evaluation(self, signum: int) -> Interrupted:
+        """A signal abandoned the evaluation of this step: keep the step; a restart redoes it."""
+        if self.manager.latest_step() != self.state.step:
+            self.save_checkpoint()
+        self.manager.wait_until_finished()
+        self.writer.close()
+        return Interrupted(signum, self.state.step)
+
+    # Phase: the final evaluation.
+
+    def final_evaluation(self) -> tuple[dict[str, Any], list[str], list[str], list[str]] | None:
+        """Dev and test evaluation of the final parameters: (report, sources, references,
+        hypotheses) of the test set, or None without one. A stop signal abandons it; a restart
+        evaluates again (the final checkpoint is whole)."""
+        step = self.state.step
+        # Sec. 6.1: the final evaluation decodes the mean of the newest checkpoints.
+        params, checkpoint_steps = final_params(
+            self.config, self.manager, self.state.params, step, self.abstract[0]
+        )
+        try:
+            with self.stop.evaluation():
+                if len(checkpoint_steps) > 1 and self.data.dev is not None:
+                    self.evaluate_average(params, checkpoint_steps)
+                self.writer.close()
+                if jax.process_index() == 0:
+                    draw_training_curves(self.workdir)
+                if self.data.test_text is None:
+                    return None
+                sources, references = self.data.test_text
+                report, hypotheses = translate_and_score(
+                    (self.steps.graphdef,),
+                    (sharding.local_copy(params),),
+                    self.data.tokenizer,
+                    self.config,
+                    sources,
+                    references,
+                    step,
+                    checkpoint_steps,
+                )
+        except EvaluationInterrupted:
+            self.writer.close()
+            raise Interrupted(self.stop.signum, step) from None
+        return report, sources, references, hypotheses
+
+    def evaluate_average(self, params, checkpoint_steps: list[int]) -> None:
+        """Dev loss and BLEU of averaged parameters, logged as eval/averaged_*."""
+        run, step = self.run, self.state.step
+        metrics_eval = dev_loss(
+            self.steps.eval, params, self.data.dev, run.layout, run.mesh, run.row_slice
+        )
+        metrics_eval.update(dev_bleu(self.steps.graphdef, params, self.data, self.config, step))
+        averaged = {k.replace("eval/", "eval/averaged_"): v for k, v in metrics_eval.items()}
+        log.info(
+            "eval of the mean of steps %s: %s",
+            checkpoint_steps,
+            "  ".join(f"{k} {v:.3f}" for k, v in averaged.items()),
+        )
+        self.writer.write(step, averaged)
+
+
+def write_test_report(
+    workdir: Workdir,
+    report: dict[str, Any],
+    sources: list[str],
+    references: list[str],
+    hypotheses: list[str],
+) -> dict[str, Any]:
+    """Writes the run's report files (process 0) and logs the scores; returns the report."""
+    if jax.process_index() == 0:
+        write_report(workdir.path, report, sources, references, hypotheses)
+        log.info(
+            "test: sacreBLEU %.2f (%s), tokenized BLEU %.2f (the paper's metric), chrF %.2f; "
+            "report in %s",
+            report["bleu"],
+            report["signature"],
+            report["tokenized_bleu"],
+            report["chrf"],
+            workdir.report_json,
+        )
+    return report
+
+
+def save_best(
+    manager, config: Config, workdir: Workdir, data: Data, params, step: int, bleu: float
+) -> None:
+    """Keeps `params` as the workdir's best checkpoint (`train.keep_best_by`), replacing the last.
+
+    best/ is a workdir of its own, so every command that reads a workdir reads it. Orbax
+    writes the step beside and renames it when whole, then deletes the one it replaces.
+    """
+    best = Workdir(workdir.best)
+    write_config(config, best)
+    copy_vocabulary(workdir, best)
+    if step in manager.all_steps():  # kept before this run resumed; the same parameters
+        return
+    meta = {"step": step, "dev_bleu": bleu, "vocab_sha256": data.tokenizer.sha256}
+    checkpoint.save_params(manager, step, params, meta)
+    log.info("kept step %d as the best by dev BLEU (%.2f) in %s", step, bleu, best.path)
+
+
+def draw_training_curves(workdir: Workdir) -> None:
+    """Draws the run's curves into its workdir; a failure is a warning, never the run's end."""
+    try:
+        # Imported here: matplotlib takes seconds to import, and only the end of a run draws.
+        from translate.plots import draw_training_curves as draw
+
+        written = draw(workdir)
+    except Exception as e:  # noqa: BLE001 - pictures are a convenience, the run is done
+        log.warning("WARNING: could not draw the training curves: %s: %s", type(e).__name__, e)
+        return
+    log.info("training curves: %s", ", ".join(str(p) for p in written))
+
+
+def final_params(
+    config: Config, manager, params, step: int, abstract_params
+) -> tuple[Any, list[int]]:
+    """The parameters the final evaluation decodes, and the training steps they come from.
+
+    With `decode.average_last` = N > 1, the mean of the newest N saved checkpoints, read as
+    scripts/average_checkpoints.py reads them (translate.checkpoint); else `params`, the last
+    step's own. A run that holds fewer than N checkpoints (some set aside as unreadable)
+    averages those it has, and says so.
+
+    Args:
+      manager: the run's checkpoint manager, its saves finished.
+      params: the parameters after the last step, on the mesh.
+      step: the last step.
+      abstract_params: the parameters' shapes and shardings on the mesh (restore targets).
+    """
+    num = config.decode.average_last
+    if num == 1:
+        return params, [step]
+    saved = manager.all_steps()
+    if len(saved) < num:
+        log.warning(
+            "WARNING: --config.decode.average_last=%d, but %s holds only %d checkpoints %s; "
+            "averaging those",
+            num,
+            manager.directory,
+            len(saved),
+            sorted(saved),
+        )
+        num = len(saved)
+    steps = checkpoint.steps_to_average(manager, num, config.train.keep_checkpoints)
+    return checkpoint.average_params(manager, steps, abstract_params), steps
+
+
+def dev_bleu(graphdef, params, data: Data, config: Config, step: int) -> dict[str, float]:
+    """BLEU on the first `decode.eval_num_sentences` dev sentences (none for a language model)."""
+    if config.data.source == "monolingual":
+        return {}
+    sources, references = data.dev_text
+    n = config.decode.eval_num_sentences or len(sources)
+    host_params = sharding.local_copy(params)
+    report, _ = translate_and_score(
+        (graphdef,), (host_params,), data.tokenizer, config, sources[:n], references[:n], step
+    )
+    return {
+        "eval/bleu": report["bleu"],
+        "eval/tokenized_bleu": report["tokenized_bleu"],
+        "eval/chrf": report["chrf"],
+    }

@@ -1,0 +1,313 @@
+"""Translate text from the command line with a trained workdir, or an ensemble of workdirs.
+
+    translate-text --workdir=/tmp/quickstart < input.en > output.de
+    translate-text --workdir=A [--workdir=B ...] --input=in.en --output=out.de \\
+        [--step=N | --average=N] [--beam_size=4] [--length_penalty=0.6] \\
+        [--max_extra_len=50] [--batch_size=64] [--nbest=N]
+    translate-text --workdir=/tmp/quickstart    (type a sentence, read its translation)
+
+(`python -m translate.translate_text`, or its older name `python -m translate.translate`, is the
+same command.) One sentence per input line gives one
+translation per output line, in input order; an empty line gives an empty line. Lines are
+decoded as soon as they arrive: typed at a terminal or written to a pipe one at a time, each
+line is translated and written at once; from a file, or a pipe that holds many lines, up to
+`LINES_PER_CHUNK` lines are decoded together in length-sorted batches, so memory stays bounded
+and output streams however long the input. With `--nbest=N` every non-empty line gives N lines
+`LINE<TAB>SCORE<TAB>TRANSLATION` (LINE counts input lines from 0; SCORE is the length-normalised
+log-probability that beam search ranks by), best first; an empty line gives the single line
+`LINE<TAB>0.0000<TAB>`. The N are distinct texts from the beam's hypotheses; fewer come out when
+pieces that spell the same text fill the beam (a wider --beam_size helps). Without --step or
+--average the newest checkpoint decodes; `--step=N` picks one, and `--average=N` the mean of the
+newest N (as translate.evaluate). Several --workdir flags decode with their ensemble (one shared
+vocabulary), each workdir at the same choice. Decoding options left unset come from the first
+workdir's config. Writing to --output shows progress and sentences/s on stderr.
+
+--output is written to a temporary file beside it that replaces it only once every line is
+translated, so a failed or interrupted run leaves an existing --output as it was (standard
+output, a pipe or a device streams as it goes). An --output that is the --input file (however
+spelled: ./x, a symlink), a directory, or a file that a --workdir's training reads back
+(config.json, vocab.model, anything under checkpoints/ or tokens/, metrics.jsonl) is refused
+before any file is opened.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import pathlib
+import select
+import stat
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any, BinaryIO
+
+from translate import cli
+from translate.atomic import AtomicFile
+from translate.cli import Flag, parse_flags
+from translate.config import DecodeConfig, field_descriptions
+from translate.decode import translate_sentences
+from translate.workdir import Workdir, load_ensemble
+
+# Most lines decoded and written at a time: bounds memory on arbitrarily long input.
+LINES_PER_CHUNK = 10_000
+# Bytes asked of the operating system per read.
+READ_BYTES = 1 << 16
+
+
+def read_chunks(stream: BinaryIO, name: str, size: int) -> Iterator[list[str]]:
+    """Lists of at most `size` lines without their line ends; only "\\n" ends a line.
+
+    A chunk ends at `size` lines or where the input pauses: the lines already written are
+    decoded while no more are waiting. A file, or a pipe that a fast writer keeps full, gives
+    chunks of `size` lines (decoded in length-sorted batches, fast); a terminal, or a pipe
+    written a line at a time, gives each line as soon as it arrives (interactive).
+    """
+    try:
+        fd = stream.fileno()
+    except (AttributeError, OSError, io.UnsupportedOperation):  # in memory: all there at once
+        fd = None
+    number = 0
+
+    def decode(raw: bytes) -> str:
+        try:
+            return raw.decode("utf-8").rstrip("\r")
+        except UnicodeDecodeError as e:
+            raise ValueError(f"{name}:{number}: not valid UTF-8 ({e.reason})") from None
+
+    pending = bytearray()  # read but not yet a whole line
+    chunk: list[str] = []
+    while True:
+        data = stream.read(READ_BYTES) if fd is None else os.read(fd, READ_BYTES)
+        if data:
+            pending += data
+            *whole, rest = pending.split(b"\n")
+            pending = bytearray(rest)
+            for raw in whole:
+                number += 1
+                chunk.append(decode(raw))
+                if len(chunk) == size:
+                    yield chunk
+                    chunk = []
+            if fd is None or waiting(fd):
+                continue
+        elif pending:  # the last line has no line end
+            number += 1
+            chunk.append(decode(bytes(pending)))
+            pending.clear()
+        if chunk:
+            yield chunk
+            chunk = []
+        if not data:
+            return
+
+
+def waiting(fd: int) -> bool:
+    """Whether reading `fd` would return at once (more input is there, or its end)."""
+    readable, _, _ = select.select([fd], [], [], 0)
+    return bool(readable)
+
+
+class Progress:
+    """One self-overwriting stderr line: sentences done (of the total, if known) and speed."""
+
+    def __init__(self, total: int | None):
+        self.total, self.done, self.start = total, 0, time.perf_counter()
+
+    def update(self, count: int) -> None:
+        self.done += count
+        rate = self.done / max(time.perf_counter() - self.start, 1e-9)
+        line = f"{self.done} sentences  {rate:.1f} sentences/s"
+        if self.total:
+            filled = 30 * self.done // self.total
+            eta = (self.total - self.done) / max(rate, 1e-9)
+            line = (
+                f"[{'#' * filled}{'.' * (30 - filled)}] {self.done}/{self.total} sentences  "
+                f"{rate:.1f} sentences/s  ETA {time.strftime('%H:%M:%S', time.gmtime(eta))}"
+            )
+        sys.stderr.write("\r" + line)
+        sys.stderr.flush()
+
+    def close(self) -> None:
+        sys.stderr.write("\n")
+
+
+def format_lines(first_index: int, results: list[list[tuple[float, str]]], nbest: int) -> str:
+    if not nbest:
+        return "".join(hypotheses[0][1] + "\n" for hypotheses in results)
+    return "".join(
+        f"{first_index + i}\t{score:.4f}\t{text}\n"
+        for i, hypotheses in enumerate(results)
+        for score, text in hypotheses
+    )
+
+
+def count_lines(path: pathlib.Path) -> int:
+    with open(path, "rb") as f:
+        return sum(1 for _ in f)
+
+
+def same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
+    """Whether two paths name one file: the same resolved path, or one inode when both exist."""
+    if os.path.realpath(a) == os.path.realpath(b):
+        return True
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one of them does not exist (yet)
+        return False
+
+
+def regular_stdin() -> os.stat_result | None:
+    """The status of the file standard input reads, when it is a regular file (`< x`)."""
+    try:
+        status = os.fstat(sys.stdin.fileno())
+    except (AttributeError, OSError, ValueError):  # replaced or closed (as under pytest)
+        return None
+    return status if stat.S_ISREG(status.st_mode) else None
+
+
+def check_output(output: str, input_path: str, workdirs: Sequence[str]) -> None:
+    """Refuses, before anything is opened, an --output whose writing would destroy data.
+
+    Raises SystemExit naming the flags when --output is the --input file (or the file that
+    standard input reads), a directory, or a file of a --workdir's run. A device or FIFO
+    (/dev/stdout, /dev/null) is written as a stream and destroys nothing.
+    """
+    with contextlib.suppress(OSError):
+        mode = os.stat(output).st_mode
+        if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+            return
+    if input_path and same_file(output, input_path):
+        raise SystemExit(
+            f"--output={output} is the same file as --input={input_path}; writing the "
+            "translation would overwrite the text being translated: give another --output"
+        )
+    stdin = None if input_path else regular_stdin()
+    with contextlib.suppress(OSError):
+        if stdin and os.path.samestat(stdin, os.stat(output)):
+            raise SystemExit(
+                f"--output={output} is the file that standard input reads (no --input); "
+                "writing the translation would overwrite the text being translated: give "
+                "another --output"
+            )
+    if os.path.isdir(output):
+        raise SystemExit(f"--output={output} is a directory; give a file name")
+    real = pathlib.Path(os.path.realpath(output))
+    for path in workdirs:
+        run = Workdir(os.path.realpath(path))
+        inside = [run.checkpoints, run.tokens]
+        if any(real.is_relative_to(d) for d in inside) or any(
+            same_file(output, f) for f in (run.config, run.vocab, run.metrics, run.lock)
+        ):
+            raise SystemExit(
+                f"--output={output} is a file of --workdir={path} ({real}); writing there "
+                "would damage that run: give an --output outside its config.json, vocab.model, "
+                "metrics.jsonl, checkpoints/ and tokens/"
+            )
+    if not real.parent.is_dir():
+        raise SystemExit(f"--output={output}: the directory {real.parent} does not exist")
+
+
+def open_output(path: str) -> tuple[BinaryIO | AtomicFile, bool]:
+    """(stream, whether it is an `AtomicFile`): a device, FIFO or socket is written as is."""
+    with contextlib.suppress(FileNotFoundError):
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return open(path, "wb"), False
+    return AtomicFile(path), True
+
+
+DECODE_FIELDS = field_descriptions(DecodeConfig)
+FLAGS = {
+    "workdir": Flag([], "Required. A training workdir; repeat it for an ensemble."),
+    **cli.checkpoint_flags("decode with"),
+    "input": Flag("", "The text to translate, one sentence a line; default stdin."),
+    "output": Flag(
+        "",
+        "Where the translations go (replaced only once all are written); default stdout.",
+    ),
+    # Unset (0 or negative): the first workdir's config.decode value.
+    **{
+        name: Flag(unset, DECODE_FIELDS[name] + " Left at the default shown: the workdir's config.")
+        for name, unset in [
+            ("beam_size", 0),
+            ("length_penalty", -1.0),
+            ("max_extra_len", -1),
+            ("batch_size", 0),
+        ]
+    },
+    "nbest": Flag(0, "Write the N best translations of each line with their scores."),
+}
+
+
+def apply_decoding_flags(flags: dict[str, Any], decode: DecodeConfig) -> None:
+    """Sets the decoding flags that were given on `decode` (the first workdir's settings)."""
+    given = {
+        "beam_size": flags["beam_size"] > 0,
+        "batch_size": flags["batch_size"] > 0,
+        "length_penalty": flags["length_penalty"] >= 0,
+        "max_extra_len": flags["max_extra_len"] >= 0,
+    }
+    for name in (name for name, is_given in given.items() if is_given):
+        setattr(decode, name, flags[name])
+    if flags["nbest"] > decode.beam_size:
+        raise SystemExit(
+            f"--nbest={flags['nbest']} needs --beam_size >= {flags['nbest']} (now "
+            f"{decode.beam_size}): beam search keeps beam_size hypotheses"
+        )
+
+
+def main(argv: Sequence[str]) -> None:
+    flags, _ = parse_flags(list(argv), FLAGS, doc=__doc__, sections=())
+    cli.quiet_libraries()
+    if flags["output"]:
+        check_output(flags["output"], flags["input"], flags["workdir"])
+    step, average = cli.checkpoint_choice(flags)
+    graphdefs, params, tokenizer, config, _ = load_ensemble(flags["workdir"], step, average)
+    decode = config.decode
+    apply_decoding_flags(flags, decode)
+
+    source = open(flags["input"], "rb") if flags["input"] else sys.stdin.buffer
+    target, atomic = sys.stdout.buffer, False
+    progress = None
+    try:
+        if flags["output"]:
+            target, atomic = open_output(flags["output"])
+            progress = Progress(
+                count_lines(pathlib.Path(flags["input"])) if flags["input"] else None
+            )
+        first = 0
+        for chunk in read_chunks(source, flags["input"] or "<stdin>", LINES_PER_CHUNK):
+            results = translate_sentences(
+                graphdefs,
+                params,
+                tokenizer,
+                chunk,
+                decode,
+                config.data.max_len,
+                flags["nbest"],
+                on_batch=progress.update if progress else None,
+            )
+            target.write(format_lines(first, results, flags["nbest"]).encode("utf-8"))
+            target.flush()
+            first += len(chunk)
+        if atomic:
+            target.commit()
+    finally:
+        if progress:
+            progress.close()
+        if source is not sys.stdin.buffer:
+            source.close()
+        if atomic:
+            target.discard()  # after a commit: nothing to do
+        elif target is not sys.stdout.buffer:
+            target.close()
+
+
+def console_main() -> None:
+    """`translate-text`, the console script of pyproject.toml."""
+    cli.run(main)
+
+
+if __name__ == "__main__":
+    console_main()
