@@ -12,7 +12,7 @@ r"""Training and decoding speed of a config on this machine's devices, with util
 
 Training: batches of `batch_tokens` target token slots (and as many source slots) are packed
 from the given parallel files exactly as the trainer packs them (`data.row_len` slots per row),
-and the trainer's own jitted step (`translate.train.make_steps`) runs on a mesh of every
+and the trainer's own jitted step (`translate.steps.make_steps`) runs on a mesh of every
 device. After `warmup` steps, each of `steps` steps is timed from handing its batch to the
 devices until its results are ready; the figures are medians. The model's vocabulary is the
 config's `data.vocab_size` even when the BPE model learned from the files came out smaller, so
@@ -46,7 +46,6 @@ import pathlib
 import platform
 import resource
 import statistics
-import subprocess
 import tempfile
 import time
 
@@ -55,7 +54,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from translate import cli, flops, sharding
+from translate import cli, flops, provenance, sharding
 from translate.batching import BatchLayout, make_batch, plan_epoch
 from translate.cli import Flag, parse_flags
 from translate.config import Config, apply_override, load_config
@@ -224,12 +223,8 @@ def benchmark_decoding(flags: dict, config: Config, graphdef, params, tokenizer)
 
 
 def environment() -> dict:
-    try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
-        ).stdout.strip()
-    except OSError:
-        commit = ""
+    found = provenance.git_commit()
+    commit = found["commit"][:7] if found else ""
     import flax
     import optax
 

@@ -70,6 +70,8 @@ import threading
 import time
 import xml.etree.ElementTree as ElementTree
 
+from translate import provenance
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PHASES = ("tests", "bench", "decode", "multi30k")
 # Seconds a stopped command gets to save and exit before it is killed; kept inside the budget.
@@ -158,17 +160,12 @@ def from_root(path: pathlib.Path) -> pathlib.Path:
     return path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
 
 
-def git_commit() -> str | None:
-    try:
-        done = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
-        )
-    except OSError:
+def short_commit() -> str | None:
+    """The checkout's commit, short, with "+changes" when tracked files differ from it."""
+    found = provenance.git_commit()
+    if found is None:
         return None
-    if done.returncode != 0:
-        return None
-    dirty = subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True)
-    return done.stdout.strip() + ("+changes" if dirty.stdout.strip() else "")
+    return found["commit"][:7] + ("+changes" if found["modified"] else "")
 
 
 def missing_modules(phases: list[str]) -> list[str]:
@@ -474,7 +471,7 @@ def main(argv: list[str]) -> int:
     environment = probe_environment()
     header = {
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "commit": args.commit or git_commit(),
+        "commit": args.commit or short_commit(),
         "command": shlex.join(["python", "-m", "scripts.gpu_check", *argv]),
         "smoke": args.smoke,
         "budget_seconds": args.budget_s,

@@ -1,4 +1,4 @@
-"""The trainer (translate/train.py): sharding, compilation, end to end, resume."""
+"""The trainer (translate/trainer.py, steps.py): sharding, compilation, end to end, resume."""
 
 import json
 

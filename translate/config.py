@@ -166,6 +166,10 @@ class DecodeConfig:
     average_last: int = 5
 
 
+# A validation rule: (field as "section.name", condition on its value, what it must be).
+Rule = tuple[str, Callable[[Any], bool], str]
+
+
 @dataclasses.dataclass
 class Config:
     model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
@@ -179,29 +183,46 @@ class Config:
         The message names the flag as it is typed, with its value and the rule it breaks:
         `invalid config: --config.train.keep_checkpoints=0: must be >= 1`.
         """
-        m, d, t = self.model, self.data, self.train
-
-        def flag(field: str) -> str:
-            section, name = field.split(".")
-            return f"--config.{field}={getattr(getattr(self, section), name)}"
-
         # Types first, so that every rule below may compare and divide: a config file can set
         # any Python value, and NaN or inf passes a range check such as `> 0`.
+        self._check_types()
+        # Checked in order, so a rule may rely on one above it: d_model % num_heads needs
+        # num_heads >= 1.
+        rules = [
+            *self._model_rules(),
+            *self._data_rules(),
+            *self._train_rules(),
+            *self._decode_rules(),
+        ]
+        for field, ok, rule in rules:
+            section, name = field.split(".")
+            if not ok(getattr(getattr(self, section), name)):
+                raise ValueError(f"invalid config: {self._flag(field)}: {rule}")
+        return self
+
+    def _flag(self, field: str) -> str:
+        """`field` ("section.name") as the flag that sets it, with its value."""
+        section, name = field.split(".")
+        return f"--config.{field}={getattr(getattr(self, section), name)}"
+
+    def _check_types(self) -> None:
         for section in dataclasses.fields(self):
             for name, kind in typing.get_type_hints(type(getattr(self, section.name))).items():
                 field = f"{section.name}.{name}"
                 value = getattr(getattr(self, section.name), name)
                 if not _has_type(value, kind):
                     raise ValueError(
-                        f"invalid config: {flag(field)}: must be {kind.__name__}, "
+                        f"invalid config: {self._flag(field)}: must be {kind.__name__}, "
                         f"not {type(value).__name__}"
                     )
                 if kind is float and not math.isfinite(value):
-                    raise ValueError(f"invalid config: {flag(field)}: must be finite")
+                    raise ValueError(f"invalid config: {self._flag(field)}: must be finite")
 
-        # (field, condition on its value, rule). Checked in order, so a condition may rely on a
-        # rule above it: d_model % num_heads needs num_heads >= 1.
-        rules: list[tuple[str, Callable[[Any], bool], str]] = [
+    def _model_rules(self) -> list[Rule]:
+        """The model's rules, as (field, condition on its value, rule)."""
+        m = self.model
+        flag = self._flag
+        return [
             ("model.num_layers", lambda v: v >= 1, "must be >= 1"),
             ("model.num_heads", lambda v: v >= 1, "must be >= 1"),
             # The position encoding pairs a sine and a cosine per frequency (Sec. 3.5).
@@ -239,6 +260,13 @@ class Config:
                 lambda v: v == "causal" or m.architecture == "decoder_only",
                 "applies only to --config.model.architecture=decoder_only",
             ),
+        ]
+
+    def _data_rules(self) -> list[Rule]:
+        """The data's rules; some depend on the model's architecture."""
+        m, d = self.model, self.data
+        flag = self._flag
+        return [
             (
                 "data.source",
                 lambda v: v in ("files", "synthetic", "tfds", "monolingual"),
@@ -275,6 +303,13 @@ class Config:
             ("data.synthetic_num_train", lambda v: v >= 1, "must be >= 1"),
             ("data.synthetic_num_dev", lambda v: v >= 1, "must be >= 1"),
             ("data.synthetic_num_test", lambda v: v >= 1, "must be >= 1"),
+        ]
+
+    def _train_rules(self) -> list[Rule]:
+        """The training run's rules; some depend on the batch's shape."""
+        d, t = self.data, self.train
+        flag = self._flag
+        return [
             ("train.num_train_steps", lambda v: v >= 1, "must be >= 1"),
             ("train.warmup_steps", lambda v: v >= 1, "must be >= 1"),
             ("train.learning_rate_scale", lambda v: v > 0.0, "must be > 0"),
@@ -332,6 +367,13 @@ class Config:
                 lambda v: v == "" or split_profile_steps(v) is not None,
                 'must be A:B with 1 <= A <= B ("" = off)',
             ),
+        ]
+
+    def _decode_rules(self) -> list[Rule]:
+        """The search's rules, and those between averaging and the checkpoints kept."""
+        t = self.train
+        flag = self._flag
+        return [
             ("decode.beam_size", lambda v: v >= 1, "must be >= 1"),
             ("decode.length_penalty", lambda v: v >= 0.0, "must be >= 0"),
             ("decode.max_extra_len", lambda v: v >= 0, "must be >= 0"),
@@ -354,11 +396,6 @@ class Config:
                 f"{flag('train.checkpoint_every_steps')}",
             ),
         ]
-        for field, ok, rule in rules:
-            section, name = field.split(".")
-            if not ok(getattr(getattr(self, section), name)):
-                raise ValueError(f"invalid config: {flag(field)}: {rule}")
-        return self
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -10,11 +10,8 @@ report.txt (a person reads this one first) and hypotheses.txt. The trainer's fin
 from __future__ import annotations
 
 import hashlib
-import importlib.metadata
 import json
 import pathlib
-import platform
-import subprocess
 from collections.abc import Sequence
 from typing import Any
 
@@ -24,6 +21,7 @@ import numpy as np
 from translate import atomic, scoring
 from translate.config import Config
 from translate.decode import DecodeTimes, translate_sentences
+from translate.provenance import git_commit, package_versions
 from translate.tokenizer import Tokenizer
 from translate.workdir import Workdir
 
@@ -39,58 +37,6 @@ def sha256_of_lines(lines: Sequence[str]) -> str:
 def sha256_of_file(path: str | pathlib.Path) -> str:
     with open(path, "rb") as f:
         return hashlib.file_digest(f, "sha256").hexdigest()
-
-
-def git_commit() -> dict[str, Any] | None:
-    """The commit of the checkout this package runs from, and whether files differ from it.
-
-    None when the package is not a git checkout's (an installed wheel) or git is missing.
-    """
-    checkout = pathlib.Path(__file__).resolve().parent.parent
-
-    def git(*args: str) -> str:
-        done = subprocess.run(
-            ["git", "-C", str(checkout), *args], capture_output=True, text=True, timeout=30
-        )
-        if done.returncode != 0:
-            raise OSError(done.stderr)
-        return done.stdout.strip()
-
-    try:
-        if pathlib.Path(git("rev-parse", "--show-toplevel")).resolve() != checkout:
-            return None
-        return {
-            "commit": git("rev-parse", "HEAD"),
-            "modified": bool(git("status", "--porcelain", "--untracked-files=no")),
-        }
-    except (OSError, subprocess.SubprocessError):
-        return None
-
-
-# The distributions whose versions can change a score or a translation.
-PACKAGES = (
-    "translate",
-    "jax",
-    "jaxlib",
-    "flax",
-    "optax",
-    "orbax-checkpoint",
-    "numpy",
-    "sentencepiece",
-    "sacrebleu",
-    "sacremoses",
-)
-
-
-def package_versions() -> dict[str, str | None]:
-    """Versions of `PACKAGES` (None when one is not installed as a distribution) and Python."""
-    versions: dict[str, str | None] = {"python": platform.python_version()}
-    for name in PACKAGES:
-        try:
-            versions[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            versions[name] = None
-    return versions
 
 
 def provenance(config: Config, params: tuple) -> dict[str, Any]:

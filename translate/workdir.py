@@ -346,7 +346,8 @@ def load_model(path: str | os.PathLike, step: int | None = None, average: int | 
             missing = sorted(set(average) - set(manager.all_steps()))
             if missing:
                 raise ValueError(
-                    f"--steps {missing} not in {manager.directory} (there: {manager.all_steps()})"
+                    f"no checkpoint of steps {missing} in {manager.directory} (there: "
+                    f"{manager.all_steps()})"
                 )
             steps = sorted(average)
         params = checkpoint.average_params(manager, steps, abstract)

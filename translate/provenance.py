@@ -1,0 +1,65 @@
+"""What produced a result: the checkout's git commit and the versions of the packages used.
+
+Standard library only, so that a script can record it before it knows whether JAX and the rest
+import at all (scripts/gpu_check.py on a bare machine).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import pathlib
+import platform
+import subprocess
+from typing import Any
+
+
+def git_commit() -> dict[str, Any] | None:
+    """The commit of the checkout this package runs from, and whether files differ from it.
+
+    None when the package is not a git checkout's (an installed wheel) or git is missing.
+    """
+    checkout = pathlib.Path(__file__).resolve().parent.parent
+
+    def git(*args: str) -> str:
+        done = subprocess.run(
+            ["git", "-C", str(checkout), *args], capture_output=True, text=True, timeout=30
+        )
+        if done.returncode != 0:
+            raise OSError(done.stderr)
+        return done.stdout.strip()
+
+    try:
+        if pathlib.Path(git("rev-parse", "--show-toplevel")).resolve() != checkout:
+            return None
+        return {
+            "commit": git("rev-parse", "HEAD"),
+            "modified": bool(git("status", "--porcelain", "--untracked-files=no")),
+        }
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+# The distributions whose versions can change a score or a translation.
+PACKAGES = (
+    "translate",
+    "jax",
+    "jaxlib",
+    "flax",
+    "optax",
+    "orbax-checkpoint",
+    "numpy",
+    "sentencepiece",
+    "sacrebleu",
+    "sacremoses",
+)
+
+
+def package_versions() -> dict[str, str | None]:
+    """Versions of `PACKAGES` (None when one is not installed as a distribution) and Python."""
+    versions: dict[str, str | None] = {"python": platform.python_version()}
+    for name in PACKAGES:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = None
+    return versions
