@@ -297,7 +297,9 @@ def test_command_exports_and_a_second_export_replaces_the_first(workdir, tmp_pat
     ],
 )
 def test_command_mistakes_are_one_line_and_status_2(workdir, tmp_path, capsys, flags, expected):
-    argv = [f"--workdir={workdir}", "--format=ctranslate2", f"--output={tmp_path / 'out'}"]
+    argv = [f"--workdir={workdir}", f"--output={tmp_path / 'out'}"]
+    if not any(flag.startswith("--format") for flag in flags):
+        argv.append("--format=ctranslate2")
     code, err = run_command(argv + flags, capsys)
     assert code == 2
     assert err.count("\n") == 1 and expected in err, err
