@@ -129,6 +129,7 @@ def main(argv: list[str]) -> None:
     if not 0 <= head < num_heads:
         raise SystemExit(f"--head={head}: this model has heads 0 to {num_heads - 1}")
 
+    out_dir.mkdir(parents=True, exist_ok=True)
     src, out = translate_one(graphdef, params, tokenizer, config, flags["src"])
     src_pieces, out_pieces = tokenizer.pieces(src), tokenizer.pieces(out)
     print(f"step {step}: {flags['src']}  ->  {tokenizer.decode(out)}")

@@ -158,6 +158,7 @@ def test_plot_attention_in_a_read_only_workdir_says_where_to_write_before_loadin
     script = importlib.import_module("scripts.plot_attention")
     copy = tmp_path / "copy"
     shutil.copytree(workdir, copy)
+    shutil.rmtree(Workdir(copy).attention, ignore_errors=True)  # pictures could go in there
     loaded = []
     monkeypatch.setattr(script, "load_model", lambda *a, **k: loaded.append(1))
     with read_only(copy):

@@ -186,7 +186,7 @@ def test_swapped_vocabulary_is_a_clear_error(trained, tmp_path_factory):
 @pytest.mark.slow  # 12-18 s; kept out of the default run's 10 minutes
 def test_workdir_with_a_different_model_is_refused_unless_forced(config, trained):
     config.model.d_model = 64
-    with pytest.raises(ValueError, match=r"config.model .*--force"):
+    with pytest.raises(ValueError, match=r"config.model.d_model = 32, now 64.*--force"):
         trainer.train_and_evaluate(config, trained)
     assert checkpoint.latest_step(Workdir(trained).checkpoints) == 6, (
         "the refused run wrote nothing over"

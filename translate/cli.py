@@ -296,21 +296,26 @@ def checkpoint_choice(flags: dict[str, Any]) -> tuple[int | None, int]:
 
 
 def check_writable(directory: str | os.PathLike, flag: str) -> None:
-    """Makes `directory` (and its parents) and checks that something can be created in it,
-    before the work whose output goes there.
+    """Checks that `directory` (or, while it does not exist, the directories that would hold
+    it) can be written, before the work whose output goes there. Leaves nothing behind.
 
     Raises:
       ValueError: naming `flag` and the directory, and saying to give --output elsewhere.
     """
-    directory = pathlib.Path(directory)
+    directory = pathlib.Path(directory).absolute()
+    missing = [d for d in (directory, *directory.parents) if not d.exists()]
     try:
         directory.mkdir(parents=True, exist_ok=True)
         os.rmdir(tempfile.mkdtemp(prefix=".write-check.", dir=directory))
     except OSError as e:
         raise ValueError(
-            f"{flag}: cannot write in {directory} ({e.strerror}): give "
-            "--output=DIR where you can write"
+            f"{flag}: cannot write in {directory} ({e.strerror}): give --output=DIR where you "
+            "can write"
         ) from None
+    finally:
+        for made in missing:  # deepest first
+            with contextlib.suppress(OSError):
+                made.rmdir()
 
 
 def quiet_libraries() -> None:
