@@ -83,6 +83,11 @@ FLAGS = {
     "decode_num": Flag(0, "Decode only the first N sentences of --decode_src (0: all)."),
     "skip_training": Flag(False, "Time decoding only (needs --decode_src)."),
     "json": Flag("", "Write every printed figure to this JSON file."),
+    "profile": Flag(
+        "",
+        "After the timed steps, trace 5 more with jax.profiler into this directory and "
+        "print the device time per op (scripts/profile_summary.py).",
+    ),
 }
 
 
@@ -140,19 +145,24 @@ def benchmark_training(flags: dict, config: Config, tokenizer: Tokenizer) -> dic
     params, opt_state = steps.init(jax.random.key(0))
     dropout_key = jax.random.key(1)
 
-    times = []
+    times, nonfinite = [], 0
     for step, batch in enumerate(batches):
         start = time.perf_counter()
         params, opt_state, metrics = train_step(
             params, opt_state, sharding.put_batch(batch, mesh), step, dropout_key
         )
         jax.block_until_ready(metrics)
+        nonfinite += int(metrics["nonfinite"])
         if step >= flags["warmup"]:
             times.append(time.perf_counter() - start)
         if step == 0:
             print(f"first step (compilation included): {time.perf_counter() - start:.1f} s")
 
     timed = batches[flags["warmup"] :]
+    if flags["profile"]:
+        params, opt_state = profile_steps(
+            flags["profile"], train_step, params, opt_state, timed[:5], mesh
+        )
     slots = layout.num_micro * layout.rows * layout.row_len  # per side
     real_src = np.array([(b.src_segments > 0).sum() for b in timed])
     real_tgt = np.array([(b.tgt_segments > 0).sum() for b in timed])
@@ -174,6 +184,8 @@ def benchmark_training(flags: dict, config: Config, tokenizer: Tokenizer) -> dic
         "batch_tgt_tokens_median": float(np.median(real_tgt)),
         "batch_src_tokens_median": float(np.median(real_src)),
         "timed_steps": len(times),
+        # Steps whose loss or gradient was not finite (the step then left the state as it was).
+        "nonfinite_steps": nonfinite,
         "step_seconds_median": step_s,
         "step_seconds_min": min(times),
         "step_seconds_max": max(times),
@@ -187,6 +199,24 @@ def benchmark_training(flags: dict, config: Config, tokenizer: Tokenizer) -> dic
         "model_flops_per_step_padded": float(np.median(padded_flops)),
         "_params": (graphdef, params),
     }
+
+
+def profile_steps(directory, train_step, params, opt_state, batches, mesh) -> None:
+    """Traces `batches` more steps and prints the device time per op; returns the new state."""
+    from scripts import profile_summary
+
+    with jax.profiler.trace(directory, create_perfetto_trace=True):
+        for step, batch in enumerate(batches):
+            params, opt_state, metrics = train_step(
+                params, opt_state, sharding.put_batch(batch, mesh), step, jax.random.key(2)
+            )
+        jax.block_until_ready(metrics)
+    summary = profile_summary.summarise(profile_summary.find_trace(pathlib.Path(directory)))
+    print(f"profile of {len(batches)} steps:")
+    profile_summary.print_summary(summary)
+    out = pathlib.Path(directory) / "profile_summary.json"
+    out.write_text(json.dumps(summary, indent=2) + "\n")
+    return params, opt_state
 
 
 def init_params(config: Config, vocab_size: int):
@@ -361,6 +391,7 @@ def print_table(r: dict) -> None:
                 f"median {r['step_seconds_median'] * 1e3:.1f} ms over {r['timed_steps']} steps "
                 f"(min {r['step_seconds_min'] * 1e3:.1f}, max {r['step_seconds_max'] * 1e3:.1f})",
             ),
+            ("non-finite steps", f"{r['nonfinite_steps']} (loss or gradient; update skipped)"),
             ("train steps/s", f"{r['train_steps_per_sec']:.3f}"),
             ("target tokens/s", f"{r['train_tgt_tokens_per_sec']:.0f} (non-pad)"),
             ("source tokens/s", f"{r['train_src_tokens_per_sec']:.0f} (non-pad)"),

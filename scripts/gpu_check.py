@@ -145,6 +145,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--decode_num", type=int, default=3000, help="decode: sentences")
     parser.add_argument("--decode_batch_size", type=int, default=0, help="0: the config's")
     parser.add_argument("--multi30k_workdir", default="/tmp/gpu_check_multi30k")
+    parser.add_argument(
+        "--multi30k_flag",
+        action="append",
+        default=[],
+        help="multi30k: one more flag for translate.train, e.g. --config.model.attention=xla "
+        "(repeatable)",
+    )
     parser.add_argument("--commit", default="", help="recorded commit (default: git's HEAD)")
     args = parser.parse_args(argv)
     # Children run in the checkout's root: paths given relative to here are made to fit there.
@@ -382,6 +389,7 @@ def phase_multi30k(args: argparse.Namespace, out: pathlib.Path, deadline: float)
     ]
     if args.smoke:
         cmd += SMOKE_MODEL + SMOKE_TRAIN
+    cmd += args.multi30k_flag
     report_path = workdir / "report.json"
     report_path.unlink(missing_ok=True)
     run = run_logged(cmd, out / "multi30k.log", deadline)

@@ -57,12 +57,13 @@ def prefix_lm_mask(
 
     A query sees keys of its own pair (same segment, not padding) at positions up to its own;
     with `bidirectional`, a source (prefix) query also sees every source key of its pair.
+    A padding query sees every key, so that no row is empty (see model.attention_mask).
     """
-    same = (segments[:, :, None] == segments[:, None, :]) & (segments[:, :, None] > 0)
+    same = segments[:, :, None] == segments[:, None, :]
     visible = positions[:, None, :] <= positions[:, :, None]  # key position <= query position
     if bidirectional:
         visible |= in_prefix[:, :, None] & in_prefix[:, None, :]
-    return (same & visible)[:, None]  # [B, 1, N, N]
+    return ((same & visible) | (segments[:, :, None] == 0))[:, None]  # [B, 1, N, N]
 
 
 class DecoderOnlyTransformer(TranslationModel):
