@@ -226,3 +226,21 @@ def test_pre_norm_zero_sublayers_leave_the_residual_stream_untouched():
     post_memory = post.encode(batch.src, batch.src_segments, batch.src_positions)
     post_embedded = post.embed_tokens(batch.src, batch.src_positions, None)
     assert not np.allclose(post_memory, post_embedded, atol=1e-3)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_mask_has_no_empty_row_and_keeps_real_tokens_to_their_sentence(causal):
+    # Packed rows with padding at the end and in a row of padding alone: every query sees some
+    # key (cuDNN's backward gave NaN on empty rows, issue 29), a real query sees exactly the
+    # earlier-or-all keys of its own sentence, and a padding query sees every key.
+    q = jnp.array([[1, 1, 2, 2, 2, 0], [0, 0, 0, 0, 0, 0], [3, 3, 3, 3, 3, 3]])
+    k = q if causal else jnp.array([[1, 2, 2, 0], [0, 0, 0, 0], [3, 3, 3, 3]])
+    mask = np.asarray(attention_mask(q, k, causal))[:, 0]  # [B, Tq, Tk]
+    assert mask.any(axis=-1).all()
+    qn, kn = np.asarray(q), np.asarray(k)
+    tq, tk = qn.shape[1], kn.shape[1]
+    order = np.arange(tq)[:, None] >= np.arange(tk)[None, :] if causal else True
+    expected = (qn[:, :, None] == kn[:, None, :]) & order
+    real = qn > 0
+    np.testing.assert_array_equal(mask[real], expected[real])
+    assert mask[~real].all()

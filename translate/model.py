@@ -108,10 +108,10 @@ def attention_mask(q_segments: jax.Array, k_segments: jax.Array, causal: bool) -
 
     A padding query (segment 0) sees every key instead. Its output reaches no loss and no real
     token (no real query attends to padding), so nothing a sentence computes changes; but no
-    row of the mask is empty. An empty row is exact in XLA's softmax, while cuDNN's fused
-    kernel recomputes it in its backward pass from a log-sum-exp near its -2^41 mask value,
-    where float32 resolves only steps of 2^18: exp overflows and the gradients became NaN at
-    the first step on an H100 (issue 29).
+    row of the mask is empty. XLA's softmax takes an empty row in its stride; with cuDNN's
+    fused kernel the gradients were NaN from the first step on an H100 (issue 29), likely
+    because its backward pass recomputes such a row from a log-sum-exp near its -2^41 mask
+    value, where float32 steps are 2^18 apart.
     """
     padding_query = q_segments[:, :, None] == 0  # [B, Tq, 1]
     mask = q_segments[:, :, None] == k_segments[:, None, :]  # [B, Tq, Tk]
