@@ -24,6 +24,7 @@ from absl import logging as absl_logging
 
 from translate import atomic, checkpoint, cli
 from translate.cli import Flag, parse_flags
+from translate.config import parse_value
 from translate.workdir import Workdir, load_model, write_average
 
 
@@ -46,10 +47,12 @@ def average_workdir(
     run = Workdir(workdir)
     check_output(output, run)
     if not steps and num < 1:  # load_model reads 0 as "no average"
-        raise ValueError(f"the number of checkpoints to average must be >= 1, not {num}")
+        raise ValueError(f"--num={num}: the number of checkpoints to average must be >= 1")
+    # Before any checkpoint is read: the new average is written beside --output.
+    cli.check_writable(output.parent, f"--output={output}")
+    atomic.remove_stale(output, "new")  # what an average killed while it wrote left there
     _, params, _, _, steps = load_model(workdir, average=steps or num)
     out_step = steps[-1] if output_step is None else output_step
-    output.parent.mkdir(parents=True, exist_ok=True)
     # Written whole beside --output, then swapped in: a failure leaves --output as it was, and
     # a process killed between the two renames leaves an earlier average under a hidden
     # `.NAME.*.old` name beside --output, and no --output.
@@ -133,7 +136,7 @@ def main(argv: list[str]) -> None:
             flags["workdir"],
             output,
             flags["num"],
-            [int(s) for s in flags["steps"]],
+            [parse_value(s, int, "--steps") for s in flags["steps"]],
             None if flags["output_step"] < 0 else flags["output_step"],
         )
     except (ValueError, FileNotFoundError) as e:

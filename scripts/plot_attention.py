@@ -32,7 +32,7 @@ from translate.cli import Flag, parse_flags
 from translate.decode import translate_tokens
 from translate.model import sinusoidal_positions
 from translate.tokenizer import BOS_ID, EOS_ID, PAD_ID
-from translate.workdir import load_model
+from translate.workdir import Workdir, load_model
 
 # Every picture has this size (inches) and resolution, so it is FIGSIZE * DPI pixels.
 FIGSIZE = (8.0, 8.0)
@@ -111,6 +111,8 @@ def main(argv: list[str]) -> None:
             'usage: python -m scripts.plot_attention --workdir=DIR --src="a sentence" '
             "[--output=DIR] [--layer=L] [--head=H]"
         )
+    out_dir = pathlib.Path(flags["output"] or Workdir(flags["workdir"]).attention)
+    cli.check_writable(out_dir, f"--output={out_dir}")  # before the model is loaded
     cli.quiet_libraries()
     graphdef, params, tokenizer, config, steps = load_model(flags["workdir"])
     if config.model.architecture != "encoder_decoder":
@@ -126,9 +128,8 @@ def main(argv: list[str]) -> None:
         raise SystemExit(f"--layer={flags['layer']}: this model has layers 0 to {num_layers - 1}")
     if not 0 <= head < num_heads:
         raise SystemExit(f"--head={head}: this model has heads 0 to {num_heads - 1}")
-    out_dir = pathlib.Path(flags["output"] or pathlib.Path(flags["workdir"]) / "attention")
-    out_dir.mkdir(parents=True, exist_ok=True)
 
+    out_dir.mkdir(parents=True, exist_ok=True)
     src, out = translate_one(graphdef, params, tokenizer, config, flags["src"])
     src_pieces, out_pieces = tokenizer.pieces(src), tokenizer.pieces(out)
     print(f"step {step}: {flags['src']}  ->  {tokenizer.decode(out)}")

@@ -4,8 +4,11 @@
 platform to JAX, so the gpu tests run on the machine's GPU; every other run forces the CPU.
 """
 
+import contextlib
 import os
 import pathlib
+import shutil
+import subprocess
 import sys
 
 import pytest
@@ -65,3 +68,23 @@ def tokenizer(tmp_path_factory):
     pairs = synthetic.generate_pairs(400, seed=1)
     texts = [s for pair in pairs for s in pair]
     return train_tokenizer(texts, 200, tmp_path_factory.mktemp("vocab") / "vocab.model")
+
+
+@contextlib.contextmanager
+def read_only(path: pathlib.Path):
+    """`path` as a directory in which nothing can be created, whoever runs the test."""
+    if os.geteuid() != 0:
+        path.chmod(0o555)
+        try:
+            yield
+        finally:
+            path.chmod(0o755)
+        return
+    # root writes through permissions; an immutable directory stops even root.
+    chattr = shutil.which("chattr")
+    if chattr is None or subprocess.run([chattr, "+i", str(path)], capture_output=True).returncode:
+        pytest.skip("cannot make a directory read-only for root here (chattr +i)")
+    try:
+        yield
+    finally:
+        subprocess.run([chattr, "-i", str(path)], check=True)

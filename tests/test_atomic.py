@@ -1,8 +1,11 @@
 """Atomic writing of files and directories: translate/atomic.py."""
 
 import os
+import pathlib
 import re
 import stat
+import subprocess
+import sys
 
 import pytest
 
@@ -168,3 +171,50 @@ def test_failed_rename_puts_the_old_directory_back(tmp_path, monkeypatch):
         (new / "new").write_text("new")
     assert names(target) == ["old"]
     assert names(tmp_path) == ["cache"]
+
+
+# Holds a temporary as a writer does, then waits to be killed.
+KILLED_WRITER = """
+import sys, time
+from translate import atomic
+kind, target = sys.argv[1:]
+if kind == "file":
+    holder = atomic.AtomicFile(target)
+else:
+    holder = atomic.directory(target)
+    holder.__enter__()
+print("writing", flush=True)
+time.sleep(60)
+"""
+
+
+@pytest.mark.parametrize("kind, what", [("file", "tmp"), ("directory", "new")])
+def test_remove_stale_deletes_a_killed_writers_temporary_and_keeps_a_live_ones(
+    tmp_path, monkeypatch, kind, what
+):
+    target = tmp_path / "out"
+    root = pathlib.Path(__file__).resolve().parent.parent
+    writer = subprocess.Popen(
+        [sys.executable, "-c", KILLED_WRITER, kind, str(target)],
+        cwd=root,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert writer.stdout.readline().strip() == "writing"
+    monkeypatch.setattr(atomic, "STALE_SECONDS", 0.0)
+    assert atomic.remove_stale(target, what) == []  # a live writer's: kept
+    writer.kill()
+    writer.wait(timeout=30)
+    (left,) = [p for p in tmp_path.iterdir() if p.name.endswith(f".{what}")]
+    live = atomic.AtomicFile(target) if kind == "file" else None
+    assert atomic.remove_stale(target, what) == [left]
+    assert [p.name for p in tmp_path.iterdir()] == ([live.tmp.name] if live else [])
+    if live:
+        live.discard()
+
+
+def test_remove_stale_keeps_a_temporary_younger_than_a_writer_needs_to_lock_it(tmp_path):
+    target = tmp_path / "out"
+    young = tmp_path / ".out.0123abcd.tmp"
+    young.write_text("just created; its writer is about to lock it")
+    assert atomic.remove_stale(target, "tmp") == [] and young.exists()

@@ -9,8 +9,9 @@ import shutil
 import jax
 import numpy as np
 import pytest
+from conftest import read_only
 
-from translate import checkpoint, evaluate, synthetic
+from translate import atomic, checkpoint, evaluate, synthetic
 from translate.factory import abstract_model
 from translate.tokenizer import train_tokenizer
 from translate.workdir import Workdir, load_model
@@ -179,3 +180,79 @@ def test_averaging_again_replaces_an_earlier_average_only_once_the_new_one_is_wh
     with pytest.raises(ValueError, match=r"translate.evaluate's report \(report.json\)"):
         script.average_workdir(workdir, avg, num=2)
     assert files_under(avg) == {**before, pathlib.Path("report.json"): b"{}"}
+
+
+def save_steps(manager, steps, base):
+    for step in steps:
+        params = jax.tree.map(lambda x, s=step: jax.numpy.asarray(x + s), base)
+        checkpoint.save(manager, step, params, {"count": jax.numpy.asarray(step)}, {"step": step})
+        manager.wait_until_finished()
+
+
+def test_a_stops_step_off_the_grid_never_pushes_a_grid_step_out(run, tmp_path):
+    """Item 4 of issue 27: a stop at step 10 must leave the same steps as no stop at all."""
+    _, base = run
+    grid = checkpoint.KeepOnGrid(keep=3, every=3, last=12)
+    straight = checkpoint.make_manager(tmp_path / "straight", grid=grid)
+    save_steps(straight, [3, 6, 9, 12], base)
+    stopped = checkpoint.make_manager(tmp_path / "stopped", grid=grid)
+    save_steps(stopped, [3, 6, 9, 10], base)
+    assert sorted(stopped.all_steps()) == [6, 9, 10]  # training resumes from 10
+    save_steps(stopped, [11], base)  # stopped again: 11 takes 10's place, not 6's
+    assert sorted(stopped.all_steps()) == [6, 9, 11]
+    save_steps(stopped, [12], base)
+    assert sorted(stopped.all_steps()) == sorted(straight.all_steps()) == [6, 9, 12]
+
+
+def test_average_retries_when_the_trainer_deletes_a_step_meanwhile(run, monkeypatch):
+    """Item 5: `--average` on a workdir that is still training, whose trainer saves a new step
+    and deletes the oldest while the average reads them."""
+    workdir, base = run
+    restore = checkpoint.restore
+    calls = []
+
+    def trainer_moves_on(manager, step, *args, **kwargs):
+        calls.append(step)
+        if len(calls) == 1:  # while the first step is read, the trainer saves 5 and deletes 3
+            writer = checkpoint.make_manager(Workdir(workdir).checkpoints, keep=2)
+            save_steps(writer, [5], base)
+            writer.close()
+            assert 3 not in checkpoint.make_manager(manager.directory, read_only=True).all_steps()
+        return restore(manager, step, *args, **kwargs)
+
+    monkeypatch.setattr(checkpoint, "restore", trainer_moves_on)
+    _, params, _, _, steps = load_model(workdir, average=2)
+    assert steps == [4, 5]
+    assert_params_equal_base_plus(params, base, 4.5)
+
+
+def test_averaging_in_a_read_only_workdir_says_where_to_write_before_reading(run, monkeypatch):
+    workdir, _ = run
+    script = importlib.import_module("scripts.average_checkpoints")
+    read = []
+    monkeypatch.setattr(script, "load_model", lambda *a, **k: read.append(1))
+    with read_only(workdir):
+        with pytest.raises(SystemExit, match=r"cannot write in .*run .*give --output=DIR"):
+            script.main([f"--workdir={workdir}", "--num=2"])
+    assert not read, "refused before any checkpoint was read"
+
+
+def test_averaging_again_removes_what_a_killed_average_left_beside_its_output(
+    run, tmp_path, monkeypatch
+):
+    workdir, _ = run
+    script = importlib.import_module("scripts.average_checkpoints")
+    left = tmp_path / ".avg.0123abcd.new"  # SIGKILL during the write: nothing removed it
+    (left / "checkpoints").mkdir(parents=True)
+    monkeypatch.setattr(atomic, "STALE_SECONDS", 0.0)
+    assert script.average_workdir(workdir, tmp_path / "avg", num=2) == [3, 4]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["avg", "run"]
+
+
+def test_average_checkpoints_names_the_flag_of_a_bad_number(run):
+    workdir, _ = run
+    script = importlib.import_module("scripts.average_checkpoints")
+    with pytest.raises(SystemExit, match=r"--steps: cannot parse 'abc' as int"):
+        script.main([f"--workdir={workdir}", "--steps=abc"])
+    with pytest.raises(SystemExit, match=r"--num=0: the number of checkpoints to average"):
+        script.main([f"--workdir={workdir}", "--num=0"])

@@ -5,8 +5,10 @@ import importlib
 import os
 import pathlib
 import shutil
+import signal
 import subprocess
 import sys
+import time
 import tomllib
 import typing
 
@@ -272,3 +274,73 @@ def test_parse_flags_separates_overrides():
 def test_unknown_flag_is_an_error():
     with pytest.raises(ValueError, match="unknown flag --wrkdir"):
         parse_flags(["--wrkdir=/tmp/x"], {"workdir": ""})
+
+
+# A command that a signal interrupts while XLA compiles (in threads of its own, which JAX stops
+# waiting for): the process must end with one line and 128 + the signal, not a traceback or a
+# segmentation fault from tearing the interpreter down under the compile.
+SIGNAL_DURING_COMPILE = """
+import os, signal, sys, threading
+import jax, jax.numpy as jnp
+from translate import cli
+
+def main(argv):
+    signum = getattr(signal, argv[0])
+    # Python's own SIGINT handler, as in a foreground shell: a job started in the background
+    # (`cmd &`, nohup) inherits SIGINT ignored, and Python then leaves it ignored.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    threading.Timer(0.5, lambda: os.kill(os.getpid(), signum)).start()
+    def slow(x):
+        for i in range(400):
+            x = jnp.sin(x) @ x + i
+        return x
+    jax.jit(slow)(jnp.ones((8, 8))).block_until_ready()
+    raise AssertionError("the signal did not stop the command")
+
+cli.run(main, sys.argv[1:])
+"""
+
+
+@pytest.mark.parametrize("name", ["SIGINT", "SIGTERM"])
+def test_a_signal_during_a_command_exits_with_one_line_and_128_plus_the_signal(name):
+    done = subprocess.run(
+        [sys.executable, "-c", SIGNAL_DURING_COMPILE, name],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
+    assert done.returncode == 128 + getattr(signal, name), done.stderr[-2000:]
+    assert done.stderr == f"-c: stopped by {name}\n"
+
+
+def test_a_signal_runs_the_commands_cleanup_before_it_exits(monkeypatch, capsys):
+    cleaned = []
+
+    def exit_now(status):
+        raise SystemExit(status)
+
+    monkeypatch.setattr(os, "_exit", exit_now)
+
+    def main(argv):
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(30)
+        finally:
+            cleaned.append(True)
+
+    with pytest.raises(SystemExit) as stopped:
+        cli.run(main, [])
+    assert cleaned and stopped.value.code == 128 + signal.SIGTERM
+    assert capsys.readouterr().err.endswith("stopped by SIGTERM\n")
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # put back after the command
+
+
+def test_a_flag_given_twice_with_two_values_is_an_error_naming_both():
+    known = {"workdir": Flag("", "A directory."), "step": Flag(-1, "A step.")}
+    with pytest.raises(ValueError, match=r"--workdir is given twice, as 'a' and 'b'"):
+        parse_flags(["--workdir=a", "--workdir", "b"], known)
+    with pytest.raises(ValueError, match=r"--config.train.seed is given twice"):
+        parse_flags(["--config.train.seed=1", "--config.train.seed=2"], known)
+    flags, _ = parse_flags(["--step=3", "--step=3"], known)  # the same value: no doubt
+    assert flags["step"] == 3

@@ -186,3 +186,73 @@ def test_config_round_trips_through_its_dict_with_backslashes_and_quotes():
     config.train.learning_rate_scale = 0.36
     config.data.src_lang = "en"
     assert config_from_dict(json.loads(json.dumps(config.to_dict()))) == config
+
+
+def write_config_file(tmp_path, body: str) -> pathlib.Path:
+    path = tmp_path / "mine.py"
+    path.write_text(
+        "from translate.config import Config\n\n\ndef get_config():\n"
+        "    c = Config()\n"
+        + "".join(f"    {line}\n" for line in body.splitlines())
+        + "    return c\n"
+    )
+    return path
+
+
+def test_a_misspelt_field_in_a_config_file_is_an_error_naming_the_file_and_the_field(tmp_path):
+    path = write_config_file(tmp_path, "c.model.d_modle = 64")
+    with pytest.raises(
+        ValueError, match=r"config.model.d_modle is not a field.*did you mean d_model"
+    ):
+        load_config(path)
+    with pytest.raises(ValueError, match=re.escape(str(path))):
+        load_config(path)
+    path = write_config_file(tmp_path, "c.trian = None")
+    with pytest.raises(ValueError, match=r"config.trian is not a section"):
+        load_config(path)
+
+
+def test_a_misspelt_field_set_in_python_fails_validation():
+    config = Config()
+    config.train.num_train_step = 10
+    with pytest.raises(ValueError, match=r"invalid config: config.train.num_train_step is not a"):
+        config.validate()
+
+
+@pytest.mark.parametrize("text", ["1e999", "-1e999", "1.5e0", "2.5"])
+def test_an_int_field_refuses_an_infinite_or_fractional_value(text):
+    with pytest.raises(
+        ValueError, match=re.escape(f"--config.train.num_train_steps: cannot parse {text!r} as int")
+    ):
+        load_config(CONFIGS[0].parent / "tiny.py", {"train.num_train_steps": text})
+    assert (
+        load_config(
+            CONFIGS[0].parent / "tiny.py", {"train.num_train_steps": "1e3"}
+        ).train.num_train_steps
+        == 1000
+    )
+
+
+def test_a_config_file_with_a_syntax_error_is_an_error_naming_its_file_and_line(tmp_path):
+    path = write_config_file(tmp_path, "c.model.d_model = = 64")
+    with pytest.raises(ValueError, match=re.escape(f"--config={path}:6: ")):
+        load_config(path)
+
+
+def test_a_config_file_that_raises_names_its_file_and_line(tmp_path):
+    path = write_config_file(tmp_path, "c.model.d_model = undefined_name")
+    with pytest.raises(ValueError, match=re.escape(f"--config={path}:6: NameError: ")):
+        load_config(path)
+
+
+@pytest.mark.parametrize(
+    "field,value", [("train.keep_best_by", "dev_bleu"), ("train.early_stopping_patience", "2")]
+)
+def test_a_language_model_refuses_what_needs_dev_bleu(field, value):
+    overrides = {
+        "model.architecture": "decoder_only",
+        "data.source": "monolingual",
+        field: value,
+    }
+    with pytest.raises(ValueError, match=re.escape(f"--config.{field}={value}: needs dev BLEU")):
+        load_config(CONFIGS[0].parent / "tiny.py", overrides)

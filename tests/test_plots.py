@@ -2,15 +2,16 @@
 
 import importlib
 import json
+import shutil
 import struct
 
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import tiny_config
+from conftest import read_only, tiny_config
 from flax import nnx
 
-from translate import plots
+from translate import cli, plots
 from translate.batching import Batch
 from translate.config import ModelConfig
 from translate.model import Transformer
@@ -149,3 +150,18 @@ def test_loss_picture_shows_the_nll_not_the_smoothed_loss(tmp_path):
     assert plots.draw_training_curves(workdir) == [workdir.metric_plot("loss")]
     (tmp_path / "metrics.jsonl").write_text(json.dumps(records[0]) + "\n")
     assert plots.draw_training_curves(workdir) == []
+
+
+def test_plot_attention_in_a_read_only_workdir_says_where_to_write_before_loading(
+    workdir, tmp_path, monkeypatch
+):
+    script = importlib.import_module("scripts.plot_attention")
+    copy = tmp_path / "copy"
+    shutil.copytree(workdir, copy)
+    shutil.rmtree(Workdir(copy).attention, ignore_errors=True)  # pictures could go in there
+    loaded = []
+    monkeypatch.setattr(script, "load_model", lambda *a, **k: loaded.append(1))
+    with read_only(copy):
+        with pytest.raises(ValueError, match=r"cannot write in .*copy.*give --output=DIR") as error:
+            script.main([f"--workdir={copy}", "--src=a man ."])
+    assert cli.user_error_message(error.value) is not None and not loaded

@@ -1,8 +1,12 @@
 """A run survives signals, kills, numerical faults and bad input, and loses nothing."""
 
+import contextlib
+import importlib
 import json
 import os
 import pathlib
+import re
+import resource
 import shutil
 import signal
 import subprocess
@@ -12,9 +16,10 @@ import time
 import jax
 import numpy as np
 import pytest
-from conftest import tiny_config
+from conftest import read_only, tiny_config
 
-from translate import checkpoint, monitor, synthetic, trainer
+from translate import atomic, checkpoint, cli, data, monitor, synthetic, trainer
+from translate import workdir as workdir_module
 from translate.tokenizer import train_tokenizer
 from translate.workdir import Workdir, WorkdirBusy, load_model, lock
 
@@ -181,7 +186,7 @@ def test_swapped_vocabulary_is_a_clear_error(trained, tmp_path_factory):
 @pytest.mark.slow  # 12-18 s; kept out of the default run's 10 minutes
 def test_workdir_with_a_different_model_is_refused_unless_forced(config, trained):
     config.model.d_model = 64
-    with pytest.raises(ValueError, match=r"config.model .*--force"):
+    with pytest.raises(ValueError, match=r"config.model.d_model = 32, now 64.*--force"):
         trainer.train_and_evaluate(config, trained)
     assert checkpoint.latest_step(Workdir(trained).checkpoints) == 6, (
         "the refused run wrote nothing over"
@@ -427,3 +432,299 @@ def test_force_with_bad_data_puts_the_earlier_run_back(config, trained, tmp_path
         trainer.train_and_evaluate(config, trained, force=True)
     assert {p: p.read_bytes() for p in trained.rglob("*") if p.is_file()} == before
     assert not Workdir(trained).previous_run.exists()
+
+
+def files_of(path: pathlib.Path) -> dict[pathlib.Path, bytes]:
+    return {p.relative_to(path): p.read_bytes() for p in path.rglob("*") if p.is_file()}
+
+
+def test_a_force_run_killed_while_its_data_loads_leaves_the_earlier_run_to_the_next(
+    config, trained
+):
+    """SIGKILL after --force set the earlier run aside: the next start puts it back."""
+    workdir = Workdir(trained)
+    before = files_of(trained)
+    workdir_module.check_config(config, workdir, force=True)  # what --force does first
+    assert workdir.previous_run.is_dir() and not workdir.checkpoints.exists()
+    # The killed run had trained its vocabulary (the same data and seed give the same one).
+    shutil.copy(workdir.previous_run / workdir.vocab.name, workdir.vocab)
+    trainer.open_run(config, workdir, force=False)
+    assert not workdir.previous_run.exists()
+    # tokens/ is a cache that this copy of the run rebuilds (it names the data by its path).
+    kept = [p for p in before if p.parts[0] not in ("train.lock", "tokens")]
+    after = files_of(trained)
+    assert {p: after.get(p) for p in kept} == {p: before[p] for p in kept}
+
+
+def signal_self(signum):
+    def stand_in(*args, **kwargs):
+        os.kill(os.getpid(), signum)
+        time.sleep(60)
+        raise AssertionError("the signal did not stop the data loading")
+
+    return stand_in
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_while_the_data_loads_stops_cleanly_and_force_puts_the_earlier_run_back(
+    signum, config, trained, monkeypatch
+):
+    before = files_of(trained)
+    monkeypatch.setattr(trainer, "load_data", signal_self(signum))
+    started = time.monotonic()
+    with pytest.raises(monitor.Interrupted, match=f"stopped by {signum.name} while loading"):
+        trainer.train_and_evaluate(config, trained, force=True)
+    assert time.monotonic() - started < 30
+    after = files_of(trained)
+    assert {p: b for p, b in after.items() if p.name != "train.lock"} == {
+        p: b for p, b in before.items() if p.name != "train.lock"
+    }
+    assert not Workdir(trained).previous_run.exists()
+
+
+def test_force_sets_aside_the_earlier_runs_reports_plots_and_evaluations(config, trained):
+    workdir = Workdir(trained)
+    (workdir.evaluations / "test.en.step6").mkdir(parents=True)
+    (workdir.evaluations / "test.en.step6" / "report.json").write_text("{}")
+    workdir.profile.mkdir()
+    workdir.metric_plot("loss").write_bytes(b"png")
+    workdir_module.check_config(config, workdir, force=True)
+    left = sorted(p.name for p in trained.iterdir())
+    assert left == ["previous_run", "train.lock"] or left == ["previous_run"], left
+    aside = sorted(p.name for p in workdir.previous_run.iterdir())
+    for name in ("report.json", "report.txt", "hypotheses.txt", "metrics_loss.png", "profile"):
+        assert name in aside
+    assert "evaluations" in aside and "config.json" in aside
+
+
+def test_a_resume_with_another_model_shape_and_no_config_json_is_refused_naming_shapes(
+    config, trained
+):
+    workdir = Workdir(trained)
+    workdir.config.unlink()
+    before = files_of(trained)
+    config.model.d_model, config.model.d_ff = 64, 128
+    with pytest.raises(ValueError, match=r"holds checkpoints of a model of another shape"):
+        trainer.train_and_evaluate(config, trained)
+    assert not workdir.config.exists(), "config.json was not written for a run that cannot resume"
+    assert files_of(trained).keys() - {pathlib.Path("train.lock")} == before.keys() - {
+        pathlib.Path("train.lock")
+    }
+
+
+def test_the_refusal_of_another_model_names_only_the_fields_that_differ(config, trained):
+    config.model.d_model = 64
+    with pytest.raises(ValueError) as error:
+        trainer.open_run(config, Workdir(trained), force=False)
+    message = str(error.value)
+    assert "config.model.d_model = 32, now 64" in message
+    assert "num_layers" not in message and "{" not in message
+
+
+def test_a_config_json_that_is_not_json_is_an_error_naming_it(trained):
+    Workdir(trained).config.write_text('{"model": {"d_model": 32,')
+    with pytest.raises(ValueError, match=r"config.json: not valid JSON \(line 1"):
+        load_model(trained)
+
+
+@pytest.mark.parametrize("where", ["workdir", "parent"])
+def test_a_workdir_that_is_a_file_or_under_a_file_is_an_error_naming_it(config, tmp_path, where):
+    blocker = tmp_path / "afile"
+    blocker.write_text("mine")
+    path = blocker if where == "workdir" else blocker / "run"
+    with pytest.raises(ValueError, match=rf"--workdir={path}: {blocker} is a file"):
+        trainer.train_and_evaluate(config, path)
+    assert blocker.read_text() == "mine"
+
+
+@pytest.mark.parametrize("name", ["tensorboard", "checkpoints", "tokens", "metrics.jsonl"])
+def test_a_workdir_entry_of_the_wrong_kind_is_an_error_naming_it(config, trained, name):
+    path = trained / name
+    if path.is_dir():
+        shutil.rmtree(path)
+        path.write_text("a file where the run keeps a directory")
+    else:
+        path.unlink()
+        path.mkdir()
+    with pytest.raises(ValueError, match=re.escape(str(path))):
+        trainer.train_and_evaluate(config, trained)
+
+
+def test_a_metrics_line_cut_short_is_dropped_and_the_run_resumes_again_and_again(config, trained):
+    metrics = Workdir(trained).metrics
+    text = metrics.read_text()
+    metrics.write_text(text[: len(text) - 20])  # killed while writing the last line
+    writer = monitor.MetricWriter(Workdir(trained))
+    writer.write(7, {"train/loss": 1.0})
+    writer.close()
+    lines = metrics.read_text().splitlines()
+    assert [json.loads(line) for line in lines]  # every line is whole JSON
+    assert json.loads(lines[-1]) == {"step": 7, "train/loss": 1.0}
+    assert monitor.DevBleuHistory.of_run(metrics, 7) is not None
+
+
+def test_a_metrics_file_damaged_by_an_earlier_version_still_resumes(trained):
+    metrics = Workdir(trained).metrics
+    lines = metrics.read_text().splitlines()
+    lines.insert(1, lines[1][:15] + lines[2])  # a cut line that an older writer appended to
+    metrics.write_text("\n".join(lines) + "\n")
+    assert "train/loss" in monitor.read_metrics(metrics)
+
+
+def test_a_dev_set_with_no_pair_within_max_len_is_refused_before_training(config, tmp_path):
+    write_files_corpus(config, tmp_path / "data")
+    long = " ".join(["word"] * 80) + "\n"
+    for lang in ("en", "de"):
+        (tmp_path / "data" / f"dev.{lang}").write_text(long * 3)
+    with pytest.raises(ValueError, match=r"dev\.en.*no dev pair.*--config.data.max_len=32"):
+        trainer.train_and_evaluate(config, tmp_path / "run")
+    assert not (tmp_path / "run" / "config.json").exists()
+
+
+@pytest.mark.parametrize("split", ["dev", "test"])
+def test_an_empty_dev_or_test_file_is_an_error_naming_it(config, tmp_path, split):
+    write_files_corpus(config, tmp_path / "data")
+    for lang in ("en", "de"):
+        (tmp_path / "data" / f"{split}.{lang}").write_text("")
+    with pytest.raises(ValueError, match=rf"{split}\.en.*holds no sentence.*{split}_prefix"):
+        trainer.train_and_evaluate(config, tmp_path / "run")
+
+
+@contextlib.contextmanager
+def file_size_limit(size: int):
+    """Writes past `size` bytes fail with EFBIG ("File too large"), as a full disk fails them."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    previous = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (size, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, previous)
+
+
+def test_a_full_disk_while_writing_the_vocabulary_names_it_and_changes_nothing(config, tmp_path):
+    workdir = Workdir(tmp_path / "run")
+    data.data_paths(config, workdir)  # the generated corpus, 23 kB a file
+    before = files_of(workdir.path)
+    with file_size_limit(100_000), pytest.raises(OSError) as error:  # the vocabulary: 240 kB
+        trainer.train_and_evaluate(config, workdir.path)
+    message = cli.user_error_message(error.value)
+    assert message.startswith(f"could not write the vocabulary {workdir.vocab}: File too large")
+    assert {p: b for p, b in files_of(workdir.path).items() if p.name != "train.lock"} == before
+    assert not any(p.name.startswith(".vocab") for p in workdir.path.iterdir())
+
+
+@pytest.mark.slow  # a 6-step run, 10-15 s
+def test_a_full_disk_while_writing_a_checkpoint_names_it_and_keeps_the_earlier_ones(
+    config, tmp_path, monkeypatch
+):
+    save = checkpoint.save
+
+    def disk_full_at_step_6(manager, step, *args):
+        if step == 6:
+            with file_size_limit(20_000):  # the parameters take 200 kB
+                save(manager, step, *args)
+                manager.wait_until_finished()
+        else:
+            save(manager, step, *args)
+
+    monkeypatch.setattr(checkpoint, "save", disk_full_at_step_6)
+    with pytest.raises(OSError) as error:
+        trainer.train_and_evaluate(config, tmp_path)
+    message = cli.user_error_message(error.value)
+    assert message.startswith(
+        f"could not write the checkpoint of step 6 in {Workdir(tmp_path).checkpoints}: "
+        "File too large; the checkpoints of steps [3] there are whole"
+    )
+    assert checkpoint.latest_step(Workdir(tmp_path).checkpoints) == 3
+    # Once there is room, the same command resumes: in a process of its own, as a user runs
+    # it (this one may still hold Orbax's threads of the failed save).
+    done = subprocess.run(train_command(tmp_path), cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "resumed from step 3" in done.stderr
+    assert checkpoint.latest_step(Workdir(tmp_path).checkpoints) == 6
+
+
+def test_a_stop_signal_while_drawing_the_curves_is_not_swallowed(tmp_path, monkeypatch):
+    from translate import plots
+
+    monkeypatch.setattr(plots, "draw_training_curves", signal_self(signal.SIGTERM))
+    stop = monitor.StopSignal()
+    with stop, pytest.raises(monitor.StopRequested):
+        with stop.abandonable():
+            trainer.draw_training_curves(Workdir(tmp_path))
+
+
+# Run as a program: SIGINT while the final test decoding compiles a batch shape. XLA compiles in
+# threads of its own and JAX gives up waiting for them on a signal; a process that then tears
+# its interpreter down under the running compile died of a segmentation fault.
+INTERRUPTED_COMPILE = """
+import os, signal, sys, threading
+import jax, jax.numpy as jnp
+from translate import cli, train, trainer
+
+def compile_slowly(*args, **kwargs):
+    threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+    def slow(x):
+        for i in range(400):
+            x = jnp.sin(x) @ x + i
+        return x
+    jax.jit(slow)(jnp.ones((8, 8))).block_until_ready()
+    raise AssertionError("the signal did not stop the decoding")
+
+trainer.translate_and_score = compile_slowly
+trainer.dev_bleu = lambda *args: {}
+cli.run(train.main, ["--config=configs/tiny.py", "--workdir=" + sys.argv[1]])
+"""
+
+
+@pytest.mark.slow  # a 6-step run in a new process, 20-30 s
+def test_sigint_while_the_test_decoding_compiles_stops_cleanly(tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-c", INTERRUPTED_COMPILE, str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 128 + signal.SIGINT, done.stderr[-3000:]
+    assert "stopped by SIGINT at step 6" in done.stderr
+    assert checkpoint.latest_step(Workdir(tmp_path).checkpoints) == 6
+
+
+def test_a_run_removes_what_a_process_killed_while_writing_left_in_its_workdir(
+    config, trained, monkeypatch
+):
+    left = [trained / ".vocab.model.0123abcd.tmp", trained / ".config.json.89abcdef.tmp"]
+    for path in left:
+        path.write_text("half written")
+    (trained / ".tokens.01234567.new").mkdir()
+    monkeypatch.setattr(atomic, "STALE_SECONDS", 0.0)
+    trainer.open_run(config, Workdir(trained), force=False)
+    assert not [p.name for p in trained.iterdir() if p.name.startswith(".")]
+
+
+def test_an_evaluations_output_or_an_average_is_refused_as_a_training_workdir(config, trained):
+    """Found in a new user's pass: training there overwrote the evaluation's report, or
+    crashed on a checkpoint without Adam's state."""
+    evaluation = trained / "evaluations" / "test.en.step6"
+    evaluation.mkdir(parents=True)
+    for name in ("report.json", "report.txt", "hypotheses.txt"):
+        (evaluation / name).write_text("an evaluation\n")
+    with pytest.raises(ValueError, match=r"holds report.json, report.txt, hypotheses.txt but no"):
+        trainer.train_and_evaluate(config, evaluation)
+    assert (evaluation / "report.json").read_text() == "an evaluation\n"
+    average = trained / "average_1"
+    script = importlib.import_module("scripts.average_checkpoints")
+    script.average_workdir(trained, average, num=1)
+    with pytest.raises(ValueError, match=rf"parameters alone .*init_from={average}"):
+        trainer.train_and_evaluate(config, average)
+
+
+def test_a_workdir_that_cannot_be_made_is_a_one_line_error(config, tmp_path):
+    parent = tmp_path / "parent"
+    parent.mkdir()
+    with read_only(parent), pytest.raises(ValueError, match=r"--workdir=.*cannot write") as error:
+        trainer.train_and_evaluate(config, parent / "run")
+    assert cli.user_error_message(error.value) is not None

@@ -1,6 +1,7 @@
 """The trainer (translate/trainer.py, steps.py): sharding, compilation, end to end, resume."""
 
 import json
+import signal
 
 import jax
 import numpy as np
@@ -9,7 +10,7 @@ import pytest
 from jax.sharding import Mesh
 
 from scripts.average_checkpoints import average_workdir
-from translate import checkpoint, sharding
+from translate import checkpoint, monitor, sharding
 from translate.batching import BatchLayout, make_batch, plan_epoch
 from translate.corpus import TokenizedCorpus
 from translate.report import translate_and_score
@@ -149,3 +150,29 @@ def test_final_report_decodes_the_average_that_average_checkpoints_writes(config
     )
     assert run.hypotheses.read_text().splitlines() == hypotheses
     assert again["bleu"] == report["bleu"]
+
+
+@pytest.mark.slow  # two 12-step runs, 30-40 s
+def test_a_stop_off_the_checkpoint_grid_averages_the_same_steps_as_no_stop(
+    config, tmp_path, monkeypatch
+):
+    """Issue 27, item 4: a SIGTERM saved step 10, off the grid of every 3 steps; the final
+    average must still be of [6, 9, 12], the uninterrupted run's, not [9, 10, 12]."""
+    config.train.num_train_steps, config.train.checkpoint_every_steps = 12, 3
+    config.train.keep_checkpoints = config.decode.average_last = 3
+    straight = train_and_evaluate(config, tmp_path / "straight")
+    agreed = monitor.StopSignal.agreed
+    monkeypatch.setattr(
+        monitor.StopSignal,
+        "agreed",
+        lambda self, step: signal.SIGTERM if step == 10 else agreed(self, step),
+    )
+    with pytest.raises(monitor.Interrupted, match="at step 10"):
+        train_and_evaluate(config, tmp_path / "stopped")
+    monkeypatch.undo()
+    resumed = train_and_evaluate(config, tmp_path / "stopped")
+    assert straight["checkpoint_steps"] == resumed["checkpoint_steps"] == [6, 9, 12]
+    assert resumed["bleu"] == straight["bleu"]
+    for run in ("straight", "stopped"):
+        manager = checkpoint.make_manager(Workdir(tmp_path / run).checkpoints, read_only=True)
+        assert sorted(manager.all_steps()) == [6, 9, 12]

@@ -4,21 +4,24 @@ import hashlib
 import json
 import os
 import pathlib
+import re
 import select
 import shutil
+import signal
 import stat
 import subprocess
 import sys
 import threading
+import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import tiny_config
+from conftest import read_only, tiny_config
 from flax import nnx
 
-from translate import evaluate, translate_text
+from translate import atomic, cli, evaluate, translate_text
 from translate import workdir as workdir_module
 from translate.batching import source_batches
 from translate.decode import DecodeTimes, beam_search, greedy_search, translate_sentences
@@ -400,3 +403,198 @@ def test_evaluate_writes_its_own_report_and_never_the_training_runs(workdir, tmp
         evaluate.main([*argv, f"--output={run_dir}"])
     with pytest.raises(ValueError, match="holds report.json"):
         evaluate.main([*argv, f"--output={first}"])
+
+
+def write_test_set(tmp_path, lines=("the cat sleeps .", "a man reads .")):
+    (tmp_path / "test.en").write_text("".join(f"{x}\n" for x in lines), encoding="utf-8")
+    (tmp_path / "test.de").write_text("".join(f"{x}\n" for x in lines), encoding="utf-8")
+    return [f"--src={tmp_path / 'test.en'}", f"--ref={tmp_path / 'test.de'}"]
+
+
+def test_evaluate_on_a_read_only_workdir_says_where_to_write_before_decoding(
+    workdir, tmp_path, monkeypatch
+):
+    run_dir = tmp_path / "run"
+    shutil.copytree(workdir, run_dir)
+    test_set = write_test_set(tmp_path)
+    decoded = []
+    monkeypatch.setattr(evaluate, "translate_and_score", lambda *a, **k: decoded.append(1))
+    with read_only(run_dir):
+        with pytest.raises(ValueError, match=r"cannot write in .*run.*--output=DIR") as error:
+            evaluate.main([f"--workdir={run_dir}", *test_set])
+        assert cli.user_error_message(error.value) is not None
+        with pytest.raises(ValueError, match=r"cannot write in .*run.*--output=DIR"):
+            evaluate.main([f"--workdir={run_dir}", *test_set, "--average=2"])
+    assert not decoded, "refused before decoding"
+
+
+def test_evaluate_refuses_an_output_that_is_a_file_or_under_one(workdir, tmp_path):
+    test_set = write_test_set(tmp_path)
+    (tmp_path / "afile").write_text("mine")
+    for output in (tmp_path / "afile", tmp_path / "afile" / "out"):
+        with pytest.raises(ValueError, match=rf"--output={output}: .*afile is a file") as error:
+            evaluate.main([f"--workdir={workdir}", *test_set, f"--output={output}"])
+        assert cli.user_error_message(error.value) is not None
+    assert (tmp_path / "afile").read_text() == "mine"
+
+
+def test_evaluate_of_an_empty_test_set_is_an_error_naming_it(workdir, tmp_path):
+    test_set = write_test_set(tmp_path, lines=())
+    with pytest.raises(ValueError, match=r"--src=.*test\.en holds no sentence"):
+        evaluate.main([f"--workdir={workdir}", *test_set])
+
+
+def test_two_evaluations_never_write_one_report_over_the_other(workdir, tmp_path, monkeypatch):
+    """Both given the same --output (or both the default): the second, started while the
+    first decodes, is refused at once (or gets a directory of its own)."""
+    test_set = write_test_set(tmp_path)
+    output = tmp_path / "out"
+    decode = evaluate.translate_and_score
+    inner = []
+
+    def second_evaluation_meanwhile(*args, **kwargs):
+        if not inner:
+            inner.append(1)
+            with pytest.raises(ValueError, match=f"--output={output} is being written by"):
+                evaluate.main([f"--workdir={workdir}", *test_set, f"--output={output}"])
+        return decode(*args, **kwargs)
+
+    monkeypatch.setattr(evaluate, "translate_and_score", second_evaluation_meanwhile)
+    evaluate.main([f"--workdir={workdir}", *test_set, f"--output={output}"])
+    assert inner and (output / "report.json").is_file()
+    with pytest.raises(ValueError, match="holds report.json"):
+        evaluate.main([f"--workdir={workdir}", *test_set, f"--output={output}"])
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(workdir, run_dir)
+    outputs = []
+
+    def default_meanwhile(*args, **kwargs):
+        if len(outputs) < 1:
+            outputs.append("inner")
+            evaluate.main([f"--workdir={run_dir}", *test_set])
+        return decode(*args, **kwargs)
+
+    monkeypatch.setattr(evaluate, "translate_and_score", default_meanwhile)
+    evaluate.main([f"--workdir={run_dir}", *test_set])
+    made = sorted(p.name for p in (run_dir / "evaluations").iterdir())
+    assert made == ["test.en.step6", "test.en.step6.2"]
+    assert all((run_dir / "evaluations" / name / "report.json").is_file() for name in made)
+
+
+def test_output_onto_anything_a_workdir_holds_is_refused(workdir, tmp_path):
+    """The training report, hypotheses, curves, best/ and evaluations/ too (issue 27, B)."""
+    copy = tmp_path / "copy"
+    shutil.copytree(workdir, copy)
+    (copy / "evaluations" / "test.en.step6").mkdir(parents=True)
+    source = tmp_path / "in.txt"
+    source.write_text("the cat sleeps .\n", encoding="utf-8")
+    run_files = Workdir(copy)
+    targets = [
+        run_files.report_json,
+        run_files.report_txt,
+        run_files.hypotheses,
+        run_files.metric_plot("loss"),
+        run_files.best / "config.json",
+        run_files.evaluations / "test.en.step6" / "report.json",
+        run_files.data / "test.de",
+        run_files.tensorboard / "new.txt",
+    ]
+    before = {p: p.read_bytes() for p in copy.rglob("*") if p.is_file()}
+    for target in targets:
+        argv = [f"--workdir={copy}", f"--input={source}", f"--output={target}"]
+        with pytest.raises(SystemExit, match=f"--output={target} is a file of --workdir={copy}"):
+            translate_text.main(argv)
+    assert {p: p.read_bytes() for p in copy.rglob("*") if p.is_file()} == before
+
+
+@pytest.mark.parametrize(
+    "flag, message",
+    [
+        ("--beam_size=-3", "--beam_size=-3: must be >= 1"),
+        ("--nbest=-1", "--nbest=-1: must be >= 0"),
+        ("--length_penalty=nan", "--length_penalty=nan: must be a finite number >= 0"),
+        ("--length_penalty=inf", "--length_penalty=inf: must be a finite number >= 0"),
+        ("--length_penalty=-0.5", "--length_penalty=-0.5: must be a finite number >= 0"),
+        ("--batch_size=-2", "--batch_size=-2: must be >= 1"),
+        ("--max_extra_len=-5", "--max_extra_len=-5: must be >= 0"),
+    ],
+)
+def test_decoding_flags_out_of_range_are_refused_naming_them(workdir, flag, message, monkeypatch):
+    loaded = []
+    monkeypatch.setattr(translate_text, "load_ensemble", lambda *a: loaded.append(1))
+    with pytest.raises(ValueError, match=re.escape(message)) as error:
+        translate_text.main([f"--workdir={workdir}", flag])
+    assert cli.user_error_message(error.value) is not None and not loaded
+
+
+def test_translate_says_which_model_it_decodes_and_what_it_truncates(
+    workdir, tmp_path, monkeypatch, capsys
+):
+    config = read_config(Workdir(workdir))
+    too_long = " ".join(["the cat sleeps ."] * 40)
+    run(tmp_path, ["the cat sleeps .", too_long], f"--workdir={workdir}", "--beam_size=1")
+    err = capsys.readouterr().err
+    assert f"decoding with the checkpoint of step 6 of {workdir}" in err
+    assert f"line 2 is longer than data.max_len={config.data.max_len} tokens" in err
+    # A run whose report decoded an average is told how to decode that same model.
+    copy = tmp_path / "copy"
+    shutil.copytree(workdir, copy)
+    config.decode.average_last = 2
+    Workdir(copy).config.write_text(json.dumps(config.to_dict()))
+    run(tmp_path, ["the cat sleeps ."], f"--workdir={copy}", "--beam_size=1")
+    err = capsys.readouterr().err
+    assert "the training report decoded the mean of the newest 2 (--average=2)" in err
+
+
+def test_a_sigterm_leaves_no_temporary_output_and_a_killed_ones_is_cleaned_up(
+    workdir, tmp_path, monkeypatch
+):
+    source = tmp_path / "in.txt"
+    source.write_text("the cat sleeps .\n", encoding="utf-8")
+    target = tmp_path / "out.txt"
+    target.write_text("an earlier translation\n", encoding="utf-8")
+
+    def terminated(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(30)
+
+    def exit_now(status):
+        raise SystemExit(status)
+
+    monkeypatch.setattr(translate_text, "translate_sentences", terminated)
+    monkeypatch.setattr(os, "_exit", exit_now)
+    argv = [f"--workdir={workdir}", f"--input={source}", f"--output={target}"]
+    with pytest.raises(SystemExit) as stopped:
+        cli.run(translate_text.main, argv)
+    assert stopped.value.code == 128 + signal.SIGTERM
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt", "out.txt"]
+    assert target.read_text(encoding="utf-8") == "an earlier translation\n"
+
+    # SIGKILL runs nothing: the next translation into that file removes what it left.
+    left = tmp_path / ".out.txt.0123abcd.tmp"
+    left.write_text("half a translation\n")
+    monkeypatch.undo()
+    monkeypatch.setattr(atomic, "STALE_SECONDS", 0.0)
+    translate_text.main([*argv, "--beam_size=1"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt", "out.txt"]
+
+
+def test_an_input_or_output_that_cannot_be_used_is_named_before_the_model_loads(
+    workdir, tmp_path, monkeypatch
+):
+    loaded = []
+    monkeypatch.setattr(translate_text, "load_ensemble", lambda *a: loaded.append(1))
+    for given, message in [(tmp_path, "a directory"), (tmp_path / "none.en", "no such file")]:
+        with pytest.raises(ValueError, match=f"--input={given}: {message}"):
+            translate_text.main([f"--workdir={workdir}", f"--input={given}"])
+    assert not loaded
+    monkeypatch.undo()
+    source = tmp_path / "in.txt"
+    source.write_text("the cat sleeps .\n", encoding="utf-8")
+    closed = tmp_path / "closed"
+    closed.mkdir()
+    with read_only(closed), pytest.raises(ValueError, match="--output=.*cannot write there"):
+        translate_text.main([f"--workdir={workdir}", f"--input={source}", f"--output={closed}/x"])
+    with pytest.raises(IsADirectoryError, match="a directory, not a file of sentences"):
+        evaluate.main([f"--workdir={workdir}", f"--src={tmp_path}", f"--ref={source}"])

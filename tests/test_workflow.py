@@ -295,3 +295,39 @@ def test_a_plotting_failure_is_a_warning_not_a_failed_run(tmp_path, caplog):
     with caplog.at_level(logging.INFO, logger="translate"):
         trainer.draw_training_curves(Workdir(tmp_path))  # no metrics.jsonl to draw from
     assert "WARNING: could not draw the training curves" in caplog.text
+
+
+def test_grad_norm_averages_over_the_steps_that_were_applied():
+    def step(grad_norm, nonfinite):
+        return {
+            "loss_sum": 2.0,
+            "nll_sum": 2.0,
+            "tokens": 4.0,
+            "correct": 1.0,
+            "grad_norm": grad_norm,
+            "nonfinite": nonfinite,
+        }
+
+    window = [step(2.0, False), step(float("inf"), True), step(4.0, False)]
+    logged = monitor.summarize(window, seconds=1.0, steps=3)
+    assert logged["train/grad_norm"] == 3.0 and logged["train/skipped_steps"] == 1.0
+
+
+def test_more_steps_for_a_decaying_rate_warn_that_the_rate_jumps(tmp_path, monkeypatch, caplog):
+    config = tiny_config()
+    config.train.lr_decay, config.train.warmup_steps = "linear", 2
+    workdir = Workdir(tmp_path)
+    workdir.config.write_text(json.dumps(config.to_dict()))
+    monkeypatch.setattr(checkpoint, "latest_step", lambda directory: 6)  # a finished run
+    config.train.num_train_steps = 12
+    with caplog.at_level(logging.INFO, logger="translate"):
+        trainer.warn_of_schedule_change(config, workdir)
+    assert "WARNING: the learning rate of step 7 is" in caplog.text
+    assert "config.train.num_train_steps 6 -> 12" in caplog.text
+    caplog.clear()
+    config.train.lr_decay = "rsqrt"  # the paper's rate does not depend on the number of steps
+    workdir.config.write_text(json.dumps(config.to_dict()))
+    config.train.num_train_steps = 24
+    with caplog.at_level(logging.INFO, logger="translate"):
+        trainer.warn_of_schedule_change(config, workdir)
+    assert "WARNING" not in caplog.text

@@ -5,16 +5,27 @@ for a file, `.NAME.<hex>.new` for a directory) and renamed into place once whole
 random and created exclusively, so several processes, on several hosts sharing a file system,
 never write into one temporary file. The target is resolved through symlinks first, so the
 rename stays on one file system and a link is written through, as `open()` would.
+
+A writer holds an advisory lock on its temporary file or directory while it writes, which the
+operating system drops however the process ends; `remove_stale` deletes those that no writer
+holds, which a killed process left behind.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import glob
 import os
 import pathlib
 import secrets
 import shutil
+import time
 from collections.abc import Iterator
+
+# A temporary this much older than now, and unlocked, is a killed writer's (`remove_stale`):
+# a writer locks its temporary just after creating it.
+STALE_SECONDS = 10.0
 
 
 class AtomicFile:
@@ -38,6 +49,7 @@ class AtomicFile:
         self.fsync = fsync
         self.committed = False
         fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        hold(fd)
         self.file = os.fdopen(fd, "wb")
         if self.path.exists():
             with contextlib.suppress(OSError):
@@ -131,10 +143,13 @@ def directory(path: str | os.PathLike) -> Iterator[pathlib.Path]:
     target = pathlib.Path(os.path.realpath(path))
     new = beside(target, "new")
     new.mkdir()
+    fd = os.open(new, os.O_RDONLY | os.O_DIRECTORY)
+    hold(fd)
     try:
         yield new
         replace_directory(new, target)
     finally:
+        os.close(fd)
         shutil.rmtree(new, ignore_errors=True)  # gone already after the rename
 
 
@@ -154,6 +169,55 @@ def replace_directory(new: pathlib.Path, target: pathlib.Path) -> None:
         shutil.rmtree(old)
     else:
         old.unlink()
+
+
+def hold(fd: int) -> None:
+    """Locks a temporary file or directory as its writer's (best effort: some network file
+    systems refuse locks, and then `remove_stale` leaves its temporaries alone)."""
+    with contextlib.suppress(OSError):
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+
+def remove_stale(path: str | os.PathLike, what: str) -> list[pathlib.Path]:
+    """Deletes the temporaries beside `path` (`.NAME.<hex>.WHAT`, WHAT "tmp" or "new") that a
+    killed writer left: those no writer holds, at least `STALE_SECONDS` old. Returns them.
+
+    A temporary that another process is writing is locked and stays; so does one that cannot be
+    locked to check (a file system without locks).
+    """
+    target = pathlib.Path(os.path.realpath(path))
+    try:
+        candidates = list(target.parent.glob(f".{glob.escape(target.name)}.*.{what}"))
+    except OSError:
+        return []
+    removed = []
+    for candidate in candidates:
+        if not is_stale(candidate):
+            continue
+        if candidate.is_dir() and not candidate.is_symlink():
+            shutil.rmtree(candidate, ignore_errors=True)
+        else:
+            with contextlib.suppress(OSError):
+                candidate.unlink()
+        removed.append(candidate)
+    return removed
+
+
+def is_stale(candidate: pathlib.Path) -> bool:
+    try:
+        if time.time() - candidate.lstat().st_mtime < STALE_SECONDS:
+            return False
+        flags = os.O_RDONLY | (os.O_DIRECTORY if candidate.is_dir() else 0)
+        fd = os.open(candidate, flags | os.O_NOFOLLOW)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except OSError:  # held by a writer, or not lockable here
+        return False
+    finally:
+        os.close(fd)
 
 
 def beside(path: pathlib.Path, what: str) -> pathlib.Path:

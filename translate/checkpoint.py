@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
+import os
 import pathlib
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -12,10 +15,40 @@ import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
 
+@dataclasses.dataclass(frozen=True)
+class KeepOnGrid:
+    """Which saved steps a training run keeps (an Orbax preservation policy).
+
+    The grid is every `every` steps and the `last`: the steps an uninterrupted run saves. The
+    newest `keep` of the grid's steps and the newest step (a stop signal's, off the grid, which
+    training resumes from) are kept; an older step off the grid is not. So a run stopped and
+    resumed keeps what an uninterrupted one keeps, and the final average (Sec. 6.1) reads the
+    same checkpoints: no step of a stop pushes a grid step out for good.
+    """
+
+    keep: int
+    every: int
+    last: int
+
+    def on_grid(self, step: int) -> bool:
+        return step % self.every == 0 or step == self.last
+
+    def should_preserve(self, checkpoints: Sequence[Any], *, context: Any = None) -> list[bool]:
+        steps = [info.step for info in checkpoints]
+        newest = max(steps, default=None)
+        candidates = sorted(s for s in steps if self.on_grid(s) or s == newest)
+        kept = set(candidates[-self.keep :])
+        return [s in kept for s in steps]
+
+
 def make_manager(
-    directory: str | pathlib.Path, keep: int = 5, read_only: bool = False
+    directory: str | pathlib.Path,
+    keep: int = 5,
+    read_only: bool = False,
+    grid: KeepOnGrid | None = None,
 ) -> ocp.CheckpointManager:
-    """A manager for the checkpoints in `directory` that keeps the newest `keep` steps.
+    """A manager for the checkpoints in `directory` that keeps the newest `keep` steps, or
+    those that `grid` keeps (a training run's).
 
     Orbax writes each step into a temporary directory and renames it when complete, so a
     process killed mid-save leaves no step that looks whole.
@@ -23,12 +56,32 @@ def make_manager(
     directory = pathlib.Path(directory).absolute()
     # A killed save leaves only a temporary directory; the next writer removes it.
     options = ocp.CheckpointManagerOptions(
-        max_to_keep=keep,
+        max_to_keep=None if grid else keep,
+        preservation_policy=grid,
         create=not read_only,
         read_only=read_only,
         cleanup_tmp_directories=not read_only,
     )
     return ocp.CheckpointManager(directory, options=options)
+
+
+def write_error(
+    error: Exception, directory: pathlib.Path, step: int | None, intact: Sequence[int], then: str
+) -> OSError | None:
+    """An OSError saying that the checkpoint of `step` could not be written (a full disk), which
+    checkpoints are whole, and `then` (what to do); None when `error` is not a failed write.
+
+    Orbax reports a failed write as a ValueError that ends in `[os_error_code='28']`.
+    """
+    code = re.search(r"os_error_code='(\d+)'", str(error))
+    if code is None and not isinstance(error, OSError):
+        return None
+    reason = os.strerror(int(code.group(1))) if code else (error.strerror or str(error))
+    kept = [s for s in sorted(intact) if s != step]
+    whole = f"the checkpoints of steps {kept} there are whole" if kept else "no other is there"
+    return OSError(
+        f"could not write the checkpoint of step {step} in {directory}: {reason}; {whole}; {then}"
+    )
 
 
 def save(
@@ -164,8 +217,30 @@ def latest_step(directory: str | pathlib.Path) -> int | None:
     return make_manager(directory, read_only=True).latest_step()
 
 
+def holds_optimizer_state(directory: str | pathlib.Path, step: int) -> bool:
+    """Whether the checkpoint of `step` holds Adam's state (a training run's), not parameters
+    alone (an average's, or best/'s)."""
+    return (pathlib.Path(directory) / str(step) / "opt_state").is_dir()
+
+
+def dotted_name(path: tuple) -> str:
+    """A parameter's tree path as one name: `decoder.0.cross_attention.key.kernel.value`."""
+    return ".".join(str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path)
+
+
+def param_shapes(directory: str | pathlib.Path, step: int) -> dict[str, tuple[int, ...]]:
+    """The shape of every parameter saved at `step`, by `dotted_name`; no array is read."""
+    with ocp.StandardCheckpointer() as reader:
+        metadata = reader.metadata(pathlib.Path(directory).absolute() / str(step) / "params")
+    tree = getattr(metadata, "item_metadata", metadata)
+    return {dotted_name(p): tuple(x.shape) for p, x in jax.tree.leaves_with_path(tree)}
+
+
 def steps_to_average(
-    manager: ocp.CheckpointManager, num: int, keep_checkpoints: int | None = None
+    manager: ocp.CheckpointManager,
+    num: int,
+    keep_checkpoints: int | None = None,
+    among: Callable[[int], bool] = lambda step: True,
 ) -> list[int]:
     """The newest `num` saved steps, oldest first, failing with what to change if there are fewer.
 
@@ -174,6 +249,7 @@ def steps_to_average(
       num: how many checkpoints to average (Sec. 6.1: 5 for base, 20 for big).
       keep_checkpoints: the run's `train.keep_checkpoints`; when given, a value below `num` is
         an error even if enough steps happen to be on disk, since the run deletes the older ones.
+      among: which saved steps may be averaged (the trainer's: those on its grid).
     """
     if num < 1:
         raise ValueError(f"the number of checkpoints to average must be >= 1, not {num}")
@@ -182,7 +258,7 @@ def steps_to_average(
             f"averaging {num} checkpoints needs train.keep_checkpoints >= {num}, but this run "
             f"keeps {keep_checkpoints}; train with --config.train.keep_checkpoints={num}"
         )
-    steps = sorted(manager.all_steps())
+    steps = sorted(s for s in manager.all_steps() if among(s))
     if len(steps) < num:
         raise ValueError(
             f"averaging {num} checkpoints, but {manager.directory} holds only {len(steps)} "

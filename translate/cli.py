@@ -9,15 +9,20 @@ module imports none of them.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import logging
 import os
 import pathlib
+import signal
 import sys
+import tempfile
 import textwrap
+import threading
 import traceback
 import typing
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from absl import logging as absl_logging
 
@@ -67,9 +72,32 @@ def user_error_message(error: BaseException) -> str | None:
     return " ".join(message.split()) or type(error).__name__
 
 
+class Terminated(BaseException):
+    """SIGTERM as an exception, as Python makes SIGINT a KeyboardInterrupt: the command's
+    `finally` blocks and context managers run (a half-written output is removed)."""
+
+
+def raise_terminated(signum, frame) -> NoReturn:
+    raise Terminated()
+
+
+def exit_at_once(status: int) -> NoReturn:
+    """Flushes the console and ends the process without tearing the interpreter down.
+
+    After a signal, XLA may still be compiling in threads of its own (JAX stops waiting for a
+    compile when a signal arrives); the interpreter's teardown destroys the client under them
+    and the process dies of a segmentation fault. What a command writes is closed by then.
+    """
+    for stream in [*logging.getLogger("translate").handlers, sys.stdout, sys.stderr]:
+        with contextlib.suppress(Exception):  # a stream already closed has nothing to flush
+            stream.flush()
+    os._exit(status)
+
+
 def run(main: Callable[[list[str]], Any], argv: Sequence[str] | None = None) -> None:
-    """Calls `main(argv)` and exits: 0, main's own int status, or 2 with one line on a
-    user's mistake. Anything else propagates with its traceback.
+    """Calls `main(argv)` and exits: 0, main's own int status, 2 with one line on a user's
+    mistake, or 128 + the signal with one line on SIGINT or SIGTERM (after main's cleanup).
+    Anything else propagates with its traceback.
 
     Args:
       main: an entry point's `main(argv)`.
@@ -79,6 +107,9 @@ def run(main: Callable[[list[str]], Any], argv: Sequence[str] | None = None) -> 
     spec = getattr(sys.modules["__main__"], "__spec__", None)
     if program.endswith(".py") and spec is not None:
         program = f"python -m {spec.name}"  # run as python -m translate.train
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGTERM, raise_terminated)
     try:
         status = main(list(sys.argv[1:] if argv is None else argv))
     except (SystemExit, *USER_ERRORS) as error:
@@ -87,6 +118,13 @@ def run(main: Callable[[list[str]], Any], argv: Sequence[str] | None = None) -> 
             raise
         sys.stderr.write(f"{program}: error: {message}\n")
         sys.exit(2)
+    except (KeyboardInterrupt, Terminated) as stopped:
+        signum = signal.SIGINT if isinstance(stopped, KeyboardInterrupt) else signal.SIGTERM
+        sys.stderr.write(f"{program}: stopped by {signum.name}\n")
+        exit_at_once(128 + signum)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
     sys.exit(status if isinstance(status, int) else 0)
 
 
@@ -185,6 +223,7 @@ def parse_flags(
     defaults = {n: (s.default if isinstance(s, Flag) else s) for n, s in known.items()}
     flags = {n: (list(d) if isinstance(d, list) else d) for n, d in defaults.items()}
     overrides: dict[str, str] = {}
+    seen: dict[str, str] = {}  # each flag's text, for a flag given twice
     position = 0
     while position < len(argv):
         arg = argv[position]
@@ -194,23 +233,7 @@ def parse_flags(
                 f"unexpected argument {arg!r}; flags look like --name=value or --name value"
             )
         name, has_value, text = arg[2:].partition("=")
-        if name.startswith("config."):
-            dotted = name[len("config.") :]
-            kind = config_field_type(dotted)
-            if dotted.split(".")[0] not in sections:
-                allowed = ", ".join(f"--config.{s}.*" for s in sections)
-                raise ValueError(
-                    f"--{name}: this command takes "
-                    + (f"only {allowed}" if sections else "no --config.* flags")
-                )
-        elif name in defaults:
-            kind = _flag_type(defaults[name])
-        else:
-            raise ValueError(
-                f"unknown flag --{name}; known flags: "
-                + ", ".join(f"--{k}" for k in sorted(defaults))
-                + " (--help lists them)"
-            )
+        kind = _flag_kind(name, defaults, sections)
         if not has_value:
             following = argv[position] if position < len(argv) else None
             if kind is bool:
@@ -221,6 +244,13 @@ def parse_flags(
                 raise ValueError(f"--{name} needs a value: --{name}=VALUE or --{name} VALUE")
             else:
                 text, position = following, position + 1
+        if not isinstance(defaults.get(name), list):
+            # The same flag twice with two values is a mistake (an edited command line, a
+            # script's default and the user's): which one was meant cannot be known.
+            if seen.setdefault(name, text) != text:
+                raise ValueError(
+                    f"--{name} is given twice, as {seen[name]!r} and {text!r}; give it once"
+                )
         if name.startswith("config."):
             overrides[name[len("config.") :]] = text
         elif isinstance(defaults[name], list):
@@ -228,6 +258,27 @@ def parse_flags(
         else:
             flags[name] = parse_value(text, kind, f"--{name}")
     return flags, overrides
+
+
+def _flag_kind(name: str, defaults: dict[str, Any], sections: Sequence[str]) -> type:
+    """The type that parses flag `name`'s value; ValueError for a flag this command lacks."""
+    if name.startswith("config."):
+        dotted = name[len("config.") :]
+        kind = config_field_type(dotted)
+        if dotted.split(".")[0] not in sections:
+            allowed = ", ".join(f"--config.{s}.*" for s in sections)
+            raise ValueError(
+                f"--{name}: this command takes "
+                + (f"only {allowed}" if sections else "no --config.* flags")
+            )
+        return kind
+    if name in defaults:
+        return _flag_type(defaults[name])
+    raise ValueError(
+        f"unknown flag --{name}; known flags: "
+        + ", ".join(f"--{k}" for k in sorted(defaults))
+        + " (--help lists them)"
+    )
 
 
 def checkpoint_flags(use: str) -> dict[str, Flag]:
@@ -247,6 +298,29 @@ def checkpoint_flags(use: str) -> dict[str, Flag]:
 def checkpoint_choice(flags: dict[str, Any]) -> tuple[int | None, int]:
     """(step, average) from `checkpoint_flags`' values: step None means the newest."""
     return (None if flags["step"] == -1 else flags["step"]), flags["average"]
+
+
+def check_writable(directory: str | os.PathLike, flag: str) -> None:
+    """Checks that `directory` (or, while it does not exist, the directories that would hold
+    it) can be written, before the work whose output goes there. Leaves nothing behind.
+
+    Raises:
+      ValueError: naming `flag` and the directory, and saying to give --output elsewhere.
+    """
+    directory = pathlib.Path(directory).absolute()
+    missing = [d for d in (directory, *directory.parents) if not d.exists()]
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        os.rmdir(tempfile.mkdtemp(prefix=".write-check.", dir=directory))
+    except OSError as e:
+        raise ValueError(
+            f"{flag}: cannot write in {directory} ({e.strerror}): give --output=DIR where you "
+            "can write"
+        ) from None
+    finally:
+        for made in missing:  # deepest first
+            with contextlib.suppress(OSError):
+                made.rmdir()
 
 
 def quiet_libraries() -> None:

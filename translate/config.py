@@ -10,7 +10,9 @@ comment above each field is its description: `parse_flags` prints it for `--help
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import difflib
 import importlib.util
 import inspect
 import io
@@ -19,6 +21,7 @@ import math
 import pathlib
 import textwrap
 import tokenize
+import traceback
 import typing
 from collections.abc import Callable
 from typing import Any
@@ -183,7 +186,11 @@ class Config:
         The message names the flag as it is typed, with its value and the rule it breaks:
         `invalid config: --config.train.keep_checkpoints=0: must be >= 1`.
         """
-        # Types first, so that every rule below may compare and divide: a config file can set
+        # Names first: a dataclass takes any attribute, so `c.model.d_modle = 64` in a config
+        # file would otherwise be ignored and the run would train the default.
+        if unknown := unknown_field(self):
+            raise ValueError(f"invalid config: {unknown}")
+        # Types next, so that every rule below may compare and divide: a config file can set
         # any Python value, and NaN or inf passes a range check such as `> 0`.
         self._check_types()
         # Checked in order, so a rule may rely on one above it: d_model % num_heads needs
@@ -362,6 +369,17 @@ class Config:
                 lambda v: v >= 0,
                 "must be >= 0 (0 = off)",
             ),
+            # A language model is scored by its dev loss alone: it has no BLEU to keep or wait for.
+            (
+                "train.keep_best_by",
+                lambda v: v == "" or d.source != "monolingual",
+                f"needs dev BLEU, which a language model ({flag('data.source')}) has not",
+            ),
+            (
+                "train.early_stopping_patience",
+                lambda v: v == 0 or d.source != "monolingual",
+                f"needs dev BLEU, which a language model ({flag('data.source')}) has not",
+            ),
             (
                 "train.profile_steps",
                 lambda v: v == "" or split_profile_steps(v) is not None,
@@ -421,6 +439,32 @@ def split_profile_steps(text: str) -> tuple[int, int] | None:
     return (first, last) if 1 <= first <= last else None
 
 
+def unknown_field(config: Config) -> str | None:
+    """What is wrong when a config holds an attribute that is not one of its fields, or None.
+
+    A dataclass takes any attribute, so a misspelt name in a config file would be ignored.
+    """
+    sections = [f.name for f in dataclasses.fields(config)]
+    for name in vars(config):
+        if name not in sections:
+            return f"config.{name} is not a section of the config{_did_you_mean(name, sections)}"
+    for section in sections:
+        values = getattr(config, section)
+        names = [f.name for f in dataclasses.fields(values)]
+        for name in vars(values):
+            if name not in names:
+                return (
+                    f"config.{section}.{name} is not a field of config.{section}"
+                    f"{_did_you_mean(name, names)}"
+                )
+    return None
+
+
+def _did_you_mean(name: str, names: list[str]) -> str:
+    close = difflib.get_close_matches(name, names, n=1)
+    return f" (did you mean {close[0]}?)" if close else f"; its fields are {', '.join(names)}"
+
+
 def _has_type(value: Any, kind: Any) -> bool:
     """Whether a field of type `kind` may hold `value` (an int may stand for a float)."""
     if isinstance(value, bool):
@@ -438,7 +482,13 @@ def parse_value(text: str, kind: Any, flag: str) -> Any:
                 raise ValueError(text)
             return lowered in ("true", "1")
         if kind is int:
-            return int(float(text)) if "e" in text.lower() else int(text)
+            if "e" not in text.lower():
+                return int(text)
+            # "1e3" is a thousand; "1e999" (infinite) and "1.5e0" name no int.
+            number = float(text)
+            if not number.is_integer():
+                raise ValueError(text)
+            return int(number)
         if kind is float:
             return float(text)
         if kind is str:
@@ -499,15 +549,41 @@ def load_config(path: str | pathlib.Path, overrides: dict[str, str] | None = Non
     path = find_config(path)
     spec = importlib.util.spec_from_file_location(f"_config_{path.stem}", path)
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    if not hasattr(module, "get_config"):
-        raise ValueError(f"--config: {path} defines no get_config()")
-    config = module.get_config()
+    with _errors_named_by_line(path):
+        spec.loader.exec_module(module)
+        if not hasattr(module, "get_config"):
+            raise ValueError(f"--config: {path} defines no get_config()")
+        config = module.get_config()
     if not isinstance(config, Config):
         raise ValueError(f"--config: get_config() in {path} must return translate.config.Config")
+    if unknown := unknown_field(config):
+        raise ValueError(f"--config={path}: {unknown}")
     for dotted, text in (overrides or {}).items():
         apply_override(config, dotted, text)
     return config.validate()
+
+
+@contextlib.contextmanager
+def _errors_named_by_line(path: pathlib.Path):
+    """Turns an error raised by a config file's own code into one naming the file and line.
+
+    A syntax error, or any exception whose innermost frame in `path` is the user's own code
+    (a NameError, a bad import), becomes `ValueError("--config=PATH:LINE: ...")`; an error
+    raised inside this package while the file runs keeps its traceback.
+    """
+    try:
+        yield
+    except SyntaxError as e:
+        if e.filename is None or pathlib.Path(e.filename).resolve() != path.resolve():
+            raise
+        raise ValueError(
+            f"--config={path}:{e.lineno}: {e.msg} ({(e.text or '').strip()})"
+        ) from None
+    except Exception as e:
+        frames = traceback.extract_tb(e.__traceback__)
+        if not frames or pathlib.Path(frames[-1].filename).resolve() != path.resolve():
+            raise
+        raise ValueError(f"--config={path}:{frames[-1].lineno}: {type(e).__name__}: {e}") from None
 
 
 def config_from_dict(values: dict[str, Any]) -> Config:

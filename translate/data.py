@@ -10,6 +10,7 @@ Batching them is translate/batching.py's job.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import pathlib
@@ -82,6 +83,11 @@ def open_text(
         dev = None
         if dev_path.is_file():
             lines = read_lines(dev_path)
+            if not lines:
+                raise ValueError(
+                    f"{dev_path}: the dev file holds no sentence (remove it, or set "
+                    "--config.data.dev_prefix to another, for no dev set)"
+                )
             dev = ([""] * len(lines), lines)
         return train, dev, None  # a language model has no translations to score
     if d.source == "tfds":
@@ -103,6 +109,12 @@ def open_text(
     dev, test = (
         read_parallel(*paths[split]) if split in paths else None for split in ("dev", "test")
     )
+    for split, text in (("dev", dev), ("test", test)):
+        if text is not None and not text[0]:
+            raise ValueError(
+                f"{paths[split][0]}: the {split} file holds no sentence (set "
+                f"--config.data.{split}_prefix= for no {split} set)"
+            )
     train = ParallelText.from_files(*paths["train"])
     if train.num_pairs == 0:
         raise ValueError(f"{paths['train'][0]}: the training file holds no sentence")
@@ -127,9 +139,11 @@ def load_data(config: Config, workdir: Workdir) -> Data:
             len(sample),
             train_text.num_pairs,
         )
-        tokenizer = train_tokenizer(sample, d.vocab_size, workdir.vocab)
+        with naming_what_was_written(f"the vocabulary {workdir.vocab}"):
+            tokenizer = train_tokenizer(sample, d.vocab_size, workdir.vocab)
         del sample
-    train, dropped = tokenize_once(train_text, tokenizer, d.max_len, workdir.tokens)
+    with naming_what_was_written(f"the training tokens in {workdir.tokens}"):
+        train, dropped = tokenize_once(train_text, tokenizer, d.max_len, workdir.tokens)
     if len(train) == 0:
         raise ValueError(
             f"all {dropped} training pairs are longer than --config.data.max_len={d.max_len} "
@@ -142,5 +156,42 @@ def load_data(config: Config, workdir: Workdir) -> Data:
         d.max_len,
         tokenizer.vocab_size,
     )
-    dev = tokenize_parallel(tokenizer, *dev_text, d.max_len)[0] if dev_text else None
+    dev = None
+    if dev_text:
+        dev, dropped = tokenize_parallel(tokenizer, *dev_text, d.max_len)
+        if len(dev) == 0:
+            raise ValueError(
+                f"{dev_source(config, workdir)}: no dev pair is at most "
+                f"--config.data.max_len={d.max_len} tokens on both sides (all {dropped} are "
+                "longer), so there is no dev loss to measure: raise data.max_len (and "
+                "data.row_len), or shorten the dev set"
+            )
     return Data(tokenizer, train, dev, dev_text, test_text)
+
+
+def dev_source(config: Config, workdir: Workdir) -> str:
+    """The dev set's name for a message: its source file, or the TFDS split."""
+    d = config.data
+    if d.source == "tfds":
+        return f"{d.tfds_name} {d.tfds_dev_split}"
+    if d.source == "monolingual":
+        return str(pathlib.Path(d.dir) / f"{d.dev_prefix}.{d.tgt_lang}")
+    return str(data_paths(config, workdir)["dev"][0])
+
+
+@contextlib.contextmanager
+def naming_what_was_written(what: str):
+    """Turns a failed write (a full disk) into an OSError that names `what` was being written.
+
+    The vocabulary and the token cache are written whole or not at all, so the rest of the
+    workdir is as it was.
+    """
+    try:
+        yield
+    except OSError as e:
+        if e.errno is None:
+            raise
+        raise OSError(
+            f"could not write {what}: {e.strerror}; it is written whole or not at all, and the "
+            "rest of the workdir is as it was"
+        ) from e

@@ -6,7 +6,9 @@
 (or `python -m translate.evaluate ...`) writes OUT/report.json, OUT/report.txt and
 OUT/hypotheses.txt. OUT defaults to a new directory DIR/evaluations/SRC.stepN (.2, .3, ... when
 that exists), so the training run's own report is never overwritten; an --output that holds a
-report already, or is a training workdir, is refused.
+report already, is a training workdir or a file, or that another translate-evaluate is writing,
+is refused. OUT is made (or, by default, chosen) before decoding, so a workdir where nothing can
+be written is named before any time is spent.
 Repeating --workdir decodes with the ensemble of those models (they must share a vocabulary).
 `--average=N` decodes with the mean parameters of the newest N checkpoints (Sec. 6.1: 5 for
 base, 20 for big). The report holds two BLEU scores that must not be confused:
@@ -25,8 +27,11 @@ commit, package versions, device, config, parameter count and the test files' sh
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import os
 import pathlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from translate import cli, scoring
@@ -38,10 +43,14 @@ from translate.workdir import Workdir, load_ensemble
 
 
 def default_output(workdir: str, source: str, steps: Sequence[int], num_models: int) -> Workdir:
-    """A new directory under the first workdir's evaluations/ named by the test set and model.
+    """A new directory under the first workdir's evaluations/ named by the test set and model,
+    made here, so that no other evaluation takes it.
 
     `evaluations/newstest2014.en.step100000`, `...average5.step100000` or `...ensemble2.step..`;
     `.2`, `.3`, ... are added while a directory of that name exists, so nothing is overwritten.
+
+    Raises:
+      ValueError: naming --workdir when nothing can be created there.
     """
     name = pathlib.Path(source).name
     if num_models > 1:
@@ -51,15 +60,89 @@ def default_output(workdir: str, source: str, steps: Sequence[int], num_models: 
     name += f".step{steps[-1]}"
     evaluations = Workdir(workdir).evaluations
     candidate, number = evaluations / name, 1
-    while candidate.exists():
-        number += 1
-        candidate = evaluations / f"{name}.{number}"
-    return Workdir(candidate)
+    while True:
+        try:
+            evaluations.mkdir(parents=True, exist_ok=True)
+            candidate.mkdir()  # made by one process only: the name is this evaluation's
+            return Workdir(candidate)
+        except FileExistsError:
+            number += 1
+            candidate = evaluations / f"{name}.{number}"
+        except OSError as e:
+            raise ValueError(
+                f"--workdir={workdir}: cannot write in {e.filename or evaluations} "
+                f"({e.strerror}), where the report goes by default: give --output=DIR where "
+                "you can write"
+            ) from None
 
 
-def check_output(output: str) -> None:
-    """Refuses an --output that is a training workdir or holds a report already."""
+@contextlib.contextmanager
+def claim_output(output: str) -> Iterator[Workdir]:
+    """Makes --output and holds it while this evaluation writes there: a second evaluation
+    given the same --output meanwhile is refused at once, and one that starts after this one
+    finds the report (`check_output`, checked while it is held). A directory made here and
+    left empty (the evaluation failed) is removed.
+
+    Raises:
+      ValueError: naming --output when it cannot be made or another evaluation holds it.
+    """
+    path = pathlib.Path(output)
+    made = not path.exists()
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError as e:
+        raise ValueError(
+            f"--output={output}: cannot make it ({e.strerror}: {e.filename}): give --output=DIR "
+            "where you can write"
+        ) from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ValueError(
+                f"--output={output} is being written by another translate-evaluate; give "
+                "another --output, or leave it out for a new WORKDIR/evaluations/... directory"
+            ) from None
+        check_output(output)
+        if made:
+            with removed_if_empty(Workdir(path)) as out:
+                yield out
+        else:
+            yield Workdir(path)
+    finally:
+        os.close(fd)  # and with it the lock
+
+
+@contextlib.contextmanager
+def removed_if_empty(out: Workdir) -> Iterator[Workdir]:
+    """Yields `out`, a directory made for this evaluation; removed if an error leaves it empty."""
+    try:
+        yield out
+    except BaseException:
+        with contextlib.suppress(OSError):
+            out.path.rmdir()  # only if empty
+        raise
+
+
+def check_output(output: str, workdirs: Sequence[str] = ()) -> None:
+    """Refuses an --output that is a file (or under one), a training workdir, inside a training
+    workdir's checkpoints or data, or holds a report already."""
     out = Workdir(output)
+    for path in (out.path, *out.path.parents):
+        if path.exists() and not path.is_dir():
+            raise ValueError(
+                f"--output={output}: {path} is a file; --output is the directory that the "
+                "report's three files go in"
+            )
+    for workdir in workdirs:
+        run = Workdir(os.path.realpath(workdir))
+        inside = [run.checkpoints, run.tokens, run.best, run.tensorboard, run.profile, run.data]
+        if any(pathlib.Path(os.path.realpath(output)).is_relative_to(d) for d in inside):
+            raise ValueError(
+                f"--output={output} is inside --workdir={workdir}'s own files; leave --output "
+                "out (the default is WORKDIR/evaluations/...) or give another"
+            )
     if out.config.exists() or out.checkpoints.exists():
         raise ValueError(
             f"--output={output} is a training workdir, whose report.json is the training run's "
@@ -96,6 +179,8 @@ def read_test_set(flags: dict[str, Any]) -> tuple[list[str], list[str], list[str
     """(sources, references, the --compare hypotheses or None), their line counts checked."""
     sources = read_lines(flags["src"])
     references = read_lines(flags["ref"])
+    if not sources:
+        raise ValueError(f"--src={flags['src']} holds no sentence: there is nothing to evaluate")
     if len(sources) != len(references):
         raise ValueError(
             f"--src {flags['src']} has {len(sources)} lines but --ref "
@@ -115,10 +200,10 @@ def main(argv: Sequence[str]) -> None:
     for name in ("workdir", "src", "ref"):
         if not flags[name]:
             raise ValueError(f"--{name} is required (--help lists every flag)")
-    if flags["output"]:
-        check_output(flags["output"])
-    cli.quiet_libraries()
     workdirs = flags["workdir"]
+    if flags["output"]:
+        check_output(flags["output"], workdirs)
+    cli.quiet_libraries()
     step, average = cli.checkpoint_choice(flags)
     graphdef, params, tokenizer, config, members = load_ensemble(workdirs, step, average)
     steps = members[0]
@@ -126,34 +211,37 @@ def main(argv: Sequence[str]) -> None:
         apply_override(config, dotted, text)
     config.validate()
     sources, references, other = read_test_set(flags)
-    report, hypotheses = translate_and_score(
-        graphdef,
-        params,
-        tokenizer,
-        config,
-        sources,
-        references,
-        steps[-1],
-        steps,
-        lowercase=flags["lowercase"],
-    )
-    report["test_set"] = {
-        "source": str(pathlib.Path(flags["src"]).resolve()),
-        "source_sha256": sha256_of_file(flags["src"]),
-        "reference": str(pathlib.Path(flags["ref"]).resolve()),
-        "reference_sha256": sha256_of_file(flags["ref"]),
-    }
-    if len(members) > 1:
-        report["ensemble"] = [f"{w} step {s}" for w, s in zip(workdirs, members)]
-    if other is not None:
-        report["comparison"] = {
-            "other": str(pathlib.Path(flags["compare"]).resolve()),
-            "other_sha256": sha256_of_file(flags["compare"]),
-            **scoring.paired_bootstrap(hypotheses, other, references, config.data.tgt_lang),
+    if flags["output"]:
+        output = claim_output(flags["output"])
+    else:
+        output = removed_if_empty(default_output(workdirs[0], flags["src"], steps, len(members)))
+    with output as out:
+        report, hypotheses = translate_and_score(
+            graphdef,
+            params,
+            tokenizer,
+            config,
+            sources,
+            references,
+            steps[-1],
+            steps,
+            lowercase=flags["lowercase"],
+        )
+        report["test_set"] = {
+            "source": str(pathlib.Path(flags["src"]).resolve()),
+            "source_sha256": sha256_of_file(flags["src"]),
+            "reference": str(pathlib.Path(flags["ref"]).resolve()),
+            "reference_sha256": sha256_of_file(flags["ref"]),
         }
-    out = Workdir(flags["output"]) if flags["output"] else None
-    out = out or default_output(workdirs[0], flags["src"], steps, len(members))
-    write_report(out.path, report, sources, references, hypotheses, plots_dir=workdirs[0])
+        if len(members) > 1:
+            report["ensemble"] = [f"{w} step {s}" for w, s in zip(workdirs, members)]
+        if other is not None:
+            report["comparison"] = {
+                "other": str(pathlib.Path(flags["compare"]).resolve()),
+                "other_sha256": sha256_of_file(flags["compare"]),
+                **scoring.paired_bootstrap(hypotheses, other, references, config.data.tgt_lang),
+            }
+        write_report(out.path, report, sources, references, hypotheses, plots_dir=workdirs[0])
     print(out.report_txt.read_text(), end="")
     print(f"(written to {out.path})")
 

@@ -31,13 +31,18 @@ log = logging.getLogger("translate")
 
 
 class MetricWriter:
-    """metrics.jsonl and TensorBoard events in the workdir (process 0 only)."""
+    """metrics.jsonl and TensorBoard events in the workdir (process 0 only).
+
+    A last line cut short (the process was killed while writing it) is removed before this
+    writer appends, so every line it writes is a line of its own.
+    """
 
     def __init__(self, workdir: Workdir):
         self.active = jax.process_index() == 0
         if self.active:
             from tensorboardX import SummaryWriter
 
+            drop_partial_line(workdir.metrics)
             self.jsonl = open(workdir.metrics, "a")
             self.tensorboard = SummaryWriter(str(workdir.tensorboard))
 
@@ -57,19 +62,44 @@ class MetricWriter:
             self.active = False  # closed once, however many ways out call this
 
 
+def drop_partial_line(path: pathlib.Path) -> None:
+    """Cuts `path` back to its last whole line (one that ends in a newline), if one is cut short."""
+    if not path.is_file():
+        return
+    with open(path, "rb+") as f:
+        size = f.seek(0, os.SEEK_END)
+        if size == 0:
+            return
+        f.seek(size - 1)
+        if f.read(1) == b"\n":
+            return
+        f.seek(0)
+        whole = f.read().rfind(b"\n") + 1
+        f.truncate(whole)
+    log.info("removed the last line of %s, cut short when an earlier run stopped", path)
+
+
 def read_metrics(path: pathlib.Path) -> dict[str, tuple[list[int], list[float]]]:
     """Metric name -> (steps, values) in step order, from a `metrics.jsonl`.
 
     A resumed run may log a step again; its last value is kept. A last line cut short (the
-    process was killed while writing it) is left out.
+    process was killed while writing it) is left out, and so is a line that an earlier version
+    appended to such a line (it is not JSON), with a warning naming it.
     """
     by_step: dict[str, dict[int, float]] = {}
-    for line in path.read_text().split("\n")[:-1]:  # what follows the last newline is partial
-        if line.strip():
+    lines = path.read_text(encoding="utf-8", errors="replace").split("\n")
+    for number, line in enumerate(lines[:-1], start=1):  # after the last newline: partial
+        if not line.strip():
+            continue
+        try:
             record = json.loads(line)
-            for name, value in record.items():
-                if name != "step":
-                    by_step.setdefault(name, {})[int(record["step"])] = float(value)
+            step = int(record["step"])
+            values = {k: float(v) for k, v in record.items() if k != "step"}
+        except (ValueError, TypeError, KeyError):
+            log.warning("WARNING: %s:%d is not a whole line of metrics; left out", path, number)
+            continue
+        for name, value in values.items():
+            by_step.setdefault(name, {})[step] = value
     return {name: (sorted(v), [v[s] for s in sorted(v)]) for name, v in by_step.items()}
 
 
@@ -126,7 +156,8 @@ def summarize(window: list[dict[str, np.ndarray]], seconds: float, steps: int) -
         "train/nll": nll,
         "train/perplexity": math.exp(min(nll, 50.0)),
         "train/accuracy": float(totals["correct"]) / tokens,
-        "train/grad_norm": float(totals["grad_norm"]) / len(window),
+        # Over the steps that were applied, as the sums above (a skipped step's may be inf).
+        "train/grad_norm": float(totals["grad_norm"]) / len(good),
         "train/tokens_per_sec": tokens / seconds,
         "train/steps_per_sec": steps / seconds,
         "train/skipped_steps": float(sum(m["nonfinite"] for m in window)),
@@ -178,18 +209,31 @@ class ThroughputWindow:
 
 
 class Interrupted(Exception):
-    """Training stopped on a signal after saving a checkpoint; the same command resumes it."""
+    """Training stopped on a signal after saving a checkpoint (or before training began, with
+    `step` None); the same command resumes it."""
 
-    def __init__(self, signum: int, step: int):
+    def __init__(self, signum: int, step: int | None):
         self.signum, self.step = signum, step
-        super().__init__(
-            f"stopped by {signal.Signals(signum).name} at step {step}; a checkpoint of step "
-            f"{step} is saved and the same command resumes from it"
-        )
+        name = signal.Signals(signum).name
+        if step is None:
+            message = (
+                f"stopped by {name} while loading the data, before training: the workdir is as "
+                "it was, and the same command starts again"
+            )
+        else:
+            message = (
+                f"stopped by {name} at step {step}; a checkpoint of step {step} is saved and the "
+                "same command resumes from it"
+            )
+        super().__init__(message)
 
 
-class EvaluationInterrupted(Exception):
-    """A stop signal arrived during an evaluation, which was abandoned (redone on restart)."""
+class StopRequested(BaseException):
+    """A stop signal cut short work that a restart redoes (an evaluation, loading the data).
+
+    A BaseException, as KeyboardInterrupt is: an `except Exception` around a convenience (the
+    training curves) must not swallow it.
+    """
 
 
 class StopSignal:
@@ -200,15 +244,16 @@ class StopSignal:
     step. On several hosts, a signal may reach them on different sides of a step boundary (SLURM
     signals each task separately), and a host that saves while another enters the next step's
     collectives hangs both; so they agree, every `every` steps, by gathering every host's flag,
-    and all stop at the same step. Within `evaluation()`, one process abandons the evaluation
-    at once; on several hosts the evaluation's collectives must finish together, so it ends first.
+    and all stop at the same step. Within `abandonable()` (an evaluation, loading the data),
+    one process abandons the work at once; on several hosts an evaluation's collectives must
+    finish together, so it ends first.
     """
 
     def __init__(self, every: int = 1):
         self.signum: int | None = None
         self.every = every
         self.previous: dict[int, Any] = {}
-        self.in_evaluation = False
+        self.abandoning = False
 
     def handle(self, signum, frame):
         if self.signum is not None:
@@ -216,12 +261,12 @@ class StopSignal:
             os._exit(128 + signum)
         self.signum = signum
         log.info(
-            "%s received: saving a checkpoint and stopping (send it again to exit at once)",
+            "%s received: stopping (send it again to exit at once)",
             signal.Signals(signum).name,
         )
-        if self.in_evaluation:
-            self.in_evaluation = False
-            raise EvaluationInterrupted(signal.Signals(signum).name)
+        if self.abandoning:
+            self.abandoning = False
+            raise StopRequested(signal.Signals(signum).name)
 
     def agreed(self, step: int) -> int | None:
         """The signal every process stops for after `step`, or None to carry on."""
@@ -234,18 +279,18 @@ class StopSignal:
         return int(np.max(signums)) or None
 
     @contextlib.contextmanager
-    def evaluation(self):
-        """A block that a stop signal abandons at once (raising EvaluationInterrupted)."""
+    def abandonable(self):
+        """A block that a stop signal abandons at once (raising StopRequested)."""
         if jax.process_count() > 1:
             yield
             return
         if self.signum is not None:
-            raise EvaluationInterrupted(signal.Signals(self.signum).name)
-        self.in_evaluation = True
+            raise StopRequested(signal.Signals(self.signum).name)
+        self.abandoning = True
         try:
             yield
         finally:
-            self.in_evaluation = False
+            self.abandoning = False
 
     def __enter__(self):
         if threading.current_thread() is threading.main_thread():

@@ -163,9 +163,11 @@ def write_report(
     git = report.get("git")
     if "packages" in report:
         versions = report["packages"]
-        code = f"commit {git['commit'][:12]}" + (" (modified)" if git["modified"] else "")
+        code = "not a git checkout"  # an installed package (`pip install .`), a copy
+        if git:
+            code = f"commit {git['commit'][:12]}" + (" (modified)" if git["modified"] else "")
         lines.append(
-            f"code      {code if git else 'not a git checkout'}; "
+            f"code      {code}; "
             + ", ".join(f"{k} {versions[k]}" for k in ("jax", "flax", "sacrebleu") if k in versions)
             + f"; {report['num_parameters'][0]:,} parameters"
         )

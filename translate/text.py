@@ -20,6 +20,8 @@ READ_CHUNK = 100_000
 def read_lines(path: str | pathlib.Path, allow_empty: bool = False) -> list[str]:
     """Reads one sentence per line; bad UTF-8, a NUL byte or an empty line names file and line."""
     path = pathlib.Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(f"{path}: a directory, not a file of sentences")
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such file")
     lines = []

@@ -10,7 +10,6 @@ itself, phase by phase, is translate/trainer.py's `train_and_evaluate`.
 from __future__ import annotations
 
 import logging
-import sys
 
 from translate import cli, sharding
 from translate.cli import Flag, parse_flags
@@ -70,7 +69,7 @@ def main(argv: list[str]) -> None:
         train_and_evaluate(config, flags["workdir"], force=flags["force"])
     except Interrupted as stopped:
         log.info("%s", stopped)
-        sys.exit(128 + stopped.signum)
+        cli.exit_at_once(128 + stopped.signum)  # a signal may have cut a compile short
 
 
 def console_main() -> None:

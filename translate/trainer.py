@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import math
 import pathlib
 import time
 from typing import Any, NamedTuple
@@ -27,6 +28,7 @@ import jax
 import jax.numpy as jnp
 
 from translate import checkpoint, sharding
+from translate.atomic import remove_stale
 from translate.batching import BatchLayout, DataPosition, iterate_batches
 from translate.config import Config, split_profile_steps
 from translate.data import Data, load_data
@@ -36,16 +38,17 @@ from translate.flops import batch_lengths, train_flops
 from translate.model import resolve_dtype
 from translate.monitor import (
     DevBleuHistory,
-    EvaluationInterrupted,
     Interrupted,
     MetricWriter,
     NonfiniteGuard,
     StepProfiler,
+    StopRequested,
     StopSignal,
     ThroughputWindow,
     evaluated_steps,
     log_progress,
 )
+from translate.optim import make_schedule
 from translate.report import translate_and_score, write_report
 from translate.steps import Steps, dev_loss, make_steps
 from translate.workdir import (
@@ -53,10 +56,13 @@ from translate.workdir import (
     Workdir,
     check_config,
     check_init_from,
+    check_layout,
     check_vocabulary_unchanged,
     copy_vocabulary,
     lock,
+    read_config,
     read_init_params,
+    recover_previous_run,
     settle_previous_run,
     write_config,
 )
@@ -99,23 +105,39 @@ def train_and_evaluate(
     """
     config.validate()  # also for configs built in Python: before the workdir is touched
     workdir = Workdir(workdir)
-    with lock(workdir), contextlib.ExitStack() as on_exit:
-        trainer = Trainer(open_run(config, workdir, force), on_exit)
+    check_layout(workdir)  # a file in the way is named before the lock creates the workdir
+    # From here a first SIGTERM or SIGINT stops the run: loading the data is abandoned (and
+    # --force's earlier run put back), training saves a checkpoint first.
+    stop = StopSignal(every=config.train.stop_check_every_steps)
+    with stop, lock(workdir), contextlib.ExitStack() as on_exit:
+        trainer = Trainer(open_run(config, workdir, force, stop), on_exit, stop)
         trainer.restore_or_initialize()
-        with trainer.stop:  # from here a first SIGTERM or SIGINT checkpoints and stops
-            trainer.train()
-            result = trainer.final_evaluation()
+        trainer.train()
+        result = trainer.final_evaluation()
         return None if result is None else write_test_report(workdir, *result)
 
 
-def open_run(config: Config, workdir: Workdir, force: bool) -> Run:
+def open_run(config: Config, workdir: Workdir, force: bool, stop: StopSignal | None = None) -> Run:
     """Checks the workdir against the config, makes the mesh and loads the data.
 
     Everything that can refuse the run (a kernel this device cannot run, another model's
     workdir, a changed vocabulary, bad data) does so before the workdir changes; `--force`'s
-    earlier run comes back when the data fails to load.
+    earlier run comes back when the data fails to load, or a stop signal (`stop`, installed
+    by the caller) abandons it, or (at the next start) when the process was killed meanwhile.
     """
     t, m = config.train, config.model
+    stop = stop or StopSignal()
+    if jax.process_index() == 0:  # what a process killed while it wrote here left behind
+        for path in workdir.files():
+            remove_stale(path, "tmp")
+        remove_stale(workdir.tokens, "new")
+    if put_back := recover_previous_run(workdir):
+        log.info(
+            "an earlier --force run in %s stopped before its data had loaded: put the run it "
+            "had set aside back (%s)",
+            workdir.path,
+            put_back,
+        )
     facts = DeviceFacts.of()
     # Before the workdir changes: a kernel this device cannot run is a config error.
     attention = resolve_model_attention(m, facts)
@@ -125,6 +147,8 @@ def open_run(config: Config, workdir: Workdir, force: bool) -> Run:
     init = check_init_from(config, workdir, force) if t.init_from and not resuming else None
     check_config(config, workdir, force)
     check_vocabulary_unchanged(workdir)  # before the data is opened and tokenized again
+    if not force:
+        warn_of_schedule_change(config, workdir)
 
     mesh = sharding.make_mesh()
     log.info(
@@ -140,20 +164,24 @@ def open_run(config: Config, workdir: Workdir, force: bool) -> Run:
         log.warning("WARNING: %s", warning)
 
     try:
-        if init is not None:
-            copy_vocabulary(init.workdir, workdir)  # the data is tokenized with its pieces
-        data = sharding.on_process_zero_first(lambda: load_data(config, workdir))
+        with stop.abandonable():
+            if init is not None:
+                copy_vocabulary(init.workdir, workdir)  # the data is tokenized with its pieces
+            data = sharding.on_process_zero_first(lambda: load_data(config, workdir))
         if data.dev is None and (t.keep_best_by or t.early_stopping_patience):
             flag = "keep_best_by" if t.keep_best_by else "early_stopping_patience"
             raise ValueError(
                 f"--config.train.{flag}={getattr(t, flag)}: needs dev BLEU, and the data has no "
                 "dev split (see data.dev_prefix or data.tfds_dev_split)"
             )
-        write_config(config, workdir)  # only once the data has loaded without error
+    except StopRequested:
+        settle_previous_run(workdir, keep=True)  # --force's earlier run comes back
+        raise Interrupted(stop.signum, None) from None
     except BaseException:
         settle_previous_run(workdir, keep=True)  # bad data: --force's earlier run comes back
         raise
     settle_previous_run(workdir, keep=False)
+    write_config(config, workdir)  # only once the data has loaded without error
     layout = BatchLayout.from_config(
         config.data.tokens_per_batch, config.data.row_len, t.grad_accum_steps, mesh.size
     )
@@ -164,16 +192,19 @@ def open_run(config: Config, workdir: Workdir, force: bool) -> Run:
 class Trainer:
     """One run's loop over a `TrainState`, and the actions it takes every so many steps."""
 
-    def __init__(self, run: Run, on_exit: contextlib.ExitStack):
-        self.run, self.on_exit = run, on_exit
+    def __init__(self, run: Run, on_exit: contextlib.ExitStack, stop: StopSignal):
+        self.run, self.on_exit, self.stop = run, on_exit, stop
         self.config, self.workdir, self.data = run.config, run.workdir, run.data
         t = run.config.train
         self.keys = dict(zip(("params", "dropout"), jax.random.split(jax.random.key(t.seed))))
         self.steps: Steps = make_steps(run.config, run.data.tokenizer.vocab_size, run.mesh)
         # Closed on every way out, an exception included: a save in flight is finished first,
         # so the checkpoint an error message calls intact is whole.
+        self.grid = checkpoint.KeepOnGrid(
+            t.keep_checkpoints, t.checkpoint_every_steps, t.num_train_steps
+        )
         self.manager = on_exit.enter_context(
-            checkpoint.make_manager(run.workdir.checkpoints, keep=t.keep_checkpoints)
+            checkpoint.make_manager(run.workdir.checkpoints, grid=self.grid)
         )
         replicated = sharding.replicated(run.mesh)
         # The restore targets: shapes and shardings of (params, opt_state) on the mesh.
@@ -181,10 +212,10 @@ class Trainer:
             checkpoint.abstract_like(a, replicated)
             for a in jax.eval_shape(self.steps.init, self.keys["params"])
         ]
-        self.stop = StopSignal(every=t.stop_check_every_steps)
         self.guard = NonfiniteGuard(t.on_nonfinite, t.max_consecutive_skips)
         self.state: TrainState | None = None
         self.resumed = False
+        self.saving: int | None = None  # the step of the checkpoint being written
 
     # Phase: restore or initialise.
 
@@ -263,7 +294,7 @@ class Trainer:
             early_stop = self.evaluate_dev() or early_stop
         while self.state.step < t.num_train_steps and not early_stop:
             early_stop = self.train_step()
-        self.manager.wait_until_finished()
+        self.finish_saves()
 
     def train_step(self) -> bool:
         """One step, then each periodic action that is due; whether to stop early."""
@@ -282,7 +313,7 @@ class Trainer:
         if save:
             self.save_checkpoint()
         if signum is not None:
-            self.manager.wait_until_finished()
+            self.finish_saves()
             self.writer.close()
             raise Interrupted(signum, step)
         if not self.is_eval_step(step):
@@ -335,8 +366,36 @@ class Trainer:
             "step": s.step,
             "vocab_sha256": self.data.tokenizer.sha256,
         }
-        checkpoint.save(self.manager, s.step, s.params, s.opt_state, meta)
+        self.finish_saves()  # Orbax would wait for it in save(); here a failure names its step
+        self.saving = s.step
+        try:
+            checkpoint.save(self.manager, s.step, s.params, s.opt_state, meta)
+        except Exception as e:
+            if (error := self.save_failed(e)) is None:
+                raise
+            raise error from e
         log.info("saving the checkpoint of step %d", s.step)
+
+    def finish_saves(self) -> None:
+        """Waits for the checkpoint being written; a write that failed (a full disk) is an
+        error naming its step and the checkpoints that are whole."""
+        try:
+            self.manager.wait_until_finished()
+        except Exception as e:
+            if (error := self.save_failed(e)) is None:
+                raise
+            raise error from e
+
+    def save_failed(self, error: Exception) -> OSError | None:
+        if self.saving is None:  # no save of this run's: not a failed write of ours
+            return None
+        return checkpoint.write_error(
+            error,
+            self.workdir.checkpoints,
+            self.saving,
+            self.manager.all_steps(),
+            "make room, and the same command resumes from the newest",
+        )
 
     def is_eval_step(self, step: int) -> bool:
         """Every `train.eval_every_steps` and at the end, when the data has a dev split."""
@@ -350,7 +409,7 @@ class Trainer:
         t, step = self.config.train, self.state.step
         try:
             metrics_eval = self.run_dev_evaluation()
-        except EvaluationInterrupted:
+        except StopRequested:
             raise self.stop_after_evaluation(self.stop.signum) from None
         if "eval/bleu" not in metrics_eval:  # a language model has no BLEU
             return False
@@ -384,7 +443,7 @@ class Trainer:
         """Dev loss and BLEU at this step, logged, written and returned; a signal abandons it."""
         run, step = self.run, self.state.step
         log.info("evaluating at step %d", step)
-        with self.stop.evaluation():
+        with self.stop.abandonable():
             metrics_eval = dev_loss(
                 self.steps.eval,
                 self.state.params,
@@ -406,7 +465,7 @@ class Trainer:
         """A signal abandoned the evaluation of this step: keep the step; a restart redoes it."""
         if self.manager.latest_step() != self.state.step:
             self.save_checkpoint()
-        self.manager.wait_until_finished()
+        self.finish_saves()
         self.writer.close()
         return Interrupted(signum, self.state.step)
 
@@ -419,10 +478,10 @@ class Trainer:
         step = self.state.step
         # Sec. 6.1: the final evaluation decodes the mean of the newest checkpoints.
         params, checkpoint_steps = final_params(
-            self.config, self.manager, self.state.params, step, self.abstract[0]
+            self.config, self.manager, self.state.params, step, self.abstract[0], self.grid
         )
         try:
-            with self.stop.evaluation():
+            with self.stop.abandonable():
                 if len(checkpoint_steps) > 1 and self.data.dev is not None:
                     self.evaluate_average(params, checkpoint_steps)
                 self.writer.close()
@@ -441,7 +500,7 @@ class Trainer:
                     step,
                     checkpoint_steps,
                 )
-        except EvaluationInterrupted:
+        except StopRequested:
             self.writer.close()
             raise Interrupted(self.stop.signum, step) from None
         return report, sources, references, hypotheses
@@ -498,7 +557,13 @@ def save_best(
     if step in manager.all_steps():  # kept before this run resumed; the same parameters
         return
     meta = {"step": step, "dev_bleu": bleu, "vocab_sha256": data.tokenizer.sha256}
-    checkpoint.save_params(manager, step, params, meta)
+    try:
+        checkpoint.save_params(manager, step, params, meta)
+    except Exception as e:
+        then = "make room, and the same command resumes (it keeps the best from then on)"
+        if error := checkpoint.write_error(e, best.checkpoints, step, manager.all_steps(), then):
+            raise error from e
+        raise
     log.info("kept step %d as the best by dev BLEU (%.2f) in %s", step, bleu, best.path)
 
 
@@ -516,25 +581,33 @@ def draw_training_curves(workdir: Workdir) -> None:
 
 
 def final_params(
-    config: Config, manager, params, step: int, abstract_params
+    config: Config, manager, params, step: int, abstract_params, grid=None
 ) -> tuple[Any, list[int]]:
     """The parameters the final evaluation decodes, and the training steps they come from.
 
-    With `decode.average_last` = N > 1, the mean of the newest N saved checkpoints, read as
-    scripts/average_checkpoints.py reads them (translate.checkpoint); else `params`, the last
-    step's own. A run that holds fewer than N checkpoints (some set aside as unreadable)
-    averages those it has, and says so.
+    With `decode.average_last` = N > 1, the mean of the newest N saved checkpoints on the grid
+    (every `train.checkpoint_every_steps`, and this last step), read as
+    scripts/average_checkpoints.py reads them (translate.checkpoint): the same steps whether or
+    not a stop signal saved others; else `params`, the last step's own. A run that holds fewer
+    than N checkpoints (some set aside as unreadable) averages those it has, and says so.
 
     Args:
       manager: the run's checkpoint manager, its saves finished.
       params: the parameters after the last step, on the mesh.
       step: the last step.
       abstract_params: the parameters' shapes and shardings on the mesh (restore targets).
+      grid: the run's `checkpoint.KeepOnGrid`; default the config's.
     """
     num = config.decode.average_last
     if num == 1:
         return params, [step]
-    saved = manager.all_steps()
+    t = config.train
+    grid = grid or checkpoint.KeepOnGrid(t.keep_checkpoints, t.checkpoint_every_steps, step)
+
+    def among(saved_step: int) -> bool:
+        return grid.on_grid(saved_step) or saved_step == step
+
+    saved = [s for s in manager.all_steps() if among(s)]
     if len(saved) < num:
         log.warning(
             "WARNING: --config.decode.average_last=%d, but %s holds only %d checkpoints %s; "
@@ -545,8 +618,43 @@ def final_params(
             sorted(saved),
         )
         num = len(saved)
-    steps = checkpoint.steps_to_average(manager, num, config.train.keep_checkpoints)
+    steps = checkpoint.steps_to_average(manager, num, config.train.keep_checkpoints, among)
     return checkpoint.average_params(manager, steps, abstract_params), steps
+
+
+def warn_of_schedule_change(config: Config, workdir: Workdir) -> None:
+    """Warns when a run resumes at another learning rate than the one it was trained on.
+
+    `lr_decay=linear` or `cosine` decays towards 0 at `num_train_steps`: a finished run given
+    more steps jumps from near 0 back to the middle of the decay at its first new step.
+    """
+    step = checkpoint.latest_step(workdir.checkpoints)
+    if step is None or not workdir.config.is_file():
+        return
+    try:
+        saved = read_config(workdir)
+    except ValueError:
+        return  # check_config says what is wrong with it
+    # Optax counts updates from 0: the next step is count `step`.
+    before, now = (float(make_schedule(c)(step)) for c in (saved, config))
+    if math.isclose(before, now, rel_tol=1e-3):
+        return
+    fields = [("train", n) for n in ("num_train_steps", "warmup_steps", "learning_rate_scale")]
+    fields += [("train", "lr_decay"), ("model", "d_model")]
+    changes = [
+        f"config.{section}.{name} {getattr(getattr(saved, section), name)} -> "
+        f"{getattr(getattr(config, section), name)}"
+        for section, name in fields
+        if getattr(getattr(saved, section), name) != getattr(getattr(config, section), name)
+    ]
+    log.warning(
+        "WARNING: the learning rate of step %d is %.3g with this config and was %.3g with the "
+        "config this run was trained with (%s): it jumps there when training resumes",
+        step + 1,
+        now,
+        before,
+        ", ".join(changes),
+    )
 
 
 def dev_bleu(graphdef, params, data: Data, config: Config, step: int) -> dict[str, float]:

@@ -17,23 +17,29 @@ input lines from 0; SCORE is the length-normalised log-probability that beam sea
 best first; an empty line gives the single line `LINE<TAB>0.0000<TAB>`. The N are distinct texts
 from the beam's hypotheses; fewer come out when pieces that spell the same text fill the beam (a
 wider --beam_size helps). Without --step or --average the newest checkpoint decodes; `--step=N`
-picks one, and `--average=N` the mean of the newest N (as translate.evaluate). Several --workdir
-flags decode with their ensemble (one shared vocabulary), each workdir at the same choice.
-Decoding options left unset come from the first workdir's config. Writing to --output shows
-progress and sentences/s on stderr.
+picks one, and `--average=N` the mean of the newest N (as translate.evaluate); the first line
+on stderr says which (and, when the training report decoded the mean of the newest N, how to
+pick that). Several --workdir flags decode with their ensemble (one shared vocabulary), each
+workdir at the same choice. Decoding options left unset come from the first workdir's config;
+one that cannot decode (`--beam_size=-3`, `--length_penalty=nan`) is refused before anything
+is loaded. A line longer than the model's `data.max_len` tokens is translated from its first
+tokens only, and stderr says which line. Writing to --output shows progress and sentences/s on
+stderr.
 
 --output is written to a temporary file beside it that replaces it only once every line is
-translated, so a failed or interrupted run leaves an existing --output as it was (standard
-output, a pipe or a device streams as it goes). An --output that is the --input file (however
-spelled: ./x, a symlink), a directory, or a file that a --workdir's training reads back
-(config.json, vocab.model, anything under checkpoints/ or tokens/, metrics.jsonl) is refused
-before any file is opened.
+translated, so a failed or interrupted run (Ctrl-C, SIGTERM) leaves an existing --output as it
+was, and the temporary file of one killed outright is removed by the next run into that file
+(standard output, a pipe or a device streams as it goes). An --output that is the --input file
+(however spelled: ./x, a symlink), a directory, or anything a --workdir holds (its config,
+vocabulary, checkpoints, tokens, logs, report, curves, best/, evaluations/, data/, or any other
+file already there) is refused before any file is opened.
 """
 
 from __future__ import annotations
 
 import contextlib
 import io
+import math
 import os
 import pathlib
 import select
@@ -44,7 +50,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any, BinaryIO
 
 from translate import cli
-from translate.atomic import AtomicFile
+from translate.atomic import AtomicFile, remove_stale
 from translate.cli import Flag, parse_flags
 from translate.config import DecodeConfig, field_descriptions
 from translate.decode import translate_sentences
@@ -114,6 +120,7 @@ class Progress:
 
     def __init__(self, total: int | None):
         self.total, self.done, self.start = total, 0, time.perf_counter()
+        self.showing = False
 
     def update(self, count: int) -> None:
         self.done += count
@@ -128,9 +135,16 @@ class Progress:
             )
         sys.stderr.write("\r" + line)
         sys.stderr.flush()
+        self.showing = True
+
+    def end_line(self) -> None:
+        """Ends the progress line, so that a message written next starts a line of its own."""
+        if self.showing:
+            sys.stderr.write("\n")
+            self.showing = False
 
     def close(self) -> None:
-        sys.stderr.write("\n")
+        self.end_line()
 
 
 def format_lines(first_index: int, results: list[list[tuple[float, str]]], nbest: int) -> str:
@@ -195,15 +209,12 @@ def check_output(output: str, input_path: str, workdirs: Sequence[str]) -> None:
         raise SystemExit(f"--output={output} is a directory; give a file name")
     real = pathlib.Path(os.path.realpath(output))
     for path in workdirs:
-        run = Workdir(os.path.realpath(path))
-        inside = [run.checkpoints, run.tokens]
-        if any(real.is_relative_to(d) for d in inside) or any(
-            same_file(output, f) for f in (run.config, run.vocab, run.metrics, run.lock)
-        ):
+        if Workdir(path).holds(output):
             raise SystemExit(
                 f"--output={output} is a file of --workdir={path} ({real}); writing there "
-                "would damage that run: give an --output outside its config.json, vocab.model, "
-                "metrics.jsonl, checkpoints/ and tokens/"
+                "would damage that run: give an --output outside the files the workdir holds "
+                "and a run writes there (its config, vocabulary, checkpoints, logs, reports, "
+                "curves, best/, evaluations/ and data/)"
             )
     if not real.parent.is_dir():
         raise SystemExit(f"--output={output}: the directory {real.parent} does not exist")
@@ -218,6 +229,10 @@ def open_output(path: str) -> tuple[BinaryIO | AtomicFile, bool]:
 
 
 DECODE_FIELDS = field_descriptions(DecodeConfig)
+# The decoding flags' defaults, which mean "the workdir's config.decode value".
+UNSET = {"beam_size": 0, "length_penalty": -1.0, "max_extra_len": -1, "batch_size": 0}
+# Lines longer than data.max_len named on stderr, at most; then one line says there are more.
+MAX_TRUNCATION_WARNINGS = 5
 FLAGS = {
     "workdir": Flag([], "Required. A training workdir; repeat it for an ensemble."),
     **cli.checkpoint_flags("decode with"),
@@ -226,30 +241,41 @@ FLAGS = {
         "",
         "Where the translations go (replaced only once all are written); default stdout.",
     ),
-    # Unset (0 or negative): the first workdir's config.decode value.
+    # Left at these values: the first workdir's config.decode value.
     **{
         name: Flag(unset, DECODE_FIELDS[name] + " Left at the default shown: the workdir's config.")
-        for name, unset in [
-            ("beam_size", 0),
-            ("length_penalty", -1.0),
-            ("max_extra_len", -1),
-            ("batch_size", 0),
-        ]
+        for name, unset in UNSET.items()
     },
     "nbest": Flag(0, "Write the N best translations of each line with their scores."),
 }
 
 
+def given_decoding_flags(flags: dict[str, Any]) -> dict[str, Any]:
+    """The decoding flags given a value of their own (not left at "unset"), checked.
+
+    Raises:
+      ValueError: naming a flag whose value cannot decode (before any model is loaded).
+    """
+    given = {name: flags[name] for name, unset in UNSET.items() if flags[name] != unset}
+    rules = {
+        "beam_size": (lambda v: v >= 1, "must be >= 1"),
+        "batch_size": (lambda v: v >= 1, "must be >= 1"),
+        "max_extra_len": (lambda v: v >= 0, "must be >= 0"),
+        "length_penalty": (lambda v: math.isfinite(v) and v >= 0, "must be a finite number >= 0"),
+    }
+    for name, value in given.items():
+        ok, rule = rules[name]
+        if not ok(value):
+            raise ValueError(f"--{name}={value}: {rule}")
+    if flags["nbest"] < 0:
+        raise ValueError(f"--nbest={flags['nbest']}: must be >= 0 (0: the best translation alone)")
+    return given
+
+
 def apply_decoding_flags(flags: dict[str, Any], decode: DecodeConfig) -> None:
     """Sets the decoding flags that were given on `decode` (the first workdir's settings)."""
-    given = {
-        "beam_size": flags["beam_size"] > 0,
-        "batch_size": flags["batch_size"] > 0,
-        "length_penalty": flags["length_penalty"] >= 0,
-        "max_extra_len": flags["max_extra_len"] >= 0,
-    }
-    for name in (name for name, is_given in given.items() if is_given):
-        setattr(decode, name, flags[name])
+    for name, value in given_decoding_flags(flags).items():
+        setattr(decode, name, value)
     if flags["nbest"] > decode.beam_size:
         raise SystemExit(
             f"--nbest={flags['nbest']} needs --beam_size >= {flags['nbest']} (now "
@@ -257,13 +283,54 @@ def apply_decoding_flags(flags: dict[str, Any], decode: DecodeConfig) -> None:
         )
 
 
+def describe_models(workdirs: Sequence[str], steps: Sequence[list[int]], chosen: bool, config):
+    """The stderr line that says which model decodes (and how to pick the report's)."""
+    models = [
+        f"the checkpoint of step {s[0]} of {w}"
+        if len(s) == 1
+        else f"the mean of the checkpoints at steps {s} of {w}"
+        for w, s in zip(workdirs, steps)
+    ]
+    line = "decoding with " + "; ".join(models)
+    n = config.decode.average_last
+    if not chosen and n > 1 and len(steps[0]) == 1:
+        line += f" (the training report decoded the mean of the newest {n} (--average={n}))"
+    return line
+
+
+def warn_of_long_lines(
+    tokenizer, chunk: list[str], first: int, max_len: int, said: list[int], progress
+) -> None:
+    """Names on stderr the lines that decoding cuts to their first `max_len` - 1 tokens."""
+    lengths = [len(ids) for ids in tokenizer.encode(chunk)]
+    for i, length in enumerate(lengths):
+        if length + 1 <= max_len or not chunk[i].strip():
+            continue
+        said.append(first + i + 1)
+        if progress is not None:
+            progress.end_line()
+        if len(said) <= MAX_TRUNCATION_WARNINGS:
+            sys.stderr.write(
+                f"warning: line {first + i + 1} is longer than data.max_len={max_len} tokens "
+                f"({length} + EOS): only its first {max_len - 1} are translated\n"
+            )
+        elif len(said) == MAX_TRUNCATION_WARNINGS + 1:
+            sys.stderr.write("warning: more lines are longer than data.max_len; not named\n")
+
+
 def main(argv: Sequence[str]) -> None:
     flags, _ = parse_flags(list(argv), FLAGS, doc=__doc__, sections=())
     cli.quiet_libraries()
+    given_decoding_flags(flags)  # a value that cannot decode is refused before loading
+    if flags["input"] and (os.path.isdir(flags["input"]) or not os.path.exists(flags["input"])):
+        what = "a directory" if os.path.isdir(flags["input"]) else "no such file"
+        raise ValueError(f"--input={flags['input']}: {what}; give a file of sentences")
     if flags["output"]:
         check_output(flags["output"], flags["input"], flags["workdir"])
     step, average = cli.checkpoint_choice(flags)
-    graphdefs, params, tokenizer, config, _ = load_ensemble(flags["workdir"], step, average)
+    graphdefs, params, tokenizer, config, steps = load_ensemble(flags["workdir"], step, average)
+    chosen = step is not None or average > 0
+    sys.stderr.write(describe_models(flags["workdir"], steps, chosen, config) + "\n")
     decode = config.decode
     apply_decoding_flags(flags, decode)
 
@@ -272,12 +339,20 @@ def main(argv: Sequence[str]) -> None:
     progress = None
     try:
         if flags["output"]:
-            target, atomic = open_output(flags["output"])
+            remove_stale(flags["output"], "tmp")  # what a killed translation left there
+            try:
+                target, atomic = open_output(flags["output"])
+            except OSError as e:
+                raise ValueError(
+                    f"--output={flags['output']}: cannot write there ({e.strerror}); give an "
+                    "--output where you can write"
+                ) from None
             progress = Progress(
                 count_lines(pathlib.Path(flags["input"])) if flags["input"] else None
             )
-        first = 0
+        first, truncated = 0, []
         for chunk in read_chunks(source, flags["input"] or "<stdin>", LINES_PER_CHUNK):
+            warn_of_long_lines(tokenizer, chunk, first, config.data.max_len, truncated, progress)
             results = translate_sentences(
                 graphdefs,
                 params,

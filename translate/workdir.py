@@ -13,8 +13,11 @@ Only this module spells a workdir's file names. A training workdir holds:
   report.json, report.txt, hypotheses.txt    the test-set evaluation at the end of training
   evaluations/    translate.evaluate's reports, one directory each (the same three files)
   metrics_*.png   training curves drawn when training ends (translate/plots.py)
+  attention/      scripts/plot_attention.py's pictures, by default
   train.lock      held by the trainer that runs in it (an advisory lock; see `lock`)
-  previous_run/   an earlier run that --force set aside, while the new run's data loads
+  previous_run/   an earlier run that --force set aside, while the new run's data loads; a
+                  run that finds it at its start (the --force was killed) puts it back
+  .previous_run.deleting/    previous_run/ once the new run's data has loaded, being deleted
 A workdir written by scripts/average_checkpoints.py (`write_average`) holds config.json,
 vocab.model and one parameters-only checkpoint.
 """
@@ -60,8 +63,11 @@ class Workdir:
         self.hypotheses = self.path / "hypotheses.txt"
         self.lock = self.path / "train.lock"
         self.evaluations = self.path / "evaluations"
+        self.attention = self.path / "attention"
         # Where `--force` keeps the earlier run until the new run's data has loaded.
         self.previous_run = self.path / "previous_run"
+        # previous_run/ renamed once the new run's data has loaded: deleted, never put back.
+        self.discarded_run = self.path / ".previous_run.deleting"
 
     def metric_plots(self) -> list[pathlib.Path]:
         """Training-curve pictures drawn by translate/plots.py, by name."""
@@ -71,15 +77,58 @@ class Workdir:
         """Where translate/plots.py draws the curve `name` (e.g. "loss")."""
         return self.path / f"metrics_{name}.png"
 
+    def directories(self) -> list[pathlib.Path]:
+        """What a run keeps as directories here (a file by one of these names is in the way)."""
+        return [
+            self.tokens,
+            self.checkpoints,
+            self.best,
+            self.profile,
+            self.tensorboard,
+            self.evaluations,
+            self.attention,
+        ]
+
+    def files(self) -> list[pathlib.Path]:
+        """What a run keeps as files here (a directory by one of these names is in the way)."""
+        return [
+            self.config,
+            self.vocab,
+            self.metrics,
+            self.report_json,
+            self.report_txt,
+            self.hypotheses,
+            self.lock,
+        ]
+
     def generated(self) -> list[pathlib.Path]:
-        """What a training run creates besides config.json, and `--force` deletes.
+        """What a training run, and the commands that report on it, create: what `--force`
+        sets aside (and deletes once the new run's data has loaded).
 
         `data/` counts only while it holds nothing but the generated corpus's files, so a
-        user's own corpus kept there is never deleted.
+        user's own corpus kept there is never deleted; neither is `checkpoints.corrupt/`
+        (steps set aside as unreadable are never deleted) nor the lock.
         """
-        paths = [self.checkpoints, self.best, self.tokens, self.tensorboard, self.metrics]
-        paths.append(self.vocab)
+        paths = [p for p in self.directories() + self.files() if p != self.lock]
+        paths += self.metric_plots()
         return paths + [self.data] if self.holds_generated_corpus() else paths
+
+    def holds(self, path: str | os.PathLike) -> bool:
+        """Whether writing `path` could damage this run: a file that is already in the
+        workdir, one of the files a run writes (whether written yet or not), or anything
+        under one of its directories. Paths are compared resolved (symlinks, `..`)."""
+        root = pathlib.Path(os.path.realpath(self.path))
+        real = pathlib.Path(os.path.realpath(path))
+        if real == root or not real.is_relative_to(root):
+            return False
+        if real.exists() or real.is_symlink():
+            return True
+        own = Workdir(root)
+        if any(real.is_relative_to(d) for d in own.directories() + [own.data]):
+            return True
+        names = {p.name for p in own.files()} | {own.previous_run.name, own.discarded_run.name}
+        top = real.relative_to(root).parts[0]
+        return top in names or (top.startswith("metrics_") and top.endswith(".png"))
 
     def holds_generated_corpus(self) -> bool:
         """Whether `data/` holds only files named as data.py writes the synthetic corpus."""
@@ -101,8 +150,15 @@ def lock(workdir: Workdir):
     if jax.process_index() != 0:
         yield
         return
-    workdir.path.mkdir(parents=True, exist_ok=True)
-    with open(workdir.lock, "a+", encoding="utf-8") as f:
+    try:
+        workdir.path.mkdir(parents=True, exist_ok=True)
+        f = open(workdir.lock, "a+", encoding="utf-8")
+    except OSError as e:
+        raise ValueError(
+            f"--workdir={workdir.path}: cannot write there ({e.strerror}: {e.filename}); give "
+            "a --workdir where you can write"
+        ) from None
+    with f:
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -128,6 +184,33 @@ class WorkdirBusy(RuntimeError):
     """Another trainer holds the workdir's lock."""
 
 
+def check_layout(workdir: Workdir) -> None:
+    """Refuses a workdir that is a file, or lies under one, and entries of the wrong kind in it
+    (a file `tensorboard`, a directory `metrics.jsonl`), before anything is written.
+
+    Raises:
+      ValueError: naming --workdir and the path in the way.
+    """
+    for path in (workdir.path, *workdir.path.parents):
+        if path.exists() and not path.is_dir():
+            raise ValueError(
+                f"--workdir={workdir.path}: {path} is a file, not a directory: give a --workdir "
+                "that is a directory or does not exist yet"
+            )
+    for path in workdir.directories():
+        if path.exists() and not path.is_dir():
+            raise ValueError(
+                f"{path} is a file, where a run keeps its directory {path.name}/: move it away "
+                f"or use another --workdir (nothing in {workdir.path} was changed)"
+            )
+    for path in workdir.files():
+        if path.is_dir():
+            raise ValueError(
+                f"{path} is a directory, where a run keeps its file {path.name}: move it away "
+                f"or use another --workdir (nothing in {workdir.path} was changed)"
+            )
+
+
 def check_config(config: Config, workdir: Workdir, force: bool) -> None:
     """Refuses to reuse a workdir trained with a different model or data vocabulary.
 
@@ -143,7 +226,7 @@ def check_config(config: Config, workdir: Workdir, force: bool) -> None:
                 f"{workdir.previous_run} holds a run that an earlier --force set aside and "
                 "could not put back; move it away (or delete it) and run again"
             )
-        generated = [target for target in workdir.generated() if target.exists()]
+        generated = [t for t in workdir.generated() if t.exists() or t.is_symlink()]
         if generated:
             workdir.previous_run.mkdir(parents=True)
         for target in generated:
@@ -154,19 +237,102 @@ def check_config(config: Config, workdir: Workdir, force: bool) -> None:
         now = config.to_dict()
         for conf in (saved, now):
             del conf["model"]["attention"]  # a kernel choice; the parameters do not depend on it
-        compared = [("model", None), ("data", "vocab_size"), ("data", "source")]
+        compared = [("model", name) for name in saved["model"]]
+        compared += [("data", "vocab_size"), ("data", "source")]
         # The direction: a swapped pair would train the run's model to translate backwards.
         compared += [("data", "src_lang"), ("data", "tgt_lang")]
-        for section, field in compared:
-            old = saved[section] if field is None else saved[section][field]
-            new = now[section] if field is None else now[section][field]
-            if old != new:
-                raise ValueError(
-                    f"{workdir.path} was created with config.{section}"
-                    f"{'' if field is None else '.' + field} = {old}, now {new}; use a fresh "
-                    "--workdir or pass --force to overwrite its checkpoints"
-                )
+        differ = [
+            f"config.{section}.{field} = {saved[section][field]}, now {now[section][field]}"
+            for section, field in compared
+            if saved[section][field] != now[section][field]
+        ]
+        if differ:
+            raise ValueError(
+                f"{workdir.path} was created with {'; '.join(differ)}: use a fresh --workdir, "
+                "or pass --force to set its run aside and start afresh"
+            )
+    elif not force:
+        check_checkpoint_shapes(config, workdir)
+    if not force:
+        check_trainable(workdir)
     sharding.sync_processes("workdir checked")  # every host has read config.json before it changes
+
+
+def check_trainable(workdir: Workdir) -> None:
+    """Refuses a directory that holds results but no run to continue: translate-evaluate's
+    report (which the run's own report would replace), or a checkpoint of parameters alone
+    (an average, or a run's best/), which has no optimizer state to resume.
+
+    Raises:
+      ValueError: naming --workdir and what it holds.
+    """
+    reports = [p.name for p in (workdir.report_json, workdir.report_txt, workdir.hypotheses)]
+    reports = [name for name in reports if (workdir.path / name).exists()]
+    step = checkpoint.latest_step(workdir.checkpoints)
+    if reports and step is None and not workdir.config.exists():
+        raise ValueError(
+            f"--workdir={workdir.path} holds {', '.join(reports)} but no training run (it looks "
+            "like translate-evaluate's output, which training would overwrite): give another "
+            "--workdir"
+        )
+    if step is not None and not checkpoint.holds_optimizer_state(workdir.checkpoints, step):
+        raise ValueError(
+            f"--workdir={workdir.path} holds a checkpoint of parameters alone (step {step}: an "
+            "average written by scripts/average_checkpoints.py, or a run's best/), which "
+            "training cannot resume: start a new run from it with "
+            f"--config.train.init_from={workdir.path} and another --workdir"
+        )
+
+
+def check_checkpoint_shapes(config: Config, workdir: Workdir) -> None:
+    """Refuses a config whose model does not fit the checkpoints of a workdir that has lost its
+    config.json, before anything is written (the restore would fail only after it).
+
+    Raises:
+      ValueError: naming a parameter whose shape differs, there and here.
+    """
+    step = checkpoint.latest_step(workdir.checkpoints)
+    if step is None:
+        return
+    try:
+        saved = checkpoint.param_shapes(workdir.checkpoints, step)
+    except Exception:  # noqa: BLE001 - an unreadable step is the restore's to set aside
+        return
+    vocab_size = Tokenizer(workdir.vocab).vocab_size if workdir.vocab.is_file() else None
+    _, abstract = abstract_model(config, vocab_size or config.data.vocab_size)
+    mine = {
+        checkpoint.dotted_name(p): tuple(x.shape) for p, x in jax.tree.leaves_with_path(abstract)
+    }
+    if saved == mine:
+        return
+    differ = sorted(set(saved) ^ set(mine)) or [n for n in sorted(saved) if saved[n] != mine[n]]
+    name = differ[0]
+    raise ValueError(
+        f"{workdir.path} holds checkpoints of a model of another shape than this config's "
+        f"({name}: {saved.get(name, 'absent')} there, {mine.get(name, 'absent')} here), and no "
+        f"{workdir.config.name} to say which config made them: train with that config, use a "
+        "fresh --workdir, or pass --force to set them aside and start afresh"
+    )
+
+
+def recover_previous_run(workdir: Workdir) -> str | None:
+    """Finishes what a `--force` run that was killed left behind (process 0).
+
+    previous_run/ at a run's start means the --force run died before its data had loaded: the
+    earlier run is put back. `.previous_run.deleting/` means it died after: that is deleted.
+
+    Returns:
+      What was put back, for the log, or None.
+    """
+    if jax.process_index() != 0:
+        return None
+    if workdir.discarded_run.exists():
+        shutil.rmtree(workdir.discarded_run)
+    if not workdir.previous_run.is_dir():
+        return None
+    names = sorted(p.name for p in workdir.previous_run.iterdir())
+    settle_previous_run(workdir, keep=True)
+    return ", ".join(names)
 
 
 def settle_previous_run(workdir: Workdir, keep: bool) -> None:
@@ -179,14 +345,17 @@ def settle_previous_run(workdir: Workdir, keep: bool) -> None:
     if keep:
         for old in workdir.previous_run.iterdir():
             new = workdir.path / old.name
-            if new.is_dir():
+            if new.is_dir() and not new.is_symlink():
                 shutil.rmtree(new)
-            elif new.exists():
+            elif new.exists() or new.is_symlink():
                 new.unlink()
             old.rename(new)
         workdir.previous_run.rmdir()
     else:
-        shutil.rmtree(workdir.previous_run)
+        # One rename commits the deletion: a run killed during rmtree leaves a directory that
+        # the next start deletes, never a half-deleted run that it would put back.
+        workdir.previous_run.rename(workdir.discarded_run)
+        shutil.rmtree(workdir.discarded_run)
 
 
 def check_vocabulary_unchanged(workdir: Workdir) -> None:
@@ -305,7 +474,27 @@ def read_config(workdir: Workdir) -> Config:
             f"--workdir: {workdir.path} holds no {workdir.config.name}; is it a translate.train "
             "workdir?"
         )
-    return config_from_dict(json.loads(workdir.config.read_text()))
+    try:
+        values = json.loads(workdir.config.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{workdir.config}: not UTF-8 text ({e.reason})") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(
+            f"{workdir.config}: not valid JSON (line {e.lineno}, column {e.colno}: {e.msg}); "
+            "restore it, or delete it and train with the config that made this run (training "
+            "writes it again)"
+        ) from None
+    if not isinstance(values, dict) or not all(isinstance(v, dict) for v in values.values()):
+        raise ValueError(f"{workdir.config}: not a config (sections of fields) as training writes")
+    try:
+        return config_from_dict(values)
+    except ValueError as e:
+        raise ValueError(f"{workdir.config}: {e}") from None
+
+
+# How many times `load_model` chooses the checkpoints to average again when a run still
+# training in the workdir deletes one of them while they are read.
+READ_ATTEMPTS = 3
 
 
 def load_model(path: str | os.PathLike, step: int | None = None, average: int | Sequence[int] = 0):
@@ -340,18 +529,33 @@ def load_model(path: str | os.PathLike, step: int | None = None, average: int | 
     if not isinstance(average, int) or average > 0:
         if step is not None:
             raise ValueError("give a step or a number of checkpoints to average, not both")
-        if isinstance(average, int):
-            steps = checkpoint.steps_to_average(manager, average, config.train.keep_checkpoints)
-        else:
-            missing = sorted(set(average) - set(manager.all_steps()))
-            if missing:
-                raise ValueError(
-                    f"no checkpoint of steps {missing} in {manager.directory} (there: "
-                    f"{manager.all_steps()})"
-                )
-            steps = sorted(average)
-        params = checkpoint.average_params(manager, steps, abstract)
-        return graphdef, params, tokenizer, config, steps
+        keep = config.train.keep_checkpoints
+        # A run still training there may delete a step while it is read: then the newest N
+        # are chosen again (a few times); steps named one by one cannot be.
+        for _ in range(READ_ATTEMPTS):
+            if isinstance(average, int):
+                steps = checkpoint.steps_to_average(manager, average, keep)
+            else:
+                steps = sorted(average)
+                missing = sorted(set(steps) - set(manager.all_steps()))
+                if missing:
+                    raise ValueError(
+                        f"no checkpoint of steps {missing} in {manager.directory} (there: "
+                        f"{manager.all_steps()})"
+                    )
+            try:
+                params = checkpoint.average_params(manager, steps, abstract)
+            except Exception:
+                manager.reload()
+                if set(steps) <= set(manager.all_steps()):
+                    raise
+                continue
+            return graphdef, params, tokenizer, config, steps
+        raise ValueError(
+            f"the checkpoints in {manager.directory} were deleted while they were read, "
+            f"{READ_ATTEMPTS} times (a run training there keeps only its newest {keep}): "
+            "try again, or average once that run has ended"
+        )
     requested = step is not None
     step = manager.latest_step() if step is None else step
     if step is None or step not in manager.all_steps():
@@ -419,8 +623,10 @@ def load_ensemble(
     """
     if not paths:
         raise ValueError("--workdir is required (repeat it for an ensemble)")
-    if average < 0 or (step is not None and step < 0):
-        raise ValueError(f"--step={step} --average={average}: both must be >= 0 when given")
+    if average < 0:
+        raise ValueError(f"--average={average}: must be >= 0 (0, the default: no average)")
+    if step is not None and step < 0:
+        raise ValueError(f"--step={step}: must be >= 0 (or -1, the default: the newest)")
     if step is not None and average:
         raise ValueError(
             f"--step={step} and --average={average}: give a step or a number of checkpoints "

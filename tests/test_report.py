@@ -1,0 +1,43 @@
+"""The report of a test set (translate/report.py): what it says and what produced it."""
+
+import json
+
+from translate import report as report_module
+from translate import scoring
+
+
+def a_report(**provenance) -> dict:
+    hypotheses, references = ["die Katze schläft ."], ["die Katze schläft ."]
+    report = scoring.score(hypotheses, references, "de")
+    report.update(
+        num_sentences=1,
+        decode_seconds=0.5,
+        compile_seconds=1.0,
+        num_batch_shapes=1,
+        sentences_per_second=2.0,
+        beam_size=4,
+        length_penalty=0.6,
+        max_extra_len=50,
+        step=6,
+        checkpoint_steps=[6],
+        device="cpu",
+        packages={"jax": "0", "flax": "0", "sacrebleu": "0"},
+        num_parameters=[100],
+        **provenance,
+    )
+    return report
+
+
+def test_a_report_outside_a_git_checkout_is_written_and_says_so(tmp_path, monkeypatch):
+    """`pip install .` gives no git checkout: git_commit() is None and the report is written."""
+    monkeypatch.setattr(report_module, "git_commit", lambda: None)
+    report = a_report(git=report_module.git_commit())
+    report_module.write_report(tmp_path, report, ["the cat sleeps ."], ["x"], ["y"])
+    assert json.loads((tmp_path / "report.json").read_text())["git"] is None
+    assert "code      not a git checkout;" in (tmp_path / "report.txt").read_text()
+
+
+def test_a_report_names_the_commit_it_was_made_at(tmp_path):
+    report = a_report(git={"commit": "0123456789abcdef", "modified": True})
+    report_module.write_report(tmp_path, report, ["the cat sleeps ."], ["x"], ["y"])
+    assert "code      commit 0123456789ab (modified);" in (tmp_path / "report.txt").read_text()
