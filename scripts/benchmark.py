@@ -8,6 +8,7 @@ r"""Training and decoding speed of a config on this machine's devices, with util
         [--config.a.b=value ...]
 
     python -m scripts.benchmark --skip_training --decode_src=FILE [--decode_num=N] \
+        [--decode_ref=FILE] [--ctranslate2=false] [--huggingface] \
         (--decode_workdir=DIR | --config=CONFIG (--src=SRC --tgt=TGT | --vocab=SPM_MODEL))
 
 Training: batches of `batch_tokens` target token slots (and as many source slots) are packed
@@ -31,7 +32,21 @@ length-sorted batches of `decode.batch_size`, one pass each. The evaluator times
 over decoding seconds alone, and the whole pass's seconds are reported beside them. With
 --decode_workdir the trained model (and its vocabulary) there is used; otherwise the freshly
 initialised model, which seldom emits EOS, so each sentence runs to its length limit: a worst
-case, said so in the output. --skip_training decodes only.
+case, said so in the output. --skip_training decodes only. With --decode_ref, every search's
+output gets its sacreBLEU.
+
+Exported engines, in the same sitting on the same sentences: the model exported to CTranslate2
+(translate/export_ctranslate2.py, into a temporary directory) runs in float32 and in int8
+(`compute_type="int8"`: the weights quantized as they load), unless --ctranslate2=false or the
+package is missing; with --huggingface also in transformers (translate/export_huggingface.py)
+with our LayerNorm epsilon, and as loaded (PyTorch's 1e-5). Each engine decodes with our limits
+(export_ctranslate2.translate); a first call on one batch is timed apart (it allocates what
+later calls reuse), then one pass over every sentence, as our decoder's compilation is timed
+apart from its pass.
+`*_same_as_ours_*` is the share of sentences whose translation is ours exactly. CTranslate2 and
+torch run OpenMP threads that spin while they wait: on cores that other processes keep busy,
+run with OMP_WAIT_POLICY=passive in the environment (BENCHMARKS.md: without it, CTranslate2's
+float32 beam search ran 10 times slower on the 2 shared cores).
 
 The JSON (--json) holds every printed figure; keys are listed in BENCHMARKS.md.
 """
@@ -40,6 +55,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import functools
 import json
 import os
 import pathlib
@@ -54,7 +70,15 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from translate import cli, flops, provenance, sharding
+from translate import (
+    cli,
+    export_ctranslate2,
+    export_huggingface,
+    flops,
+    provenance,
+    scoring,
+    sharding,
+)
 from translate.batching import BatchLayout, make_batch, plan_epoch
 from translate.cli import Flag, parse_flags
 from translate.config import Config, apply_override, load_config
@@ -82,6 +106,10 @@ FLAGS = {
     "decode_workdir": Flag("", "Decode with the trained model of this workdir."),
     "decode_num": Flag(0, "Decode only the first N sentences of --decode_src (0: all)."),
     "skip_training": Flag(False, "Time decoding only (needs --decode_src)."),
+    "decode_ref": Flag("", "References aligned with --decode_src: the BLEU of every search."),
+    "ctranslate2": Flag(True, "Also time the model exported to CTranslate2, float32 and int8."),
+    "huggingface": Flag(False, "Also time the model exported to transformers (needs torch)."),
+    "engine_threads": Flag(0, "Threads of CTranslate2 and torch; 0: one per CPU core."),
     "json": Flag("", "Write every printed figure to this JSON file."),
     "profile": Flag(
         "",
@@ -225,19 +253,28 @@ def init_params(config: Config, vocab_size: int):
     return nnx.split(model, nnx.Param)
 
 
+SEARCHES = (("beam4", 4), ("greedy", 1))
+
+
 def benchmark_decoding(flags: dict, config: Config, graphdef, params, tokenizer) -> dict:
     sentences = read_lines(flags["decode_src"])
     if flags["decode_num"]:
         sentences = sentences[: flags["decode_num"]]
+    references = None
+    if flags["decode_ref"]:
+        references = read_lines(flags["decode_ref"])[: len(sentences)]
+        if len(references) != len(sentences):
+            raise SystemExit(f"--decode_ref={flags['decode_ref']}: fewer lines than --decode_src")
     out = {"decode_sentences": len(sentences), "decode_batch_size": config.decode.batch_size}
-    for name, beam in (("beam4", 4), ("greedy", 1)):
+    ours = {}
+    for name, beam in SEARCHES:
         decode = dataclasses.replace(config.decode, beam_size=beam)
         times = DecodeTimes()
         start = time.perf_counter()
         translations = translate_sentences(
             (graphdef,), (params,), tokenizer, sentences, decode, config.data.max_len, times=times
         )
-        hypotheses = [best[0][1] for best in translations]
+        ours[name] = hypotheses = [best[0][1] for best in translations]
         wall = time.perf_counter() - start
         tokens = sum(len(ids) + 1 for ids in tokenizer.encode(hypotheses))  # + EOS
         seconds = times.decode_seconds
@@ -249,6 +286,115 @@ def benchmark_decoding(flags: dict, config: Config, graphdef, params, tokenizer)
         # Compiling, decoding, and the host's tokenizing and detokenizing: what a user waits.
         out[f"decode_wall_seconds_{name}"] = wall
         out[f"decode_tokens_{name}"] = tokens
+        if references is not None:
+            out[f"decode_bleu_{name}"] = score(hypotheses, references, config)
+    if flags["ctranslate2"] or flags["huggingface"]:
+        out["engines"] = []
+        with tempfile.TemporaryDirectory() as tmp:
+            engines = exported_engines(flags, config, graphdef, params, tokenizer, tmp, out)
+            for engine, translate in engines:
+                out["engines"].append(engine)
+                out.update(time_engine(config, engine, translate, sentences, ours, references))
+    return out
+
+
+def score(hypotheses: list[str], references: list[str], config: Config) -> float:
+    return scoring.score(hypotheses, references, config.data.tgt_lang)["bleu"]
+
+
+def exported_engines(flags: dict, config: Config, graphdef, params, tokenizer, tmp: str, out):
+    """Yields (name, translate(sentences, beam_size) -> texts) for each exported engine.
+
+    Each engine is exported and loaded when its turn comes; `out` receives its load seconds, or
+    why it was skipped.
+    """
+    model = nnx.merge(graphdef, params)
+    directory = pathlib.Path(tmp)
+    options = dict(
+        length_penalty=config.decode.length_penalty,
+        max_extra_len=config.decode.max_extra_len,
+        max_len=config.data.max_len,
+        batch_size=config.decode.batch_size,
+    )
+    skipped = out.setdefault("engines_skipped", {})
+    threads = flags["engine_threads"] or os.cpu_count() or 1
+    out["engine_threads"] = threads
+    if flags["ctranslate2"]:
+        reason = export_ctranslate2.unsupported_reason(config.model)
+        try:
+            import ctranslate2
+        except ImportError:
+            reason = "the ctranslate2 package is not installed"
+        if reason:
+            skipped["ctranslate2"] = reason
+        else:
+            (directory / "ctranslate2").mkdir()
+            export_ctranslate2.write(model, config.model, tokenizer, directory / "ctranslate2")
+            kind = ctranslate2.Translator
+            if config.model.architecture == "decoder_only":
+                kind = ctranslate2.Generator
+            for compute_type in ("float32", "int8"):
+                name = f"ctranslate2_{compute_type}"
+                start = time.perf_counter()
+                engine = kind(
+                    str(directory / "ctranslate2"),
+                    compute_type=compute_type,
+                    intra_threads=threads,
+                )
+                out[f"{name}_load_seconds"] = time.perf_counter() - start
+                out[f"{name}_device"] = engine.device
+                yield (
+                    name,
+                    functools.partial(export_ctranslate2.translate, engine, tokenizer, **options),
+                )
+                del engine
+    if not flags["huggingface"]:
+        return
+    reason = export_huggingface.unsupported_reason(config.model)
+    try:
+        import torch
+        import transformers
+    except ImportError:
+        reason = "transformers or torch is not installed"
+    if reason:
+        skipped["huggingface"] = reason
+        return
+    (directory / "huggingface").mkdir()
+    export_huggingface.write(model, config.model, tokenizer, directory / "huggingface")
+    torch.set_num_threads(threads)
+    epsilon = float(model.decoder[0].norm1.epsilon)
+    for name, our_epsilon in (("transformers", True), ("transformers_epsilon_1e-5", False)):
+        start = time.perf_counter()
+        engine = transformers.AutoModelForSeq2SeqLM.from_pretrained(
+            str(directory / "huggingface")
+        ).eval()
+        if our_epsilon:
+            export_huggingface.match_layer_norm_epsilon(engine, epsilon)
+        out[f"{name}_load_seconds"] = time.perf_counter() - start
+        yield name, functools.partial(export_huggingface.translate, engine, tokenizer, **options)
+        del engine
+
+
+def time_engine(config, name, translate, sentences, ours, references) -> dict:
+    """One engine's speed on the sentences, and how its output compares with ours."""
+    out = {}
+    for search, beam in SEARCHES:
+        start = time.perf_counter()
+        translate(sentences[: config.decode.batch_size], beam_size=beam)
+        out[f"{name}_first_call_seconds_{search}"] = time.perf_counter() - start
+        start = time.perf_counter()
+        hypotheses = translate(sentences, beam_size=beam)
+        seconds = time.perf_counter() - start
+        same = sum(h == o for h, o in zip(hypotheses, ours[search], strict=True))
+        out[f"{name}_seconds_{search}"] = seconds
+        out[f"{name}_sentences_per_sec_{search}"] = len(sentences) / seconds
+        out[f"{name}_same_as_ours_{search}"] = same / len(sentences)
+        if references is not None:
+            out[f"{name}_bleu_{search}"] = score(hypotheses, references, config)
+        print(
+            f"{name} {search}: {len(sentences) / seconds:.1f} sentences/s, "
+            f"{same}/{len(sentences)} the same as ours"
+        )
     return out
 
 
@@ -273,6 +419,8 @@ def environment() -> dict:
 
 
 def check_flags(flags: dict) -> None:
+    if flags["engine_threads"] < 0:
+        raise SystemExit(f"--engine_threads={flags['engine_threads']}: must be >= 0")
     if flags["skip_training"]:
         if not flags["decode_src"]:
             raise SystemExit("--skip_training measures decoding only: give --decode_src")
@@ -430,6 +578,25 @@ def print_table(r: dict) -> None:
                 )
             )
         rows.append(("decode model", f"{r['decode_model']}, {r['decode_compute_dtype']}"))
+        if "decode_bleu_beam4" in r:
+            rows.append(
+                ("ours BLEU", f"{r['decode_bleu_beam4']} beam 4, {r['decode_bleu_greedy']} greedy")
+            )
+        for engine in r.get("engines", []):
+            for name in ("beam4", "greedy"):
+                bleu = r.get(f"{engine}_bleu_{name}")
+                rows.append(
+                    (
+                        f"{engine} {name}",
+                        f"{r[f'{engine}_sentences_per_sec_{name}']:.1f} sentences/s "
+                        f"({r[f'{engine}_seconds_{name}']:.2f} s; first call "
+                        f"{r[f'{engine}_first_call_seconds_{name}']:.2f} s); the same as ours: "
+                        f"{percent(r[f'{engine}_same_as_ours_{name}'])}"
+                        + ("" if bleu is None else f"; BLEU {bleu}"),
+                    )
+                )
+        for engine, reason in r.get("engines_skipped", {}).items():
+            rows.append((engine, f"skipped: {reason}"))
     width = max(len(k) for k, _ in rows)
     for k, v in rows:
         print(f"{k:<{width}}  {v}")

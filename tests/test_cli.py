@@ -27,6 +27,7 @@ ENTRY_POINTS = [
     "translate.translate_text",
     "translate.translate",
     "translate.sample",
+    "translate.export",
     "scripts.average_checkpoints",
     "scripts.benchmark",
     "scripts.benchmark_batcher",
@@ -195,6 +196,7 @@ def test_pyproject_declares_requirements_txt():
         "translate-evaluate",
         "translate-text",
         "translate-sample",
+        "translate-export",
     }
 
 
@@ -234,7 +236,8 @@ def test_pip_install_into_a_fresh_venv_exposes_the_console_scripts(tmp_path):
     elsewhere = tmp_path / "elsewhere"  # no checkout on the path: the installed package runs
     elsewhere.mkdir()
     env = {**os.environ, "PYTHONPATH": ""}
-    for command in ("translate-train", "translate-evaluate", "translate-text", "translate-sample"):
+    commands = ("train", "evaluate", "text", "sample", "export")
+    for command in (f"translate-{name}" for name in commands):
         shown = subprocess.run(
             [venv / "bin" / command, "--help"],
             capture_output=True,

@@ -7,7 +7,7 @@ import tomllib
 
 PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "translate"
 # The commands: flags, logging and `main`. Nothing in the library may import them.
-COMMANDS = {"train", "evaluate", "translate_text", "translate", "sample"}
+COMMANDS = {"train", "evaluate", "translate_text", "translate", "sample", "export"}
 
 
 def imported_modules(path: pathlib.Path) -> set[str]:

@@ -1,0 +1,275 @@
+"""A trained model in CTranslate2's format, and how to decode it as this project's search does.
+
+The encoder-decoder becomes CTranslate2's `TransformerSpec` (a `ctranslate2.Translator`), the
+causal decoder-only model its `TransformerDecoderModelSpec` (a `ctranslate2.Generator`, fed
+`source </s> <s>` as its prompt). Both are the paper's layers with our choices spelled out:
+ReLU feed-forward (Sec. 3.3), LayerNorm after (post) or before (pre) each sub-layer with the
+model's own epsilon, embeddings scaled by sqrt(d_model) (Sec. 3.4) and shared by the encoder,
+the decoder and the pre-softmax projection, which has no bias.
+
+Sinusoidal positions (Sec. 3.5) are stored as a table: CTranslate2's own sinusoid puts sines and
+cosines in two halves, steps its frequencies by log(10000) / (D/2 - 1) rather than / (D/2), and
+counts positions from 1; ours interleave sin and cos at 10000^(2i/D) from position 0
+(model.sinusoidal_positions), so the table holds exactly what our model adds.
+
+`ctranslate2` is imported only here, and only when a function needs it.
+"""
+
+from __future__ import annotations
+
+import pathlib
+from collections.abc import Sequence
+from typing import Any
+
+import jax.numpy as jnp
+import numpy as np
+
+from translate.config import ModelConfig
+from translate.model import MultiHeadAttention, TranslationModel, sinusoidal_positions
+from translate.tokenizer import BOS_ID, EOS_ID, UNK_ID, Tokenizer
+
+# Rows of the stored position table: CTranslate2 refuses a position past it. Sources are cut at
+# 1,024 tokens by its default `max_input_length`; a decoder-only prompt and its output share it.
+NUM_POSITIONS = 1024
+
+# The weight types `quantization` takes (CTranslate2's ACCEPTED_MODEL_TYPES); none keeps float32.
+QUANTIZATIONS = (
+    "int8",
+    "int8_float32",
+    "int8_float16",
+    "int8_bfloat16",
+    "int16",
+    "float16",
+    "bfloat16",
+    "float32",
+)
+
+
+def unsupported_reason(config: ModelConfig) -> str | None:
+    """Why CTranslate2 cannot run this model exactly, or None when it can."""
+    if config.architecture == "decoder_only" and config.prefix_attention != "causal":
+        return (
+            "CTranslate2's decoder-only models attend causally, and this model's source "
+            "tokens attend to the whole source (model.prefix_attention="
+            f"{config.prefix_attention})"
+        )
+    return None
+
+
+def array(param: Any) -> np.ndarray:
+    """A parameter's value as a float32 numpy array of its own (the converter writes into it)."""
+    return np.array(param[...], dtype=np.float32)
+
+
+def linear(spec: Any, layer: Any) -> None:
+    """Flax's kernel [in, out] becomes CTranslate2's weight [out, in]; the bias stays."""
+    spec.weight = np.ascontiguousarray(array(layer.kernel).T)
+    if layer.bias is not None:
+        spec.bias = array(layer.bias)
+
+
+def fused_linear(spec: Any, layers: Sequence[Any]) -> None:
+    """One linear layer computing several (Q;K;V or K;V): weights [sum of outs, in] stacked.
+
+    Our key projection has no bias (model.MultiHeadAttention), so its rows of the fused bias
+    are zeros.
+    """
+    spec.weight = np.concatenate([array(layer.kernel).T for layer in layers])
+    spec.bias = np.concatenate(
+        [
+            array(layer.bias) if layer.bias is not None else np.zeros(layer.out_features, "f4")
+            for layer in layers
+        ]
+    )
+
+
+def layer_norm(spec: Any, norm: Any) -> None:
+    spec.gamma = array(norm.scale)
+    spec.beta = array(norm.bias)
+
+
+def attention(spec: Any, module: MultiHeadAttention, norm: Any, self_attention: bool) -> None:
+    """Sec. 3.2.2's projections: self-attention fuses Q, K and V; cross-attention K and V.
+
+    Heads are consecutive slices of K = D / H output channels in both layouts.
+    """
+    if self_attention:
+        fused_linear(spec.linear[0], [module.query, module.key, module.value])  # [3D, D]
+    else:
+        linear(spec.linear[0], module.query)  # [D, D]
+        fused_linear(spec.linear[1], [module.key, module.value])  # [2D, D]
+    linear(spec.linear[-1], module.out)
+    layer_norm(spec.layer_norm, norm)
+
+
+def feed_forward(spec: Any, module: Any, norm: Any) -> None:
+    linear(spec.linear_0, module.inner)  # [F, D]
+    linear(spec.linear_1, module.outer)  # [D, F]
+    layer_norm(spec.layer_norm, norm)
+
+
+def input_layers(spec: Any, embedding: Any, model: TranslationModel) -> None:
+    """Sec. 3.4's shared embedding [V, D], scaled by sqrt(D), plus our position table [P, D]."""
+    embedding.weight = array(model.embed.embedding)  # [V, D]
+    spec.scale_embeddings = True  # CTranslate2 multiplies by sqrt(D)
+    table = sinusoidal_positions(jnp.arange(NUM_POSITIONS), model.d_model)  # [P, D]
+    spec.position_encodings.encodings = np.array(table, np.float32)
+
+
+def decoder_stack(spec: Any, model: TranslationModel, layers: Any, final_norm: Any) -> None:
+    """A decoder spec from layers with or without cross-attention, and its output projection."""
+    input_layers(spec, spec.embeddings, model)
+    for layer_spec, layer in zip(spec.layer, layers, strict=True):
+        attention(layer_spec.self_attention, layer.self_attention, layer.norm1, True)
+        if hasattr(layer, "cross_attention"):
+            attention(layer_spec.attention, layer.cross_attention, layer.norm2, False)
+            feed_forward(layer_spec.ffn, layer.feed_forward, layer.norm3)
+        else:  # a decoder-only layer: model.EncoderLayer under a causal mask
+            feed_forward(layer_spec.ffn, layer.feed_forward, layer.norm2)
+    if final_norm is not None:
+        layer_norm(spec.layer_norm, final_norm)
+    # Sec. 3.4: the pre-softmax projection is the embedding matrix [V, D]; no bias.
+    spec.projection.weight = array(model.embed.embedding)
+
+
+def make_spec(model: TranslationModel, config: ModelConfig, tokenizer: Tokenizer) -> Any:
+    """The CTranslate2 model specification of `model`, with its vocabulary and special tokens.
+
+    Raises:
+      ValueError: the model is one that CTranslate2 cannot run (`unsupported_reason`).
+    """
+    from ctranslate2.specs import common_spec, transformer_spec
+
+    reason = unsupported_reason(config)
+    if reason:
+        raise ValueError(reason)
+    pre_norm = config.norm_position == "pre"
+    relu = common_spec.Activation.RELU
+    pieces = [tokenizer.processor.id_to_piece(i) for i in range(tokenizer.vocab_size)]
+    if config.architecture == "decoder_only":
+        spec = transformer_spec.TransformerDecoderModelSpec.from_config(
+            config.num_layers, config.num_heads, pre_norm=pre_norm, activation=relu
+        )
+        decoder_stack(spec.decoder, model, model.decoder, model.decoder_norm)
+        spec.register_vocabulary(pieces)
+    else:
+        spec = transformer_spec.TransformerSpec.from_config(
+            config.num_layers, config.num_heads, pre_norm=pre_norm, activation=relu
+        )
+        input_layers(spec.encoder, spec.encoder.embeddings[0], model)  # one input feature
+        for layer_spec, layer in zip(spec.encoder.layer, model.encoder, strict=True):
+            attention(layer_spec.self_attention, layer.self_attention, layer.norm1, True)
+            feed_forward(layer_spec.ffn, layer.feed_forward, layer.norm2)
+        if model.encoder_norm is not None:
+            layer_norm(spec.encoder.layer_norm, model.encoder_norm)
+        decoder_stack(spec.decoder, model, model.decoder, model.decoder_norm)
+        spec.register_source_vocabulary(pieces)
+        spec.register_target_vocabulary(pieces)
+        # Our sources end in EOS and have no BOS (batching.Batch); the decoder starts from BOS.
+        spec.config.add_source_eos = True
+        spec.config.decoder_start_token = pieces[BOS_ID]
+    spec.config.bos_token = pieces[BOS_ID]
+    spec.config.eos_token = pieces[EOS_ID]
+    spec.config.unk_token = pieces[UNK_ID]
+    spec.config.layer_norm_epsilon = float(model.decoder[0].norm1.epsilon)
+    return spec
+
+
+def write(
+    model: TranslationModel,
+    config: ModelConfig,
+    tokenizer: Tokenizer,
+    directory: pathlib.Path,
+    quantization: str = "",
+) -> Any:
+    """Writes the CTranslate2 model (model.bin, config.json, the vocabulary) into `directory`.
+
+    Args:
+      directory: an existing empty directory.
+      quantization: one of QUANTIZATIONS for the stored weights; "" keeps float32.
+
+    Returns:
+      The specification as written (its weights quantized).
+    """
+    spec = make_spec(model, config, tokenizer)
+    spec.validate()
+    spec.optimize(quantization=quantization or None)
+    spec.save(str(directory))
+    return spec
+
+
+def source_pieces(tokenizer: Tokenizer, sentences: Sequence[str], max_len: int) -> list[list[str]]:
+    """Each sentence's pieces, cut to `max_len - 1` as our search cuts them (EOS is added later).
+
+    The same cut as batching.source_batches, so both engines read the same source.
+    """
+    return [
+        tokenizer.pieces(ids[: max_len - 1]) if max_len else tokenizer.pieces(ids)
+        for ids in tokenizer.encode(sentences)
+    ]
+
+
+def groups_by_length(pieces: Sequence[Sequence[str]]) -> dict[int, list[int]]:
+    """Sentence indices by source length.
+
+    Our search caps each output at (source tokens) + max_extra_len; CTranslate2 and transformers
+    take one cap per call, so sentences of one length are decoded together under their cap.
+    """
+    groups: dict[int, list[int]] = {}
+    for i, p in enumerate(pieces):
+        groups.setdefault(len(p), []).append(i)
+    return dict(sorted(groups.items()))
+
+
+def translate(
+    engine: Any,
+    tokenizer: Tokenizer,
+    sentences: Sequence[str],
+    *,
+    beam_size: int,
+    length_penalty: float,
+    max_extra_len: int,
+    max_len: int,
+    batch_size: int,
+) -> list[str]:
+    """Detokenized translations by a `ctranslate2.Translator` or `Generator` of our export.
+
+    Decodes as our search does where CTranslate2 allows: the same source cut, the same output
+    cap per sentence, an empty output allowed (`min_decoding_length=0`). Beam search differs:
+    CTranslate2 ranks finished hypotheses by log P / length^length_penalty and stops once W of
+    them are finished; ours by log P / ((5 + length) / 6)^alpha with an exact bound
+    (decode.beam_search). A blank sentence translates to "", as in decode.translate_sentences.
+    """
+    pieces = source_pieces(tokenizer, sentences, max_len)
+    out = [""] * len(sentences)
+    generator = not hasattr(engine, "translate_batch")
+    for length, indices in groups_by_length(pieces).items():
+        indices = [i for i in indices if sentences[i].strip()]
+        if not indices:
+            continue
+        options = dict(
+            max_batch_size=batch_size, beam_size=beam_size, length_penalty=length_penalty
+        )
+        if generator:
+            separator = tokenizer.pieces([EOS_ID, BOS_ID])  # decoder_only.py's x EOS BOS y
+            prompts = [pieces[i] + separator for i in indices]
+            results = engine.generate_batch(
+                prompts,
+                max_length=length + max_extra_len,
+                min_length=0,
+                include_prompt_in_result=False,
+                **options,
+            )
+            outputs = [r.sequences[0] for r in results]
+        else:
+            results = engine.translate_batch(
+                [pieces[i] for i in indices],
+                max_decoding_length=length + max_extra_len,
+                min_decoding_length=0,
+                max_input_length=0,
+                **options,
+            )
+            outputs = [r.hypotheses[0] for r in results]
+        for i, output in zip(indices, outputs):
+            out[i] = tokenizer.decode(tokenizer.processor.piece_to_id(output))
+    return out

@@ -1,0 +1,237 @@
+"""A trained encoder-decoder in Hugging Face transformers' format, and how to decode it as ours.
+
+Two of transformers' model classes compute the paper's Transformer with our choices (ReLU,
+biases, embeddings scaled by sqrt(d_model) and tied to the pre-softmax projection, sinusoidal
+positions from 0 at the paper's frequencies 10000^(2i/D), Sec. 3.4-3.5):
+  - post-LayerNorm (the paper's, Sec. 3.1): Marian (`MarianMTModel`);
+  - pre-LayerNorm, with a final LayerNorm on each stack: Pegasus
+    (`PegasusForConditionalGeneration`).
+Both lay their position table out as [sines | cosines] where ours interleaves them (model.
+sinusoidal_positions), and Marian rebuilds its table when it loads. So every model channel is
+renumbered: HF channel j is our channel `channel_order(D)[j]` in every vector the residual
+stream carries (embeddings, LayerNorm parameters, the inputs of the Q, K, V and first
+feed-forward projections, the outputs of the attention output and second feed-forward
+projections). A sum, a LayerNorm and ReLU do not care how channels are numbered, and heads live
+inside the projections, so the renumbered model computes the same function (exactly in real
+arithmetic; the float32 sums may round differently).
+
+One difference remains: both classes build their LayerNorms with PyTorch's default epsilon,
+1e-5, and take no setting for it; ours is 1e-6 (model.py). `match_layer_norm_epsilon` sets ours
+on a loaded model; the README's Deploy section gives what it changes on Multi30k.
+
+The weights are written as safetensors; `torch` and `transformers` are needed only to run them.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import shutil
+from collections.abc import Sequence
+from typing import Any
+
+import jax.numpy as jnp
+import numpy as np
+
+from translate.config import ModelConfig
+from translate.export_ctranslate2 import array, groups_by_length, source_pieces
+from translate.model import TranslationModel, sinusoidal_positions
+from translate.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
+
+# transformers' model type and class for each LayerNorm position.
+LAYOUTS = {
+    "post": ("marian", "MarianMTModel"),
+    "pre": ("pegasus", "PegasusForConditionalGeneration"),
+}
+# Positions each model can embed (its `max_position_embeddings`): sources and outputs alike.
+NUM_POSITIONS = 1024
+# The most tokens `generate` writes unless told otherwise (transformers' default is 20).
+MAX_LENGTH = 512
+
+
+def unsupported_reason(config: ModelConfig) -> str | None:
+    """Why this export cannot express the model, or None when it can."""
+    if config.architecture == "decoder_only":
+        return (
+            "transformers has no model class for the decoder-only layout (sinusoidal positions "
+            "over `source </s> <s> target`); export it with --format=ctranslate2"
+        )
+    return None
+
+
+def channel_order(d_model: int) -> np.ndarray:
+    """[D] our channel behind each HF channel: even channels (sines), then odd ones (cosines)."""
+    return np.concatenate([np.arange(0, d_model, 2), np.arange(1, d_model, 2)])
+
+
+def state_dict(model: TranslationModel, norm_position: str) -> dict[str, np.ndarray]:
+    """The weights by transformers' names; PyTorch's Linear weights are [out, in]."""
+    order = channel_order(model.d_model)
+    out: dict[str, np.ndarray] = {}
+
+    def reads_stream(name: str, layer: Any) -> None:
+        """A projection of the residual stream (Q, K, V, first feed-forward): inputs renumbered."""
+        kernel = array(layer.kernel)[order]  # [D, out]
+        out[f"{name}.weight"] = np.ascontiguousarray(kernel.T)
+        bias = array(layer.bias) if layer.bias is not None else np.zeros(kernel.shape[1], "f4")
+        out[f"{name}.bias"] = bias  # our key projection has none: zeros
+
+    def writes_stream(name: str, layer: Any) -> None:
+        """A projection added to the residual stream (attention output, second FFN): outputs."""
+        out[f"{name}.weight"] = np.ascontiguousarray(array(layer.kernel)[:, order].T)
+        out[f"{name}.bias"] = array(layer.bias)[order]
+
+    def norm(name: str, layer: Any) -> None:
+        out[f"{name}.weight"] = array(layer.scale)[order]
+        out[f"{name}.bias"] = array(layer.bias)[order]
+
+    def attention(name: str, module: Any, layer_norm: Any) -> None:
+        for ours, theirs in (("query", "q"), ("key", "k"), ("value", "v")):
+            reads_stream(f"{name}.{theirs}_proj", getattr(module, ours))
+        writes_stream(f"{name}.out_proj", module.out)
+        norm(f"{name}_layer_norm", layer_norm)
+
+    def feed_forward(name: str, module: Any, layer_norm: Any) -> None:
+        reads_stream(f"{name}.fc1", module.inner)
+        writes_stream(f"{name}.fc2", module.outer)
+        norm(f"{name}.final_layer_norm", layer_norm)
+
+    # Sec. 3.4: one embedding matrix [V, D] for both stacks and the pre-softmax projection.
+    out["model.shared.weight"] = np.ascontiguousarray(array(model.embed.embedding)[:, order])
+    out["final_logits_bias"] = np.zeros((1, out["model.shared.weight"].shape[0]), "f4")
+    positions = sinusoidal_positions(jnp.arange(NUM_POSITIONS), model.d_model)  # [P, D]
+    positions = np.ascontiguousarray(np.asarray(positions, np.float32)[:, order])
+    for i, layer in enumerate(model.encoder):
+        name = f"model.encoder.layers.{i}"
+        attention(f"{name}.self_attn", layer.self_attention, layer.norm1)
+        feed_forward(name, layer.feed_forward, layer.norm2)
+    for i, layer in enumerate(model.decoder):
+        name = f"model.decoder.layers.{i}"
+        attention(f"{name}.self_attn", layer.self_attention, layer.norm1)
+        attention(f"{name}.encoder_attn", layer.cross_attention, layer.norm2)
+        feed_forward(name, layer.feed_forward, layer.norm3)
+    if norm_position == "pre":
+        norm("model.encoder.layer_norm", model.encoder_norm)
+        norm("model.decoder.layer_norm", model.decoder_norm)
+        # Pegasus keeps its position tables among the weights: ours, in its channel order.
+        out["model.encoder.embed_positions.weight"] = positions
+        out["model.decoder.embed_positions.weight"] = positions
+    return out
+
+
+def model_config(config: ModelConfig, vocab_size: int) -> dict[str, Any]:
+    """config.json: the architecture, our special ids, and no dropout (inference)."""
+    model_type, architecture = LAYOUTS[config.norm_position]
+    fields = {
+        "architectures": [architecture],
+        "model_type": model_type,
+        "vocab_size": vocab_size,
+        "d_model": config.d_model,
+        "encoder_layers": config.num_layers,
+        "decoder_layers": config.num_layers,
+        "encoder_attention_heads": config.num_heads,
+        "decoder_attention_heads": config.num_heads,
+        "encoder_ffn_dim": config.d_ff,
+        "decoder_ffn_dim": config.d_ff,
+        "activation_function": "relu",  # Sec. 3.3
+        "scale_embedding": True,  # Sec. 3.4: sqrt(d_model)
+        "max_position_embeddings": NUM_POSITIONS,
+        "dropout": 0.0,
+        "attention_dropout": 0.0,
+        "activation_dropout": 0.0,
+        "tie_word_embeddings": True,
+        "is_encoder_decoder": True,
+        "dtype": "float32",
+        **special_ids(),
+    }
+    if model_type == "marian":
+        fields["decoder_vocab_size"] = vocab_size
+        fields["share_encoder_decoder_embeddings"] = True
+    return fields
+
+
+def special_ids() -> dict[str, int]:
+    """Our ids (tokenizer.py); the decoder starts from BOS, as ours does."""
+    return {
+        "pad_token_id": PAD_ID,
+        "bos_token_id": BOS_ID,
+        "eos_token_id": EOS_ID,
+        "decoder_start_token_id": BOS_ID,
+        # At the length cap only EOS may follow, as in our search (decode.greedy_search).
+        "forced_eos_token_id": EOS_ID,
+    }
+
+
+def write(model: TranslationModel, config: ModelConfig, tokenizer: Tokenizer, directory) -> None:
+    """Writes config.json, generation_config.json and model.safetensors into `directory`.
+
+    Raises:
+      ValueError: a model this format cannot express (`unsupported_reason`).
+    """
+    from safetensors.numpy import save_file
+
+    reason = unsupported_reason(config)
+    if reason:
+        raise ValueError(reason)
+    directory = pathlib.Path(directory)
+    fields = model_config(config, tokenizer.vocab_size)
+    (directory / "config.json").write_text(json.dumps(fields, indent=2) + "\n")
+    generation = {**special_ids(), "max_length": MAX_LENGTH, "num_beams": 1}
+    (directory / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
+    weights = directory / "model.safetensors"
+    save_file(state_dict(model, config.norm_position), str(weights), metadata={"format": "pt"})
+    # safetensors creates its file readable by its owner alone; give it config.json's mode, so
+    # that whoever may read the export may load it.
+    shutil.copymode(directory / "config.json", weights)
+
+
+def match_layer_norm_epsilon(hf_model: Any, epsilon: float) -> int:
+    """Sets `epsilon` on every LayerNorm of a loaded transformers model; returns how many."""
+    import torch
+
+    norms = [m for m in hf_model.modules() if isinstance(m, torch.nn.LayerNorm)]
+    for m in norms:
+        m.eps = epsilon
+    return len(norms)
+
+
+def translate(
+    hf_model: Any,
+    tokenizer: Tokenizer,
+    sentences: Sequence[str],
+    *,
+    beam_size: int,
+    length_penalty: float,
+    max_extra_len: int,
+    max_len: int,
+    batch_size: int,
+) -> list[str]:
+    """Detokenized translations by a loaded transformers model of our export.
+
+    As export_ctranslate2.translate: our source cut (EOS appended), one output cap per source
+    length, the cap's last token forced to EOS as in our search. transformers' beam search
+    ranks by log P / length^length_penalty, not our GNMT penalty (decode.beam_search).
+    """
+    import torch
+
+    pieces = source_pieces(tokenizer, sentences, max_len)
+    out = [""] * len(sentences)
+    for length, indices in groups_by_length(pieces).items():
+        indices = [i for i in indices if sentences[i].strip()]
+        for start in range(0, len(indices), batch_size):
+            chunk = indices[start : start + batch_size]
+            ids = [tokenizer.processor.piece_to_id(pieces[i]) + [EOS_ID] for i in chunk]
+            with torch.inference_mode():
+                outputs = hf_model.generate(
+                    input_ids=torch.tensor(ids),  # [B, S]: one length, so no padding
+                    attention_mask=torch.ones(len(ids), length + 1, dtype=torch.long),
+                    num_beams=beam_size,
+                    # transformers warns of a length penalty given to greedy search.
+                    **({"length_penalty": length_penalty} if beam_size > 1 else {}),
+                    # BOS, at most `length + max_extra_len` tokens, then EOS (forced at the cap).
+                    max_length=length + max_extra_len + 2,
+                    do_sample=False,
+                )  # [B, 1 + T]: BOS first
+            for i, row in zip(chunk, outputs.tolist()):
+                out[i] = tokenizer.decode(row)
+    return out

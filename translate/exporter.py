@@ -1,0 +1,168 @@
+"""Exports a workdir's model for another engine: the checks, then a directory written whole.
+
+An export directory holds the format's own files (export_ctranslate2.py, export_huggingface.py),
+our `vocab.model` (the engines take SentencePiece pieces or ids; neither tokenizes), and
+`translate-export.json`, which marks the directory as an export of ours: a later export may
+replace such a directory, and nothing else. Everything is checked before the parameters are
+read, and the directory is written beside its place and renamed into it once whole
+(atomic.directory), so a failed export leaves what was there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import importlib
+import json
+import os
+import pathlib
+import shutil
+from collections.abc import Iterator
+from typing import Any
+
+from flax import nnx
+
+from translate import atomic, export_ctranslate2, export_huggingface, provenance
+from translate.config import Config
+from translate.workdir import Workdir, load_ensemble, read_config
+
+FORMATS = {"ctranslate2": export_ctranslate2, "huggingface": export_huggingface}
+# The Python package each format's writer needs, and how a user gets it.
+NEEDS = {
+    "ctranslate2": ("ctranslate2", "pip install ctranslate2"),
+    "huggingface": ("safetensors", "pip install safetensors"),
+}
+MARKER = "translate-export.json"
+VOCAB = "vocab.model"
+
+
+def check_request(config: Config, workdir: str, output: str, fmt: str, quantization: str) -> None:
+    """Refuses a format, quantization or model that cannot be exported, naming the flag."""
+    if fmt not in FORMATS:
+        raise ValueError(f"--format={fmt}: give --format=ctranslate2 or --format=huggingface")
+    if not output:
+        raise ValueError("--output is required: the directory to write the export into")
+    if quantization and fmt != "ctranslate2":
+        raise ValueError(f"--quantization={quantization}: only --format=ctranslate2 takes it")
+    if quantization and quantization not in export_ctranslate2.QUANTIZATIONS:
+        raise ValueError(
+            f"--quantization={quantization}: one of " + ", ".join(export_ctranslate2.QUANTIZATIONS)
+        )
+    reason = FORMATS[fmt].unsupported_reason(config.model)
+    if reason:
+        raise ValueError(f"--format={fmt} cannot export --workdir={workdir}: {reason}")
+
+
+def check_output(output: str | os.PathLike, workdir: str | os.PathLike) -> None:
+    """Refuses an --output whose replacement would lose anything but an earlier export of ours.
+
+    Refused: the workdir itself or a directory holding it; a path inside one of the workdir's
+    own files or directories (checkpoints/, best/, ...); a file; a non-empty directory without
+    our marker. A new path, an empty directory or an earlier export may be written.
+    """
+    out, run = pathlib.Path(os.path.realpath(output)), pathlib.Path(os.path.realpath(workdir))
+    if out == run or out in run.parents:
+        raise ValueError(
+            f"--output={output} would replace --workdir={workdir} (it is that directory or "
+            "holds it); give a new directory"
+        )
+    if run in out.parents:
+        first = out.relative_to(run).parts[0]
+        paths = vars(Workdir(run)).values()
+        owned = {p.name for p in paths if isinstance(p, pathlib.Path) and p != run}
+        if first in owned:
+            raise ValueError(
+                f"--output={output} is inside --workdir's own {first}; give a new directory "
+                f"(e.g. {run / 'export'})"
+            )
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--output={output} is a file; give a directory")
+    if out.is_dir() and any(out.iterdir()) and not (out / MARKER).is_file():
+        raise ValueError(
+            f"--output={output} holds files that no translate-export wrote (no {MARKER}); "
+            "nothing was overwritten: give a new or empty directory"
+        )
+
+
+def check_dependency(fmt: str) -> None:
+    """Refuses, in one line, a format whose writer's package is not installed."""
+    package, install = NEEDS[fmt]
+    try:
+        importlib.import_module(package)
+    except ImportError:
+        raise ValueError(
+            f"--format={fmt} needs the {package} package, which is not installed: {install} "
+            "(or pip install '.[export]')"
+        ) from None
+
+
+def export(
+    workdir: str,
+    output: str,
+    fmt: str,
+    step: int | None = None,
+    average: int = 0,
+    quantization: str = "",
+) -> dict[str, Any]:
+    """Writes the model of `workdir` (at `step`, or the mean of its newest `average`
+    checkpoints) in format `fmt` to the directory `output`; returns what the marker records.
+
+    Raises:
+      ValueError, OSError: a user's mistake, in one line naming the flag (see the checks above
+        and workdir.load_ensemble).
+    """
+    if (pathlib.Path(workdir) / MARKER).is_file():
+        raise ValueError(
+            f"--workdir={workdir} is an export ({MARKER}), not a training workdir; give the "
+            "workdir it was exported from"
+        )
+    config = read_config(Workdir(workdir))
+    check_request(config, workdir, output, fmt, quantization)
+    check_output(output, workdir)
+    check_dependency(fmt)
+    with writing(output) as tmp:
+        return write_export(workdir, fmt, step, average, quantization, tmp)
+
+
+@contextlib.contextmanager
+def writing(output: str) -> Iterator[pathlib.Path]:
+    """atomic.directory(output), with a place that cannot be written refused in one line
+    before anything is read."""
+    target = pathlib.Path(output)
+    stack = contextlib.ExitStack()
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = stack.enter_context(atomic.directory(target))
+    except OSError as e:
+        raise OSError(f"--output={output}: cannot write a directory there ({e.strerror})") from None
+    with stack:
+        yield tmp
+
+
+def write_export(
+    workdir: str, fmt: str, step: int | None, average: int, quantization: str, tmp: pathlib.Path
+) -> dict[str, Any]:
+    """Loads the model and writes the export's files into the empty directory `tmp`."""
+    graphdefs, params, tokenizer, config, steps = load_ensemble([workdir], step, average)
+    model = nnx.merge(graphdefs[0], params[0])
+    found = provenance.git_commit()
+    record = {
+        "format": fmt,
+        "workdir": os.path.realpath(workdir),
+        "steps": list(steps[0]),
+        "quantization": quantization or "float32",
+        "architecture": config.model.architecture,
+        "norm_position": config.model.norm_position,
+        "layer_norm_epsilon": float(model.decoder[0].norm1.epsilon),
+        "exported": datetime.datetime.now().isoformat(timespec="seconds"),
+        "commit": found["commit"] if found else None,
+    }
+    if fmt == "huggingface":
+        record["model_class"] = export_huggingface.LAYOUTS[config.model.norm_position][1]
+    if fmt == "ctranslate2":
+        export_ctranslate2.write(model, config.model, tokenizer, tmp, quantization)
+    else:
+        export_huggingface.write(model, config.model, tokenizer, tmp)
+    shutil.copyfile(tokenizer.path, tmp / VOCAB)
+    (tmp / MARKER).write_text(json.dumps(record, indent=2) + "\n")
+    return record
