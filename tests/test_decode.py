@@ -1,14 +1,26 @@
 """Greedy and beam search (translate/decode.py)."""
 
+import pathlib
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
 
+from translate import decode
 from translate.batching import Batch
-from translate.config import ModelConfig
-from translate.decode import beam_search, greedy_search, length_penalty, translate_tokens
+from translate.config import ModelConfig, load_config
+from translate.decode import (
+    NEG_INF,
+    beam_search,
+    cache_lengths,
+    greedy_search,
+    length_penalty,
+    search,
+    translate_tokens,
+)
+from translate.decoder_only import DecoderOnlyTransformer
 from translate.model import Transformer
 from translate.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
@@ -206,3 +218,111 @@ def test_bfloat16_beam_search_picks_the_hypotheses_of_a_float32_projected_refere
     np.testing.assert_array_equal(greedy, ref_greedy)
     # Only the order of float32 additions differs from the reference.
     np.testing.assert_allclose(scores, ref_scores, rtol=1e-5)
+
+
+def make_decoder_only(prefix_attention: str, seed: int = 0):
+    config = ModelConfig(
+        num_layers=2,
+        d_model=32,
+        num_heads=4,
+        d_ff=64,
+        compute_dtype="float32",
+        architecture="decoder_only",
+        prefix_attention=prefix_attention,
+        norm_position="pre",
+    )
+    model = DecoderOnlyTransformer(config, VOCAB, rngs=nnx.Rngs(seed))
+    model.embed.embedding[...] = model.embed.embedding[...] * 8.0
+    return nnx.split(model, nnx.Param)
+
+
+def ensembles() -> dict[str, tuple[tuple, tuple]]:
+    """(graphdefs, params) of each architecture alone, and of a mixed ensemble of two."""
+    encoder_decoder = make_model()
+    causal, prefix_lm = make_decoder_only("causal", 1), make_decoder_only("bidirectional", 2)
+    return {
+        "encoder_decoder": ((encoder_decoder[0],), (encoder_decoder[1],)),
+        "decoder_only_causal": ((causal[0],), (causal[1],)),
+        "decoder_only_prefix_lm": ((prefix_lm[0],), (prefix_lm[1],)),
+        "ensemble": tuple(zip(encoder_decoder, prefix_lm)),
+    }
+
+
+def test_cache_lengths_double_up_to_the_search_limit():
+    assert cache_lengths(99) == [16, 32, 64, 99]
+    assert cache_lengths(67) == [16, 32, 67]  # 64 would leave 3 steps for the last loop
+    assert cache_lengths(20) == [20]
+    assert cache_lengths(15) == [15]
+
+
+# (beam_size, nbest, stop): greedy, beam search under both stopping rules, and beam search's
+# n-best scores at width 1.
+SEARCHES = [(1, False, "exact"), (4, False, "exact"), (4, False, "finished"), (1, True, "exact")]
+
+
+@pytest.mark.parametrize(
+    "name",
+    # The mixed ensemble grows both architectures' caches in one search; each alone (20-35 s
+    # on 2 busy cores) runs with the slow tests.
+    [
+        "ensemble",
+        *(
+            pytest.param(name, marks=pytest.mark.slow)
+            for name in ("encoder_decoder", "decoder_only_causal", "decoder_only_prefix_lm")
+        ),
+    ],
+)
+def test_growing_cache_gives_the_hypotheses_and_scores_of_a_full_length_cache(name, monkeypatch):
+    # The reference is one loop over a cache of the longest allowed output from the first step
+    # (the search before the cache grew); a first length of 4 makes the search grow it twice.
+    graphdefs, params = ensembles()[name]
+    src = sources()
+    assert cache_lengths(src.shape[1] + 6 + 1) == [15]
+    results = {}
+    for first in (4, 10**6):
+        monkeypatch.setattr(decode, "FIRST_CACHE_LENGTH", first)
+        jax.clear_caches()  # the searches are jitted on the graph definitions, which are unchanged
+        results[first] = [
+            search(graphdefs, params, src, beam, 0.6, 6, nbest=nbest, stop=stop)
+            for beam, nbest, stop in SEARCHES
+        ]
+    jax.clear_caches()
+    for (beam, nbest, stop), grown, full in zip(SEARCHES, results[4], results[10**6]):
+        # n-best: every hypothesis of the beam, in order, not only the best.
+        message = f"beam {beam}, nbest {nbest}, stop {stop}"
+        np.testing.assert_array_equal(grown[0], full[0], err_msg=message)
+        np.testing.assert_allclose(grown[1], full[1], rtol=1e-5, err_msg=message)
+        assert np.all(np.asarray(grown[1])[:, 0] > NEG_INF / 2), "the best hypothesis finished"
+
+
+def test_argmax_is_the_first_index_of_the_maximum():
+    x = np.array(jax.random.normal(jax.random.key(0), (6, 50)))
+    x[1, [3, 7, 40]] = 9.0  # ties: the first wins, as in jnp.argmax
+    x[2, :] = -1.0e9  # a row masked down to one value
+    x[3, [0, 49]] = 9.0
+    token, best = decode._argmax(jnp.asarray(x))
+    np.testing.assert_array_equal(token, np.argmax(x, axis=-1))
+    np.testing.assert_array_equal(best, np.max(x, axis=-1))
+
+
+def test_exact_stop_scores_at_least_as_well_as_stopping_at_beam_size_finished():
+    # Both follow the same live beams; "finished" drops EOS outside the W best extensions and
+    # stops sooner, so its best hypothesis can only be worse or the same.
+    graphdef, params = make_model()
+    src = sources()
+    kwargs = dict(beam_size=4, alpha=1.2, max_extra_len=6)
+    _, exact = beam_search((graphdef,), (params,), src, stop="exact", **kwargs)
+    tokens, finished = beam_search((graphdef,), (params,), src, stop="finished", **kwargs)
+    assert np.all(np.asarray(finished) > NEG_INF / 2), "it stops with W finished hypotheses"
+    assert np.all(np.diff(np.asarray(finished), axis=1) <= 0), "sorted best first"
+    assert np.all(np.asarray(exact)[:, 0] >= np.asarray(finished)[:, 0] - 1e-6)
+    for row in np.asarray(tokens).reshape(-1, tokens.shape[-1]):
+        assert strip(row)[-1] == EOS_ID
+
+
+def test_an_unknown_beam_stop_is_an_error_naming_its_flag():
+    with pytest.raises(ValueError, match="--config.decode.beam_stop=greedy: must be 'exact'"):
+        load_config(
+            pathlib.Path(__file__).parents[1] / "configs" / "base.py",
+            {"decode.beam_stop": "greedy"},
+        )

@@ -160,6 +160,11 @@ class DecodeConfig:
     length_penalty: float = 0.6
     # Output may be at most source length + this many tokens (Sec. 6.1: 50).
     max_extra_len: int = 50
+    # When beam search stops a sentence: "exact", once no live hypothesis can beat its
+    # beam_size finished ones (exact, but loose: it assumes the longest allowed output's length
+    # penalty); "finished", once beam_size hypotheses have ended, EOS counting only among the
+    # beam_size best candidates of a step (fairseq, CTranslate2, transformers' early_stopping).
+    beam_stop: str = "exact"
     # Sentences decoded together.
     batch_size: int = 64
     # Dev sentences decoded for BLEU during training (0 = whole dev set).
@@ -395,6 +400,11 @@ class Config:
             ("decode.beam_size", lambda v: v >= 1, "must be >= 1"),
             ("decode.length_penalty", lambda v: v >= 0.0, "must be >= 0"),
             ("decode.max_extra_len", lambda v: v >= 0, "must be >= 0"),
+            (
+                "decode.beam_stop",
+                lambda v: v in ("exact", "finished"),
+                "must be 'exact' or 'finished'",
+            ),
             ("decode.batch_size", lambda v: v >= 1, "must be >= 1"),
             ("decode.eval_num_sentences", lambda v: v >= 0, "must be >= 0 (0 = whole dev set)"),
             ("decode.average_last", lambda v: v >= 1, "must be >= 1 (1 = the last step alone)"),

@@ -142,6 +142,17 @@ class DecoderOnlyTransformer(TranslationModel):
         )
 
     @staticmethod
+    def extend_cache(cache: PrefixCache, max_len: int) -> PrefixCache:
+        """The cache with room for `max_len` steps after the source (model.Transformer's)."""
+        grow = cache.prefix_valid.shape[1] + max_len - cache.keys[0].shape[-1]
+        if grow == 0:
+            return cache
+        return cache._replace(
+            keys=[jnp.pad(k, ((0, 0), (0, 0), (0, 0), (0, grow))) for k in cache.keys],
+            values=[jnp.pad(v, ((0, 0), (0, 0), (0, grow), (0, 0))) for v in cache.values],
+        )  # [B, H, K, S + max_len], [B, H, S + max_len, K]
+
+    @staticmethod
     def reorder_cache(cache: PrefixCache, rows: jax.Array) -> PrefixCache:
         """The cache of rows `rows` [B'] (beam search's surviving hypotheses).
 

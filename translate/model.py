@@ -441,6 +441,24 @@ class Transformer(TranslationModel):
         return cache
 
     @staticmethod
+    def extend_cache(cache: Cache, max_len: int) -> Cache:
+        """The cache with room for `max_len` steps: empty slots appended to the keys and values.
+
+        The search grows the cache as its outputs grow (decode.cache_lengths): every step's
+        attention, and beam search's reordering, read the whole cache, written or not.
+        """
+        grow = max_len - cache[0].k.shape[-1]
+        if grow == 0:
+            return cache
+        return [
+            c._replace(
+                k=jnp.pad(c.k, ((0, 0), (0, 0), (0, 0), (0, grow))),  # [B, H, K, max_len]
+                v=jnp.pad(c.v, ((0, 0), (0, 0), (0, grow), (0, 0))),  # [B, H, max_len, K]
+            )
+            for c in cache
+        ]
+
+    @staticmethod
     def reorder_cache(cache: Cache, rows: jax.Array) -> Cache:
         """The cache of rows `rows` [B'] (beam search's surviving hypotheses).
 
