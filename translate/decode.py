@@ -115,6 +115,31 @@ def _argmax(x: jax.Array) -> tuple[jax.Array, jax.Array]:
     return jnp.minimum(first, x.shape[-1] - 1).astype(jnp.int32), best[:, 0]
 
 
+def top_k(x: jax.Array, k: int, block: int = 128) -> jax.Array:
+    """`jax.lax.top_k(x, k)` over rows x [R, N], the same values and indices, found faster.
+
+    XLA's CPU top-k walks each row element by element: 3.3 ms of a 19.5 ms beam step on
+    [64, 32,000]. Here each row is cut into blocks of `block`; the k blocks with the largest
+    maxima hold the k largest elements (a block left out has k blocks above it, each with an
+    element above every element of the block left out, or equal at a lower index), so top-k
+    runs over those k blocks alone, kept in index order so that ties fall to the lower index
+    as in `jax.lax.top_k`.
+    """
+    rows, n = x.shape
+    if n <= 4 * k * block:
+        return jax.lax.top_k(x, k)
+    pad = -n % block
+    if pad:  # -inf never outranks a real element (NEG_INF is finite)
+        x = jnp.pad(x, ((0, 0), (0, pad)), constant_values=-jnp.inf)
+    blocks = x.reshape(rows, -1, block)  # [R, N / block, block]
+    _, best_blocks = jax.lax.top_k(jnp.max(blocks, axis=-1), k)  # [R, k]
+    best_blocks = jnp.sort(best_blocks, axis=-1)
+    kept = jnp.take_along_axis(blocks, best_blocks[:, :, None], axis=1)  # [R, k, block]
+    values, where = jax.lax.top_k(kept.reshape(rows, k * block), k)  # [R, k]
+    index = jnp.take_along_axis(best_blocks, where // block, axis=1) * block + where % block
+    return values, index
+
+
 @functools.partial(jax.jit, static_argnames=("graphdefs", "max_extra_len"))
 def greedy_search(graphdefs, params, src: jax.Array, max_extra_len: int = 50):
     """Arg-max decoding: tokens [B, L] (PAD after EOS) and their log-probabilities [B].
@@ -205,7 +230,7 @@ def beam_search(
         at_limit = (t >= limit)[:, None, None]
         log_probs = jnp.where(at_limit & (jnp.arange(vocab) != EOS_ID), NEG_INF, log_probs)
         candidates = (s["live_lp"][:, :, None] + log_probs).reshape(batch, width * vocab)
-        cand_lp, cand_idx = jax.lax.top_k(candidates, 2 * width)  # [B, 2W]
+        cand_lp, cand_idx = top_k(candidates, 2 * width)  # [B, 2W]
         parent, token = cand_idx // vocab, (cand_idx % vocab).astype(jnp.int32)  # [B, 2W]
         cand_tokens = jnp.take_along_axis(s["live_tokens"], parent[:, :, None], axis=1)
         cand_tokens = cand_tokens.at[:, :, t].set(token)  # [B, 2W, L]
