@@ -78,17 +78,87 @@ def _encode_for_decoding(models, src, max_extra_len, copies):
     return caches, limit, max_len
 
 
-def _loop(models, going, step, state, max_len):
-    """Runs `step` on `state` while `going(state)` and t < max_len, growing the caches.
+# The fewest rows (hypotheses) a search step runs on once sentences leave the batch.
+MIN_LEVEL_ROWS = 32
 
-    One `while_loop` per cache length: each runs until its cache is full (or the search ends)
-    and hands the next a longer one.
+
+def batch_levels(batch: int, width: int, min_rows: int = MIN_LEVEL_ROWS) -> list[int]:
+    """Sentences a search's steps run on: the batch, then quarters of it, each >= `min_rows` rows.
+
+    Sentences finish at different steps and a step costs about its rows; once the live sentences
+    fit in a quarter of the batch, the search goes on with those alone (`_loop`): 64 sentences of
+    beam 4 go on as 16 (64 rows). Halves, not quarters, ran no faster on 2 cores and compiled
+    twice the loops (BENCHMARKS.md); fewer than `min_rows` rows gain little, since a step's fixed
+    costs then dominate.
     """
+    sizes = [batch]
+    while sizes[-1] % 4 == 0 and sizes[-1] // 4 * width >= min_rows:
+        sizes.append(sizes[-1] // 4)
+    return sizes
+
+
+def _take(state: dict, index: jax.Array, width: int) -> dict:
+    """The search state of sentences `index` [n]: their rows of every array, the same step."""
+    rows = (index[:, None] * width + jnp.arange(width)).reshape(-1)  # [n * W]
+    return {
+        key: value
+        if key == "t"
+        else jax.tree.map(lambda a: a[rows], value)
+        if key == "cache"
+        else value[index]
+        for key, value in state.items()
+    }
+
+
+def _put(state: dict, index: jax.Array, sub: dict, width: int) -> dict:
+    """`state` with sentences `index` [n] (sorted, distinct) replaced by `sub`'s."""
+    rows = (index[:, None] * width + jnp.arange(width)).reshape(-1)  # [n * W]
+
+    def put(a, b, where):
+        return a.at[where].set(b, indices_are_sorted=True, unique_indices=True)
+
+    return {
+        key: sub[key]
+        if key == "t"
+        else jax.tree.map(lambda a, b: put(a, b, rows), value, sub[key])
+        if key == "cache"
+        else put(value, sub[key], index)
+        for key, value in state.items()
+    }
+
+
+def _loop(models, done, step, state, max_len, width, min_rows):
+    """Runs `step` on `state` until every sentence is `done` or t = max_len.
+
+    The whole batch first, one `while_loop` per cache length: each runs until its cache is full,
+    the search ends or the live sentences fit in the next batch level (`batch_levels`), and
+    hands the next a longer cache. Then one loop per level, with the cache at its longest: the
+    live sentences are taken out of the batch, go on alone, and are put back when it ends. A
+    sentence's hypotheses are computed as in the whole batch: the same tokens, with scores that
+    can differ in the last bits, since matrix products of fewer rows may sum in another order.
+    """
+    sizes = batch_levels(state["limit"].shape[0], width, min_rows)
+    floors = [*sizes[1:], 0]  # a level's loop ends once the live sentences fit in the next
+
+    def going(s, end, floor):
+        return (s["t"] < end) & (jnp.sum(~done(s)) > floor)
+
     for length in cache_lengths(max_len):
         state["cache"] = [m.extend_cache(c, length) for m, c in zip(models, state["cache"])]
         state = jax.lax.while_loop(
-            lambda s, length=length: (s["t"] < length) & going(s), step, state
+            functools.partial(going, end=length, floor=floors[0]), step, state
         )
+    for size, floor in zip(sizes[1:], floors[1:]):
+        live = ~done(state)  # [B]
+        # The live sentences all fit, unless the loops above stopped at t = max_len.
+        fits = jnp.sum(live) <= size
+        index = jnp.sort(jnp.argsort(~live, stable=True)[:size])  # [size], the live ones first
+        sub = jax.lax.while_loop(
+            lambda s, floor=floor, fits=fits: fits & going(s, max_len, floor),
+            step,
+            _take(state, index, width),
+        )
+        state = _put(state, index, sub, width)
     return state
 
 
@@ -140,11 +210,14 @@ def top_k(x: jax.Array, k: int, block: int = 128) -> jax.Array:
     return values, index
 
 
-@functools.partial(jax.jit, static_argnames=("graphdefs", "max_extra_len"))
-def greedy_search(graphdefs, params, src: jax.Array, max_extra_len: int = 50):
+@functools.partial(jax.jit, static_argnames=("graphdefs", "max_extra_len", "min_level_rows"))
+def greedy_search(
+    graphdefs, params, src: jax.Array, max_extra_len: int = 50, min_level_rows: int = MIN_LEVEL_ROWS
+):
     """Arg-max decoding: tokens [B, L] (PAD after EOS) and their log-probabilities [B].
 
-    `graphdefs` and `params` are an ensemble's tuples (module docstring).
+    `graphdefs` and `params` are an ensemble's tuples (module docstring); `min_level_rows` is
+    `batch_levels`'.
     """
     models = merge_models(graphdefs, params)
     batch = src.shape[0]
@@ -155,12 +228,13 @@ def greedy_search(graphdefs, params, src: jax.Array, max_extra_len: int = 50):
         "last": jnp.full((batch,), BOS_ID, jnp.int32),  # [B]
         "score": jnp.zeros((batch,), jnp.float32),  # [B]
         "done": jnp.zeros((batch,), bool),  # [B]
+        "limit": limit,  # [B]
         "cache": cache,  # one per model
     }
 
     def step(s):
         log_probs, cache = _next_log_probs(models, s["last"], s["t"], s["cache"])  # [B, V]
-        at_limit = (s["t"] >= limit)[:, None]
+        at_limit = (s["t"] >= s["limit"])[:, None]
         log_probs = jnp.where(
             at_limit & (jnp.arange(log_probs.shape[1]) != EOS_ID), NEG_INF, log_probs
         )
@@ -172,14 +246,18 @@ def greedy_search(graphdefs, params, src: jax.Array, max_extra_len: int = 50):
             "last": token,
             "score": s["score"] + jnp.where(s["done"], 0.0, token_lp),
             "done": s["done"] | (token == EOS_ID),
+            "limit": s["limit"],
             "cache": cache,
         }
 
-    state = _loop(models, lambda s: ~jnp.all(s["done"]), step, state, max_len)
+    state = _loop(models, lambda s: s["done"], step, state, max_len, 1, min_level_rows)
     return state["tokens"], state["score"]
 
 
-@functools.partial(jax.jit, static_argnames=("graphdefs", "beam_size", "max_extra_len", "stop"))
+@functools.partial(
+    jax.jit,
+    static_argnames=("graphdefs", "beam_size", "max_extra_len", "stop", "min_level_rows"),
+)
 def beam_search(
     graphdefs,
     params,
@@ -188,6 +266,7 @@ def beam_search(
     alpha: float = 0.6,
     max_extra_len: int = 50,
     stop: str = "exact",
+    min_level_rows: int = MIN_LEVEL_ROWS,
 ):
     """Beam search with the GNMT length penalty, of one model or an ensemble (module docstring).
 
@@ -197,6 +276,7 @@ def beam_search(
     falls as a hypothesis grows, so a live beam's best possible score is log P / lp(longest
     allowed length). With "finished" (fairseq's and CTranslate2's rule) only an EOS among the W
     best extensions finishes a hypothesis, and a sentence stops once W have finished.
+    `min_level_rows` is `batch_levels`'.
 
     Returns:
       tokens [B, W, L] of the finished hypotheses, best first (PAD after EOS), and their
@@ -212,17 +292,20 @@ def beam_search(
         "live_lp": jnp.tile(jnp.array([0.0] + [NEG_INF] * (width - 1)), (batch, 1)),  # [B, W]
         "fin_tokens": jnp.full((batch, width, max_len), PAD_ID, jnp.int32),  # [B, W, L]
         "fin_scores": jnp.full((batch, width), NEG_INF, jnp.float32),  # [B, W]
+        "limit": limit,  # [B]
         "cache": cache,  # one per model, batch B * W
     }
 
     def is_done(s):
+        limit = s["limit"]
         if stop == "finished":
             return (s["fin_scores"][:, -1] > NEG_INF / 2) | (s["t"] > limit)  # [B]
         best_possible = s["live_lp"][:, 0] / length_penalty(limit + 1, alpha)  # [B]
         return (s["fin_scores"][:, -1] >= best_possible) | (s["t"] > limit)
 
     def step(s):
-        t = s["t"]
+        t, limit = s["t"], s["limit"]
+        batch = limit.shape[0]
         last = jnp.where(t == 0, BOS_ID, s["live_tokens"][:, :, jnp.maximum(t - 1, 0)])
         log_probs, cache = _next_log_probs(models, last.reshape(-1), t, s["cache"])
         vocab = log_probs.shape[-1]
@@ -257,10 +340,11 @@ def beam_search(
             "live_lp": live_lp,
             "fin_tokens": fin_tokens,
             "fin_scores": fin_scores,
+            "limit": limit,
             "cache": cache,
         }
 
-    state = _loop(models, lambda s: ~jnp.all(is_done(s)), step, state, max_len)
+    state = _loop(models, is_done, step, state, max_len, width, min_level_rows)
     return state["fin_tokens"], state["fin_scores"]
 
 
