@@ -1,5 +1,6 @@
 """Greedy and beam search (translate/decode.py)."""
 
+import functools
 import pathlib
 
 import jax
@@ -326,3 +327,48 @@ def test_an_unknown_beam_stop_is_an_error_naming_its_flag():
             pathlib.Path(__file__).parents[1] / "configs" / "base.py",
             {"decode.beam_stop": "greedy"},
         )
+
+
+def test_blockwise_top_k_gives_the_values_and_indices_of_lax_top_k():
+    x = np.round(np.array(jax.random.normal(jax.random.key(1), (6, 5003))) * 8) / 8  # many ties
+    x[1] = 0.5  # a row of one value: the first k indices win
+    x[2, 4990:] = 9.0  # the largest values in the last, partial block
+    x[3, ::700] = -np.inf
+    x[4, :] = NEG_INF
+    x[4, [7, 4000]] = 0.0
+    for k, block in ((1, 16), (8, 16), (8, 128), (3, 37)):
+        values, index = decode.top_k(jnp.asarray(x), k, block)
+        expected_values, expected_index = jax.lax.top_k(jnp.asarray(x), k)
+        np.testing.assert_array_equal(values, expected_values, err_msg=f"k {k}, block {block}")
+        np.testing.assert_array_equal(index, expected_index, err_msg=f"k {k}, block {block}")
+
+
+def test_batch_levels_quarter_the_batch_down_to_the_fewest_rows():
+    assert decode.batch_levels(64, 4) == [64, 16]  # 16 sentences x 4 beams = 64 rows
+    assert decode.batch_levels(256, 4) == [256, 64, 16]
+    assert decode.batch_levels(64, 1) == [64]  # a quarter would be 16 rows
+    assert decode.batch_levels(60, 4, 1) == [60, 15]
+    assert decode.batch_levels(3, 4, 1) == [3]
+
+
+def test_sentences_going_on_alone_keep_the_hypotheses_and_scores_of_the_whole_batch():
+    # With min_level_rows=1 a batch of 4 goes on with its last live sentence alone; with 10**6
+    # the whole batch runs to its end, as the search did before sentences left the batch.
+    graphdefs, params = ensembles()["ensemble"]
+    src = jnp.concatenate([sources(), jnp.array([[18, EOS_ID, 0, 0, 0, 0, 0, 0]])])
+    searches = {
+        "greedy": functools.partial(greedy_search, graphdefs, params, src, max_extra_len=6),
+        **{
+            f"beam 4, {stop}": functools.partial(
+                beam_search, graphdefs, params, src, 4, 0.6, 6, stop
+            )
+            for stop in ("exact", "finished")
+        },
+    }
+    for name, search_fn in searches.items():
+        alone, whole = search_fn(min_level_rows=1), search_fn(min_level_rows=10**6)
+        np.testing.assert_array_equal(alone[0], whole[0], err_msg=name)
+        np.testing.assert_allclose(alone[1], whole[1], rtol=1e-6, err_msg=name)
+    # Greedy search did go on after all but one sentence had ended.
+    lengths = sorted(len(strip(row)) for row in np.asarray(searches["greedy"]()[0]))
+    assert lengths[-1] > lengths[-2], lengths
