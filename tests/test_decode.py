@@ -1,6 +1,5 @@
 """Greedy and beam search (translate/decode.py)."""
 
-import functools
 import pathlib
 
 import jax
@@ -263,8 +262,8 @@ SEARCHES = [(1, False, "exact"), (4, False, "exact"), (4, False, "finished"), (1
 
 @pytest.mark.parametrize(
     "name",
-    # The mixed ensemble grows both architectures' caches in one search; each alone (20-35 s
-    # on 2 busy cores) runs with the slow tests.
+    # The mixed ensemble runs both architectures' caches in one search; each alone (20-35 s on
+    # 2 busy cores) runs with the slow tests.
     [
         "ensemble",
         *(
@@ -273,27 +272,32 @@ SEARCHES = [(1, False, "exact"), (4, False, "exact"), (4, False, "finished"), (1
         ),
     ],
 )
-def test_growing_cache_gives_the_hypotheses_and_scores_of_a_full_length_cache(name, monkeypatch):
-    # The reference is one loop over a cache of the longest allowed output from the first step
-    # (the search before the cache grew); a first length of 4 makes the search grow it twice.
+def test_fast_search_gives_the_hypotheses_and_scores_of_the_plain_search(name, monkeypatch):
+    # The plain search is one loop over the whole batch with a cache of the longest allowed
+    # output from the first step. The fast one grows its cache (a first length of 4 grows it
+    # twice) and, with min_level_rows=1, goes on with the last live sentence of the 4 alone.
     graphdefs, params = ensembles()[name]
-    src = sources()
+    src = jnp.concatenate([sources(), jnp.array([[18, EOS_ID, 0, 0, 0, 0, 0, 0]])])
     assert cache_lengths(src.shape[1] + 6 + 1) == [15]
+    assert decode.batch_levels(4, 4, min_rows=1) == [4, 1]
     results = {}
-    for first in (4, 10**6):
+    for first, min_rows in ((4, 1), (10**6, 10**6)):
         monkeypatch.setattr(decode, "FIRST_CACHE_LENGTH", first)
         jax.clear_caches()  # the searches are jitted on the graph definitions, which are unchanged
         results[first] = [
-            search(graphdefs, params, src, beam, 0.6, 6, nbest=nbest, stop=stop)
+            search(graphdefs, params, src, beam, 0.6, 6, nbest, stop, min_level_rows=min_rows)
             for beam, nbest, stop in SEARCHES
         ]
     jax.clear_caches()
-    for (beam, nbest, stop), grown, full in zip(SEARCHES, results[4], results[10**6]):
+    for (beam, nbest, stop), fast, plain in zip(SEARCHES, results[4], results[10**6]):
         # n-best: every hypothesis of the beam, in order, not only the best.
         message = f"beam {beam}, nbest {nbest}, stop {stop}"
-        np.testing.assert_array_equal(grown[0], full[0], err_msg=message)
-        np.testing.assert_allclose(grown[1], full[1], rtol=1e-5, err_msg=message)
-        assert np.all(np.asarray(grown[1])[:, 0] > NEG_INF / 2), "the best hypothesis finished"
+        np.testing.assert_array_equal(fast[0], plain[0], err_msg=message)
+        np.testing.assert_allclose(fast[1], plain[1], rtol=1e-5, err_msg=message)
+        assert np.all(np.asarray(fast[1])[:, 0] > NEG_INF / 2), "the best hypothesis finished"
+    # Greedy search went on after all but one sentence had ended.
+    lengths = sorted(len(strip(row)) for row in np.asarray(results[4][0][0])[:, 0])
+    assert lengths[-1] > lengths[-2], lengths
 
 
 def test_argmax_is_the_first_index_of_the_maximum():
@@ -349,26 +353,3 @@ def test_batch_levels_quarter_the_batch_down_to_the_fewest_rows():
     assert decode.batch_levels(64, 1) == [64]  # a quarter would be 16 rows
     assert decode.batch_levels(60, 4, 1) == [60, 15]
     assert decode.batch_levels(3, 4, 1) == [3]
-
-
-def test_sentences_going_on_alone_keep_the_hypotheses_and_scores_of_the_whole_batch():
-    # With min_level_rows=1 a batch of 4 goes on with its last live sentence alone; with 10**6
-    # the whole batch runs to its end, as the search did before sentences left the batch.
-    graphdefs, params = ensembles()["ensemble"]
-    src = jnp.concatenate([sources(), jnp.array([[18, EOS_ID, 0, 0, 0, 0, 0, 0]])])
-    searches = {
-        "greedy": functools.partial(greedy_search, graphdefs, params, src, max_extra_len=6),
-        **{
-            f"beam 4, {stop}": functools.partial(
-                beam_search, graphdefs, params, src, 4, 0.6, 6, stop
-            )
-            for stop in ("exact", "finished")
-        },
-    }
-    for name, search_fn in searches.items():
-        alone, whole = search_fn(min_level_rows=1), search_fn(min_level_rows=10**6)
-        np.testing.assert_array_equal(alone[0], whole[0], err_msg=name)
-        np.testing.assert_allclose(alone[1], whole[1], rtol=1e-6, err_msg=name)
-    # Greedy search did go on after all but one sentence had ended.
-    lengths = sorted(len(strip(row)) for row in np.asarray(searches["greedy"]()[0]))
-    assert lengths[-1] > lengths[-2], lengths

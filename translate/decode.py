@@ -420,15 +420,18 @@ def search(
     max_extra_len: int,
     nbest: bool = False,
     stop: str = "exact",
+    min_level_rows: int = MIN_LEVEL_ROWS,
 ) -> tuple[jax.Array, jax.Array]:
     """Hypotheses [B, W, L] best first and their scores [B, W].
 
     Beam size 1 is greedy decoding (W = 1, plain log-probabilities as scores) unless `nbest`
     asks for beam search's length-normalised scores whatever the width. `stop` is beam
-    search's stopping rule (`beam_search`).
+    search's stopping rule (`beam_search`); `min_level_rows` is `batch_levels`'.
     """
     if beam_size == 1 and not nbest:
-        tokens, scores = greedy_search(graphdefs, params, src, max_extra_len=max_extra_len)
+        tokens, scores = greedy_search(
+            graphdefs, params, src, max_extra_len=max_extra_len, min_level_rows=min_level_rows
+        )
         return tokens[:, None], scores[:, None]
     return beam_search(
         graphdefs,
@@ -438,6 +441,7 @@ def search(
         alpha=alpha,
         max_extra_len=max_extra_len,
         stop=stop,
+        min_level_rows=min_level_rows,
     )
 
 
