@@ -4,7 +4,9 @@ Each model reads the source once per sentence (`prefill`: the encoder, or the de
 stack over the source prefix); each step feeds one token per hypothesis through its
 `decode_step`, which writes its keys and values into a preallocated cache. The cache starts
 short and grows (`extend_cache`, `cache_lengths`) as the outputs do, since every step reads all
-of it; the outputs are those of a cache allocated for the longest output from the start.
+of it, and once a batch's live sentences fit in a quarter of it they go on alone
+(`batch_levels`); the outputs are those of the whole batch run with a cache allocated for the
+longest output from the start.
 
 Every search takes an ensemble: `graphdefs` a tuple of graph definitions and `params` a tuple
 of their parameters, models that share one vocabulary; a single model is an ensemble of one.
@@ -87,9 +89,9 @@ def batch_levels(batch: int, width: int, min_rows: int = MIN_LEVEL_ROWS) -> list
 
     Sentences finish at different steps and a step costs about its rows; once the live sentences
     fit in a quarter of the batch, the search goes on with those alone (`_loop`): 64 sentences of
-    beam 4 go on as 16 (64 rows). Halves, not quarters, ran no faster on 2 cores and compiled
-    twice the loops (BENCHMARKS.md); fewer than `min_rows` rows gain little, since a step's fixed
-    costs then dominate.
+    beam 4 go on as 16 (64 rows). Halves ran no faster on 2 cores and compiled three more loops
+    per batch shape instead of one (BENCHMARKS.md); fewer than `min_rows` rows gain little,
+    since a step's fixed costs then dominate.
     """
     sizes = [batch]
     while sizes[-1] % 4 == 0 and sizes[-1] // 4 * width >= min_rows:
