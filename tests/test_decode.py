@@ -1,5 +1,6 @@
 """Greedy and beam search (translate/decode.py)."""
 
+import functools
 import pathlib
 
 import jax
@@ -106,8 +107,13 @@ def test_length_penalty_follows_its_formula():
         )
 
 
+@functools.partial(jax.jit, static_argnums=0)
+def forward_log_probs(graphdef, params, batch: Batch) -> jax.Array:
+    """log P of every target position [L, V], the full forward pass (jitted: eager took 4.5 s)."""
+    return jax.nn.log_softmax(nnx.merge(graphdef, params)(batch)[0])
+
+
 def sequence_log_prob(graphdef, params, src_row, out):
-    model = nnx.merge(graphdef, params)
     n = int((src_row != PAD_ID).sum())
     tgt_in = jnp.array([[BOS_ID] + out[:-1]])
     batch = Batch(
@@ -118,7 +124,7 @@ def sequence_log_prob(graphdef, params, src_row, out):
         tgt_segments=jnp.ones_like(tgt_in),
         tgt_positions=jnp.arange(len(out))[None],
     )
-    log_probs = jax.nn.log_softmax(model(batch)[0])
+    log_probs = np.asarray(forward_log_probs(graphdef, params, batch))
     return float(sum(log_probs[i, t] for i, t in enumerate(out)))
 
 
