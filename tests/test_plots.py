@@ -8,7 +8,7 @@ import struct
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import read_only, tiny_config
+from conftest import copy_of_tiny_run, read_only
 from flax import nnx
 
 from translate import cli, plots
@@ -16,7 +16,6 @@ from translate.batching import Batch
 from translate.config import ModelConfig
 from translate.model import Transformer
 from translate.report import write_report
-from translate.train import train_and_evaluate
 from translate.workdir import Workdir
 
 
@@ -28,11 +27,10 @@ def png_size(path):
 
 
 @pytest.fixture(scope="module")
-def workdir(tmp_path_factory):
-    """A tiny model trained for 6 steps, with its metrics.jsonl and report."""
-    path = tmp_path_factory.mktemp("trained")
-    train_and_evaluate(tiny_config(), path)
-    return path
+def workdir(tiny_run, tmp_path_factory):
+    """A tiny model trained for 6 steps, with its metrics.jsonl and report:
+    this module's copy of the session's tiny run."""
+    return copy_of_tiny_run(tiny_run, tmp_path_factory)
 
 
 def test_attention_weights_are_distributions_and_leave_the_model_unchanged():

@@ -16,7 +16,7 @@ import time
 import jax
 import numpy as np
 import pytest
-from conftest import read_only, tiny_config
+from conftest import copy_of_tiny_run, read_only
 
 from translate import atomic, checkpoint, cli, data, monitor, synthetic, trainer
 from translate import workdir as workdir_module
@@ -118,11 +118,10 @@ def test_many_kills_and_terms_leave_the_run_identical(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def trained_once(tmp_path_factory):
-    """A finished tiny run with checkpoints at steps 3 and 6, trained once for this module."""
-    workdir = tmp_path_factory.mktemp("trained")
-    trainer.train_and_evaluate(tiny_config(), workdir)
-    return workdir
+def trained_once(tiny_run, tmp_path_factory):
+    """A finished tiny run with checkpoints at steps 3 and 6, trained once for this module:
+    this module's copy of the session's tiny run."""
+    return copy_of_tiny_run(tiny_run, tmp_path_factory)
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import read_only, tiny_config
+from conftest import copy_of_tiny_run, read_only
 from flax import nnx
 
 from translate import atomic, cli, evaluate, translate_text
@@ -27,7 +27,6 @@ from translate.batching import source_batches
 from translate.decode import DecodeTimes, beam_search, greedy_search, translate_sentences
 from translate.model import Transformer
 from translate.tokenizer import train_tokenizer
-from translate.trainer import train_and_evaluate
 from translate.workdir import Workdir, load_ensemble, load_model, read_config
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -44,11 +43,10 @@ LINES = [
 
 
 @pytest.fixture(scope="module")
-def workdir(tmp_path_factory):
-    """A tiny model trained for 6 steps, with checkpoints at steps 3 and 6."""
-    path = tmp_path_factory.mktemp("trained")
-    train_and_evaluate(tiny_config(), path)
-    return path
+def workdir(tiny_run, tmp_path_factory):
+    """A tiny model trained for 6 steps, with checkpoints at steps 3 and 6:
+    this module's copy of the session's tiny run."""
+    return copy_of_tiny_run(tiny_run, tmp_path_factory)
 
 
 @pytest.fixture
