@@ -89,6 +89,7 @@ BAD_VALUES = [
     ("decode.length_penalty", "inf"),
     ("decode.max_extra_len", "-1"),
     ("decode.batch_size", "0"),
+    ("decode.parallel_batches", "0"),
     ("decode.eval_num_sentences", "-1"),
     ("decode.average_last", "0"),
     ("train.keep_checkpoints", "4"),  # base averages 5 at the end: the message names both flags

@@ -21,7 +21,7 @@ import pytest
 from conftest import copy_of_tiny_run, read_only
 from flax import nnx
 
-from translate import atomic, cli, evaluate, translate_text
+from translate import atomic, cli, decode, evaluate, translate_text
 from translate import workdir as workdir_module
 from translate.batching import source_batches
 from translate.decode import DecodeTimes, beam_search, greedy_search, translate_sentences
@@ -192,6 +192,56 @@ def test_decoding_many_lengths_compiles_a_handful_of_shapes_and_times_them_apart
     widths = {width for _, width in times.shapes}
     assert len(widths) <= 6 and len(times.shapes) == len(widths)  # one batch size
     assert times.compile_seconds > 0 and times.decode_seconds > 0
+
+
+def test_batches_searched_at_once_give_what_one_at_a_time_gives(workdir, varied_outputs):
+    graphdef, params, tokenizer, config, _ = workdir_module.load_model(workdir)
+    words = "the small dog sees the old cat in the red house".split()
+    sentences = [
+        " ".join(words[(i * 7 + j) % len(words)] for j in range(i % 9 + 1)) for i in range(23)
+    ]
+    sentences[5] = ""
+    config.decode.beam_size, config.decode.batch_size = 3, 2  # 11 batches of 2 (23 - 1 blank)
+    found, done = {}, {}
+    for parallel in (1, 3):
+        config.decode.parallel_batches = parallel
+        done[parallel] = []
+        found[parallel] = translate_sentences(
+            (graphdef,),
+            (params,),
+            tokenizer,
+            sentences,
+            config.decode,
+            config.data.max_len,
+            nbest=3,
+            on_batch=done[parallel].append,
+        )
+    assert found[3] == found[1]  # texts and scores, each sentence's n-best in order
+    assert len({hypotheses[0][1] for hypotheses in found[1]}) > 5
+    assert done[3] == done[1] == [2] * 11 + [1]  # batch by batch, then the blank sentence
+
+
+def test_an_error_while_batches_are_searched_waits_only_for_those_in_flight(workdir, monkeypatch):
+    graphdef, params, tokenizer, config, _ = load_model(workdir)
+    config.decode.beam_size, config.decode.batch_size, config.decode.parallel_batches = 1, 1, 2
+    searched = []
+    search = decode.search
+
+    def counted(graphdefs, params, src, *args, **kwargs):
+        if np.any(src):  # not a compilation's batch of padding
+            searched.append(src)
+        return search(graphdefs, params, src, *args, **kwargs)
+
+    def stop(count):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(decode, "search", counted)
+    with pytest.raises(KeyboardInterrupt):
+        translate_sentences(
+            (graphdef,), (params,), tokenizer, LINES * 4, config.decode, 99, on_batch=stop
+        )
+    # The first batch's result was handed over; at most two more had been started.
+    assert 1 <= len(searched) <= 3, len(searched)
 
 
 def test_output_that_is_the_input_is_refused_before_anything_is_opened(
@@ -515,6 +565,7 @@ def test_output_onto_anything_a_workdir_holds_is_refused(workdir, tmp_path):
         ("--length_penalty=inf", "--length_penalty=inf: must be a finite number >= 0"),
         ("--length_penalty=-0.5", "--length_penalty=-0.5: must be a finite number >= 0"),
         ("--batch_size=-2", "--batch_size=-2: must be >= 1"),
+        ("--parallel_batches=-1", "--parallel_batches=-1: must be >= 1"),
         ("--max_extra_len=-5", "--max_extra_len=-5: must be >= 0"),
     ],
 )

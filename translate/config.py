@@ -167,6 +167,10 @@ class DecodeConfig:
     beam_stop: str = "exact"
     # Sentences decoded together.
     batch_size: int = 64
+    # Batches searched at once, each in its own thread: a search step is hundreds of small
+    # ops, most of them on one core, so a second batch in flight keeps a 2-core CPU busy (on
+    # test2016, beam 4 ran 1.3x and greedy 1.7x as fast with 2). The outputs do not change.
+    parallel_batches: int = 2
     # Dev sentences decoded for BLEU during training (0 = whole dev set).
     eval_num_sentences: int = 200
     # The test report and the last dev BLEU of a training run decode the mean parameters of
@@ -406,6 +410,7 @@ class Config:
                 "must be 'exact' or 'finished'",
             ),
             ("decode.batch_size", lambda v: v >= 1, "must be >= 1"),
+            ("decode.parallel_batches", lambda v: v >= 1, "must be >= 1"),
             ("decode.eval_num_sentences", lambda v: v >= 0, "must be >= 0 (0 = whole dev set)"),
             ("decode.average_last", lambda v: v >= 1, "must be >= 1 (1 = the last step alone)"),
             # Orbax deletes all but the newest keep_checkpoints: the older ones are gone by the

@@ -17,10 +17,12 @@ translations (length-sorted batches, n-best lists) that evaluation and the trans
 
 from __future__ import annotations
 
+import collections
+import concurrent.futures
 import dataclasses
 import functools
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -464,33 +466,62 @@ class DecodeTimes:
     shapes: set[tuple[int, int]] = dataclasses.field(default_factory=set)
 
 
-def timed_search(
+def compile_searches(
     graphdefs,
     params,
-    src: np.ndarray,
-    beam_size: int,
-    alpha: float,
-    max_extra_len: int,
-    nbest: bool,
+    shapes: Sequence[tuple[int, int]],
+    args: tuple,
     times: DecodeTimes,
-    stop: str = "exact",
-) -> tuple[np.ndarray, np.ndarray]:
-    """`search` on the host, adding its seconds to `times`, compilation apart.
+) -> None:
+    """Compiles `search` for each batch shape not yet in `times`, adding its seconds to `times`.
 
-    The first batch of each shape is preceded by a search over a batch of padding of that shape:
-    padding rows stop after one step, so that call's time is the compile (or the cache lookup,
-    when another run compiled it) and the real batch's time is decoding alone.
+    Each is a search over a batch of padding of that shape: padding rows stop after one step,
+    so the call's time is the compile (or the cache lookup, when another run compiled it).
+    `args` are `search`'s after `src`.
     """
-    args = (beam_size, alpha, max_extra_len, nbest, stop)
-    if src.shape not in times.shapes:
-        start = time.perf_counter()
-        jax.block_until_ready(search(graphdefs, params, np.zeros_like(src), *args))
-        times.compile_seconds += time.perf_counter() - start
-        times.shapes.add(src.shape)
-    start = time.perf_counter()
-    tokens, scores = jax.device_get(search(graphdefs, params, src, *args))
-    times.decode_seconds += time.perf_counter() - start
-    return tokens, scores
+    for shape in shapes:
+        if shape not in times.shapes:
+            start = time.perf_counter()
+            jax.block_until_ready(search(graphdefs, params, np.zeros(shape, np.int32), *args))
+            times.compile_seconds += time.perf_counter() - start
+            times.shapes.add(shape)
+
+
+def search_batches(
+    graphdefs,
+    params,
+    batches: Sequence[np.ndarray],
+    args: tuple,
+    times: DecodeTimes,
+    parallel: int = 1,
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """`search` over source batches [B, S] on the host, yielding (tokens, scores) in their order.
+
+    Every batch shape is compiled first (`compile_searches`); then `parallel` batches at most are
+    searched at once, each in a thread of its own. A search is one XLA program of hundreds of
+    small ops per step, most of them running on one core, so a second batch keeps a second core
+    busy; each batch computes what it computes alone. `times.decode_seconds` receives the
+    seconds from the first search's start to the last one's end, the caller's work between
+    yields included (it overlaps the searches).
+    """
+    compile_searches(graphdefs, params, list(dict.fromkeys(b.shape for b in batches)), args, times)
+
+    def run(src):
+        return jax.device_get(search(graphdefs, params, src, *args))
+
+    mark = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(max_workers=parallel) as pool:
+        # At most `parallel` batches are submitted ahead: on an error or an interrupt in the
+        # caller, leaving this block waits for those alone.
+        queue = collections.deque(pool.submit(run, src) for src in batches[:parallel])
+        for next_batch in range(parallel, len(batches) + parallel):
+            result = queue.popleft().result()
+            if next_batch < len(batches):
+                queue.append(pool.submit(run, batches[next_batch]))
+            now = time.perf_counter()
+            times.decode_seconds += now - mark
+            mark = now
+            yield result
 
 
 def distinct_translations(
@@ -537,19 +568,21 @@ def translate_sentences(
     times = DecodeTimes() if times is None else times
     results = [[(0.0, "")] for _ in sentences]
     todo = [i for i, sentence in enumerate(sentences) if sentence.strip()]
-    batches = source_batches(tokenizer, [sentences[i] for i in todo], decode.batch_size, max_len)
-    for indices, src in batches:
-        tokens, scores = timed_search(
-            graphdefs,
-            params,
-            src,
-            decode.beam_size,
-            decode.length_penalty,
-            decode.max_extra_len,
-            nbest > 0,
-            times,
-            decode.beam_stop,
-        )  # [B, W, L], [B, W]
+    batches = list(
+        source_batches(tokenizer, [sentences[i] for i in todo], decode.batch_size, max_len)
+    )
+    args = (
+        decode.beam_size,
+        decode.length_penalty,
+        decode.max_extra_len,
+        nbest > 0,
+        decode.beam_stop,
+    )
+    searched = search_batches(
+        graphdefs, params, [src for _, src in batches], args, times, decode.parallel_batches
+    )
+    for (indices, _), (tokens, scores) in zip(batches, searched, strict=True):
+        # tokens [B, W, L], scores [B, W]
         for row, i in enumerate(indices):
             if i < 0:
                 continue

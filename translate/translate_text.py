@@ -3,7 +3,7 @@
     translate-text --workdir=/tmp/quickstart < input.en > output.de
     translate-text --workdir=A [--workdir=B ...] --input=in.en --output=out.de \\
         [--step=N | --average=N] [--beam_size=4] [--length_penalty=0.6] \\
-        [--max_extra_len=50] [--batch_size=64] [--nbest=N]
+        [--max_extra_len=50] [--batch_size=64] [--parallel_batches=2] [--nbest=N]
     translate-text --workdir=/tmp/quickstart    (type a sentence, read its translation)
 
 (`python -m translate.translate_text`, or by its older name `python -m translate.translate`, is
@@ -230,7 +230,13 @@ def open_output(path: str) -> tuple[BinaryIO | AtomicFile, bool]:
 
 DECODE_FIELDS = field_descriptions(DecodeConfig)
 # The decoding flags' defaults, which mean "the workdir's config.decode value".
-UNSET = {"beam_size": 0, "length_penalty": -1.0, "max_extra_len": -1, "batch_size": 0}
+UNSET = {
+    "beam_size": 0,
+    "length_penalty": -1.0,
+    "max_extra_len": -1,
+    "batch_size": 0,
+    "parallel_batches": 0,
+}
 # Lines longer than data.max_len named on stderr, at most; then one line says there are more.
 MAX_TRUNCATION_WARNINGS = 5
 FLAGS = {
@@ -260,6 +266,7 @@ def given_decoding_flags(flags: dict[str, Any]) -> dict[str, Any]:
     rules = {
         "beam_size": (lambda v: v >= 1, "must be >= 1"),
         "batch_size": (lambda v: v >= 1, "must be >= 1"),
+        "parallel_batches": (lambda v: v >= 1, "must be >= 1"),
         "max_extra_len": (lambda v: v >= 0, "must be >= 0"),
         "length_penalty": (lambda v: math.isfinite(v) and v >= 0, "must be a finite number >= 0"),
     }
