@@ -12,8 +12,8 @@ Options: --data=DIR (default gpu_data), --budget_s=540 per phase, --smoke (tiny 
 steps and sentences: the whole script in minutes on a CPU), --grad_accum=K (bench: K
 micro-batches per step), --bench_steps=30, --decode_workdir=DIR (decode a trained model, e.g.
 the multi30k phase's workdir, instead of an untrained base model), --decode_num=3000,
---decode_batch_size=N, --multi30k_workdir=/tmp/gpu_check_multi30k, --commit=SHA (recorded when
-the checkout has no .git).
+--decode_batch_size=64 (0: the config's, 32 since issue 26), --multi30k_workdir=DIR (default
+/tmp/gpu_check_multi30k), --commit=SHA (recorded when the checkout has no .git).
 
 What the machine needs beside JAX, Flax, Optax, Orbax, sacreBLEU and SentencePiece:
 - sacremoses and tensorboardX, as wheels fetched where there is network and carried in `.whl/`:
@@ -143,7 +143,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--bench_steps", type=int, default=30, help="bench: timed steps")
     parser.add_argument("--decode_workdir", default="", help="decode: a trained workdir")
     parser.add_argument("--decode_num", type=int, default=3000, help="decode: sentences")
-    parser.add_argument("--decode_batch_size", type=int, default=0, help="0: the config's")
+    parser.add_argument(
+        "--decode_batch_size",
+        type=int,
+        default=64,
+        help="decode: sentences per batch (64, as BENCHMARKS.md's GPU figures; 0: the config's)",
+    )
     parser.add_argument("--multi30k_workdir", default="/tmp/gpu_check_multi30k")
     parser.add_argument(
         "--multi30k_flag",
@@ -368,7 +373,7 @@ def phase_decode(args: argparse.Namespace, out: pathlib.Path, deadline: float) -
         cmd += SMOKE_MODEL if args.smoke else ["--config.model.compute_dtype=bfloat16"]
     if args.smoke:
         cmd += SMOKE_DECODE
-    if args.decode_batch_size:
+    if args.decode_batch_size and not args.smoke:
         cmd.append(f"--config.decode.batch_size={args.decode_batch_size}")
     run = run_logged([*cmd, f"--json={json_path}"], out / "decode.log", deadline)
     benchmark = read_json(json_path)

@@ -165,12 +165,14 @@ class DecodeConfig:
     # penalty); "finished", once beam_size hypotheses have ended, EOS counting only among the
     # beam_size best candidates of a step (fairseq, CTranslate2, transformers' early_stopping).
     beam_stop: str = "exact"
-    # Sentences decoded together.
-    batch_size: int = 64
-    # Batches searched at once, each in its own thread: a search step is hundreds of small
-    # ops, most of them on one core, so a second batch in flight keeps a 2-core CPU busy (on
-    # test2016, beam 4 ran 1.3x and greedy 1.7x as fast with 2). The outputs do not change.
-    parallel_batches: int = 2
+    # Sentences decoded together. Chosen with `parallel_batches` on 2 CPU cores (BENCHMARKS.md,
+    # issue 26): 32 with 3 in flight decoded Multi30k's test2016 faster than 64 with 2 (beam 4
+    # by 1.07-1.10x, greedy by 1.15-1.3x), with the same output tokens.
+    batch_size: int = 32
+    # Batches searched at once, each in its own thread: a search step is hundreds of small ops,
+    # most of them on one core, so other batches in flight keep a 2-core CPU busy (beam 4 ran
+    # 1.3-1.4x and greedy 1.1-1.4x as fast with 2 as with 1). The outputs do not change.
+    parallel_batches: int = 3
     # Dev sentences decoded for BLEU during training (0 = whole dev set).
     eval_num_sentences: int = 200
     # The test report and the last dev BLEU of a training run decode the mean parameters of
