@@ -347,3 +347,68 @@ def test_a_flag_given_twice_with_two_values_is_an_error_naming_both():
         parse_flags(["--config.train.seed=1", "--config.train.seed=2"], known)
     flags, _ = parse_flags(["--step=3", "--step=3"], known)  # the same value: no doubt
     assert flags["step"] == 3
+
+
+class FakeLibc:
+    """Stands in for glibc: records mallopt's (parameter, value) calls, accepts them all."""
+
+    def __init__(self, name):
+        self.calls = []
+
+        def mallopt(param, value):
+            self.calls.append((param, value))
+            return 1
+
+        self.mallopt = mallopt
+
+
+def test_keep_freed_memory_sets_one_arena_and_high_thresholds(monkeypatch):
+    for name in cli._MALLOC_SETTINGS:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(sys, "platform", "linux")
+    made = []
+    monkeypatch.setattr(cli.ctypes, "CDLL", lambda name: made.append(FakeLibc(name)) or made[-1])
+    assert cli.keep_freed_memory()
+    most = 2**31 - 1
+    assert dict(made[0].calls) == {
+        cli._M_ARENA_MAX: 1,
+        cli._M_MMAP_THRESHOLD: most,
+        cli._M_TRIM_THRESHOLD: most,
+    }
+
+
+@pytest.mark.parametrize("name", ["MALLOC_ARENA_MAX", "GLIBC_TUNABLES"])
+def test_keep_freed_memory_leaves_a_users_own_malloc_settings_alone(name, monkeypatch):
+    monkeypatch.setenv(name, "8" if name == "MALLOC_ARENA_MAX" else "glibc.malloc.arena_max=8")
+    monkeypatch.setattr(sys, "platform", "linux")
+    made = []
+    monkeypatch.setattr(cli.ctypes, "CDLL", lambda name: made.append(FakeLibc(name)) or made[-1])
+    assert not cli.keep_freed_memory()
+    assert made == []  # glibc was not even opened
+
+
+def test_keep_freed_memory_is_a_no_op_without_glibc(monkeypatch):
+    for name in cli._MALLOC_SETTINGS:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(sys, "platform", "linux")
+
+    def no_glibc(name):
+        raise OSError(f"{name}: cannot open shared object file")
+
+    monkeypatch.setattr(cli.ctypes, "CDLL", no_glibc)
+    assert not cli.keep_freed_memory()
+    monkeypatch.setattr(sys, "platform", "darwin")
+    assert not cli.keep_freed_memory()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt is Linux's")
+def test_glibc_accepts_the_settings():
+    env = {k: v for k, v in os.environ.items() if k not in cli._MALLOC_SETTINGS}
+    code = "from translate import cli; print(cli.keep_freed_memory())"
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout
+    libc = os.confstr("CS_GNU_LIBC_VERSION") if hasattr(os, "confstr") else ""
+    if not libc.startswith("glibc"):
+        pytest.skip("not glibc")
+    assert out.strip() == "True"

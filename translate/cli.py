@@ -109,8 +109,8 @@ _MALLOC_SETTINGS = (
 def keep_freed_memory() -> bool:
     """Asks glibc's malloc to keep the memory XLA frees for the next step; whether it did.
 
-    On the CPU, each call of a compiled step allocates its temporary buffers (about 300 MB for
-    configs/multi30k.py) and frees them at the end. By default glibc gives such blocks of worker
+    On the CPU, each call of a compiled step allocates its buffers (XLA assigns 347 MiB to
+    configs/multi30k.py's train step) and frees them at the end. By default glibc gives such blocks of worker
     threads back to the kernel at once (mmap and munmap, or a thread arena's heap shrunk), so
     the next step faults every page in again: 80,000 page faults a step, a quarter of the
     process's CPU time spent in the kernel. With one arena (the main heap, which can grow),
