@@ -366,6 +366,7 @@ def test_keep_freed_memory_sets_one_arena_and_high_thresholds(monkeypatch):
     for name in cli._MALLOC_SETTINGS:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(sys, "platform", "linux")
+    monkeypatch.setenv("JAX_PLATFORMS", "cpu")
     made = []
     monkeypatch.setattr(cli.ctypes, "CDLL", lambda name: made.append(FakeLibc(name)) or made[-1])
     assert cli.keep_freed_memory()
@@ -395,6 +396,7 @@ def test_keep_freed_memory_is_a_no_op_without_glibc(monkeypatch):
     def no_glibc(name):
         raise OSError(f"{name}: cannot open shared object file")
 
+    monkeypatch.setenv("JAX_PLATFORMS", "cpu")
     monkeypatch.setattr(cli.ctypes, "CDLL", no_glibc)
     assert not cli.keep_freed_memory()
     monkeypatch.setattr(sys, "platform", "darwin")
@@ -412,3 +414,25 @@ def test_glibc_accepts_the_settings():
     if not libc.startswith("glibc"):
         pytest.skip("not glibc")
     assert out.strip() == "True"
+
+
+@pytest.mark.parametrize("platforms, expected", [("cpu", True), ("cuda", False), ("tpu", False)])
+def test_malloc_is_left_alone_where_jax_may_run_on_an_accelerator(platforms, expected, monkeypatch):
+    for name in cli._MALLOC_SETTINGS:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(sys, "platform", "linux")
+    monkeypatch.setenv("JAX_PLATFORMS", platforms)
+    made = []
+    monkeypatch.setattr(cli.ctypes, "CDLL", lambda name: made.append(FakeLibc(name)) or made[-1])
+    assert cli.cpu_only() == expected
+    assert cli.keep_freed_memory() == expected
+    assert len(made) == int(expected)
+
+
+def test_an_installed_gpu_plugin_means_not_cpu_only(monkeypatch):
+    monkeypatch.delenv("JAX_PLATFORMS", raising=False)
+    monkeypatch.setattr(cli.importlib.metadata, "entry_points", lambda group: ["jax_cuda13_plugin"])
+    assert not cli.cpu_only()
+    monkeypatch.setattr(cli.importlib.metadata, "entry_points", lambda group: [])
+    monkeypatch.setattr(cli.importlib.util, "find_spec", lambda name: None)
+    assert cli.cpu_only()

@@ -12,6 +12,8 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import dataclasses
+import importlib.metadata
+import importlib.util
 import logging
 import os
 import pathlib
@@ -106,19 +108,33 @@ _MALLOC_SETTINGS = (
 )
 
 
+def cpu_only() -> bool:
+    """Whether JAX will run on the CPU alone: `JAX_PLATFORMS=cpu`, or no GPU or TPU plugin
+    installed. On an accelerator, the steps' buffers are device memory, not malloc's."""
+    platforms = os.environ.get("JAX_PLATFORMS", "")
+    if platforms:
+        return platforms.strip().lower() == "cpu"
+    plugins = importlib.metadata.entry_points(group="jax_plugins")
+    return not plugins and importlib.util.find_spec("libtpu") is None
+
+
 def keep_freed_memory() -> bool:
     """Asks glibc's malloc to keep the memory XLA frees for the next step; whether it did.
 
     On the CPU, each call of a compiled step allocates its buffers (XLA assigns 347 MiB to
-    configs/multi30k.py's train step) and frees them at the end. By default glibc gives such blocks of worker
-    threads back to the kernel at once (mmap and munmap, or a thread arena's heap shrunk), so
-    the next step faults every page in again: 80,000 page faults a step, a quarter of the
-    process's CPU time spent in the kernel. With one arena (the main heap, which can grow),
-    blocks up to 2 GiB served from it and not trimmed, the step ran 1.2x as fast (BENCHMARKS.md,
-    issue 28). The results are the same: only where memory comes from changes. Done only on
-    glibc, and not when the environment sets malloc itself (`_MALLOC_SETTINGS`).
+    configs/multi30k.py's train step) and frees them at the end. By default glibc gives such
+    blocks of worker threads back to the kernel at once (mmap and munmap, or a thread arena's
+    heap shrunk), so the next step faults every page in again: 80,000 page faults a step, a
+    quarter of the process's CPU time spent in the kernel. With one arena (the main heap, which
+    can grow), blocks up to 2 GiB served from it and not trimmed, the step ran 1.2x as fast
+    (BENCHMARKS.md, issue 28). The results are the same: only where memory comes from changes.
+
+    Done only on glibc, where JAX can run on nothing but the CPU (`cpu_only`), and not when the
+    environment sets malloc itself (`_MALLOC_SETTINGS`).
     """
     if not sys.platform.startswith("linux") or any(v in os.environ for v in _MALLOC_SETTINGS):
+        return False
+    if not cpu_only():
         return False
     try:
         mallopt = ctypes.CDLL("libc.so.6").mallopt
