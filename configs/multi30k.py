@@ -10,10 +10,11 @@ up to 4e-3 over 800 steps and falls linearly to 0. Chosen on the validation set 
 (BENCHMARKS.md, "Multi30k recipe search": all 1,014 val sentences 40.04, against 37.74-37.90
 for the previous recipe's 4,000 steps at a peak of 2e-3).
 
-Expect about 27 minutes for the whole command on 2 CPU cores (27 min 7 s measured, at 2.8-3.3
-steps/s) and test2016 sacreBLEU 39.26 (1,000 sentences, beam 4, alpha 1.2; the README's
-results table). The steps fit in the time because the train step no longer hands its memory
-back to the kernel at every step (translate/cli.py, `keep_freed_memory`: 1.2x as fast).
+Expect 27-31 minutes for the whole command on 2 CPU cores (27 min 7 s and 30 min 54 s measured
+on one day, at 2.5-3.4 steps/s) and test2016 sacreBLEU 39.26 (1,000 sentences, beam 4, alpha
+1.2; the README's results table). The steps fit in the time because the train step no longer
+hands its memory back to the kernel at every step (translate/cli.py, `keep_freed_memory`: 1.2x
+as fast).
 """
 
 from translate.config import Config
