@@ -36,7 +36,7 @@ def get_config() -> Config:
     config.data.max_len = 48
     config.data.row_len = 48
     config.data.tokens_per_batch = 2048
-    config.train.num_train_steps = 4800
+    config.train.num_train_steps = 4400
     config.train.warmup_steps = 800
     # Peak learning rate 4e-3 (d_model^-0.5 * warmup^-0.5 * 1.28), then linearly to 0.
     config.train.learning_rate_scale = 1.28
