@@ -5,16 +5,16 @@
 
 Trains on train.{en,de}, evaluates on val during training and on test2016 at the end.
 4 + 4 pre-LayerNorm layers of d_model 128 (Wu et al. 2021's shape, 2.35M parameters), dropout
-0.2, about 18 epochs in 4,800 steps of 2,048 token slots (rows of 48); the learning rate warms
-up to 4e-3 over 800 steps and falls linearly to 0. Chosen on the validation set only
-(BENCHMARKS.md, "Multi30k recipe search": all 1,014 val sentences 40.04, against 37.74-37.90
-for the previous recipe's 4,000 steps at a peak of 2e-3).
+0.2, about 16.5 epochs in 4,400 steps of 2,048 token slots (rows of 48); the learning rate
+warms up to 4e-3 over 800 steps and falls linearly to 0. Chosen on the validation set only
+(BENCHMARKS.md, "Multi30k recipe search": all 1,014 val sentences 39.75, against 37.74-37.90
+for the previous recipe's 4,000 steps at a peak of 2e-3). 4,800 steps scored 40.04 on val but
+took 27-31 minutes; 400 fewer leave a margin on the 30 (seventh round).
 
-Expect 27-31 minutes for the whole command on 2 CPU cores (27 min 7 s and 30 min 54 s measured
-on one day, at 2.5-3.4 steps/s) and test2016 sacreBLEU 39.26 (1,000 sentences, beam 4, alpha
-1.2; the README's results table). The steps fit in the time because the train step no longer
-hands its memory back to the kernel at every step (translate/cli.py, `keep_freed_memory`: 1.2x
-as fast).
+Expect 25-29 minutes for the whole command on 2 CPU cores (27 min 12 s measured, at 2.4-3.2
+steps/s; the same steps at a peak of 5e-3 took 25 min 17 s in the next half hour) and test2016 sacreBLEU 38.89 (1,000 sentences, beam 4, alpha 1.2; the README's results
+table). The steps fit in the time because the train step no longer hands its memory back to the
+kernel at every step (translate/cli.py, `keep_freed_memory`: 1.2x as fast).
 """
 
 from translate.config import Config
