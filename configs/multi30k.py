@@ -11,10 +11,11 @@ warms up to 4e-3 over 800 steps and falls linearly to 0. Chosen on the validatio
 for the previous recipe's 4,000 steps at a peak of 2e-3). 4,800 steps scored 40.04 on val but
 took 27-31 minutes; 400 fewer leave a margin on the 30 (seventh round).
 
-Expect 25-29 minutes for the whole command on 2 CPU cores (27 min 12 s measured, at 2.4-3.2
-steps/s; the same steps at a peak of 5e-3 took 25 min 17 s in the next half hour) and test2016 sacreBLEU 38.89 (1,000 sentences, beam 4, alpha 1.2; the README's results
-table). The steps fit in the time because the train step no longer hands its memory back to the
-kernel at every step (translate/cli.py, `keep_freed_memory`: 1.2x as fast).
+Expect 23-29 minutes for the whole command on 2 CPU cores (27 min 12 s and 22 min 50 s measured
+from fresh clones on one morning, with byte-identical hypotheses) and test2016 sacreBLEU 38.89
+(1,000 sentences, beam 4, alpha 1.2; the README's results table). The steps fit in the time
+because the train step no longer hands its memory back to the kernel at every step
+(translate/cli.py, `keep_freed_memory`: 1.2x as fast).
 """
 
 from translate.config import Config
