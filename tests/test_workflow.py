@@ -297,6 +297,25 @@ def test_a_plotting_failure_is_a_warning_not_a_failed_run(tmp_path, caplog):
     assert "WARNING: could not draw the training curves" in caplog.text
 
 
+def test_a_checkpoint_past_the_configs_last_step_warns_that_nothing_is_trained(
+    tmp_path, monkeypatch, caplog
+):
+    config = tiny_config()
+    workdir = Workdir(tmp_path)
+    workdir.config.write_text(json.dumps(config.to_dict()))
+    monkeypatch.setattr(checkpoint, "latest_step", lambda directory: 8)  # trained further
+    config.train.num_train_steps = 6
+    with caplog.at_level(logging.INFO, logger="translate"):
+        trainer.warn_of_schedule_change(config, workdir)
+    assert "WARNING: the newest checkpoint in" in caplog.text
+    assert "is step 8, past config.train.num_train_steps 6: nothing is trained" in caplog.text
+    caplog.clear()
+    config.train.num_train_steps = 8  # a finished run run again: nothing to say
+    with caplog.at_level(logging.INFO, logger="translate"):
+        trainer.warn_of_schedule_change(config, workdir)
+    assert "WARNING" not in caplog.text
+
+
 def test_grad_norm_averages_over_the_steps_that_were_applied():
     def step(grad_norm, nonfinite):
         return {

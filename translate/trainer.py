@@ -625,11 +625,26 @@ def final_params(
 def warn_of_schedule_change(config: Config, workdir: Workdir) -> None:
     """Warns when a run resumes at another learning rate than the one it was trained on.
 
+    Or past its end: a workdir whose checkpoint is beyond `num_train_steps` trains nothing.
+
     `lr_decay=linear` or `cosine` decays towards 0 at `num_train_steps`: a finished run given
     more steps jumps from near 0 back to the middle of the decay at its first new step.
     """
     step = checkpoint.latest_step(workdir.checkpoints)
-    if step is None or not workdir.config.is_file():
+    if step is None:
+        return
+    if step > config.train.num_train_steps:  # e.g. a recipe that now takes fewer steps
+        log.warning(
+            "WARNING: the newest checkpoint in %s is step %d, past config.train.num_train_steps "
+            "%d: nothing is trained, and the evaluations use step %d (another --workdir starts "
+            "a new run)",
+            workdir.checkpoints,
+            step,
+            config.train.num_train_steps,
+            step,
+        )
+        return
+    if not workdir.config.is_file():
         return
     try:
         saved = read_config(workdir)
