@@ -1,6 +1,7 @@
 """The training workflow (init_from, keep-best, early stopping, profiling) and what runs report."""
 
 import contextlib
+import copy
 import json
 import logging
 import shutil
@@ -297,25 +298,6 @@ def test_a_plotting_failure_is_a_warning_not_a_failed_run(tmp_path, caplog):
     assert "WARNING: could not draw the training curves" in caplog.text
 
 
-def test_a_checkpoint_past_the_configs_last_step_warns_that_nothing_is_trained(
-    tmp_path, monkeypatch, caplog
-):
-    config = tiny_config()
-    workdir = Workdir(tmp_path)
-    workdir.config.write_text(json.dumps(config.to_dict()))
-    monkeypatch.setattr(checkpoint, "latest_step", lambda directory: 8)  # trained further
-    config.train.num_train_steps = 6
-    with caplog.at_level(logging.INFO, logger="translate"):
-        trainer.warn_of_schedule_change(config, workdir)
-    assert "WARNING: the newest checkpoint in" in caplog.text
-    assert "is step 8, past config.train.num_train_steps 6: nothing is trained" in caplog.text
-    caplog.clear()
-    config.train.num_train_steps = 8  # a finished run run again: nothing to say
-    with caplog.at_level(logging.INFO, logger="translate"):
-        trainer.warn_of_schedule_change(config, workdir)
-    assert "WARNING" not in caplog.text
-
-
 def test_grad_norm_averages_over_the_steps_that_were_applied():
     def step(grad_norm, nonfinite):
         return {
@@ -332,21 +314,37 @@ def test_grad_norm_averages_over_the_steps_that_were_applied():
     assert logged["train/grad_norm"] == 3.0 and logged["train/skipped_steps"] == 1.0
 
 
-def test_more_steps_for_a_decaying_rate_warn_that_the_rate_jumps(tmp_path, monkeypatch, caplog):
-    config = tiny_config()
-    config.train.lr_decay, config.train.warmup_steps = "linear", 2
+def resume_warnings(config, saved, step, tmp_path, monkeypatch, caplog) -> str:
+    """What `warn_of_schedule_change` logs for `config` on a workdir `saved` trained to `step`."""
     workdir = Workdir(tmp_path)
-    workdir.config.write_text(json.dumps(config.to_dict()))
-    monkeypatch.setattr(checkpoint, "latest_step", lambda directory: 6)  # a finished run
-    config.train.num_train_steps = 12
-    with caplog.at_level(logging.INFO, logger="translate"):
-        trainer.warn_of_schedule_change(config, workdir)
-    assert "WARNING: the learning rate of step 7 is" in caplog.text
-    assert "config.train.num_train_steps 6 -> 12" in caplog.text
+    workdir.config.write_text(json.dumps(saved.to_dict()))
+    monkeypatch.setattr(checkpoint, "latest_step", lambda directory: step)
     caplog.clear()
-    config.train.lr_decay = "rsqrt"  # the paper's rate does not depend on the number of steps
-    workdir.config.write_text(json.dumps(config.to_dict()))
-    config.train.num_train_steps = 24
     with caplog.at_level(logging.INFO, logger="translate"):
         trainer.warn_of_schedule_change(config, workdir)
-    assert "WARNING" not in caplog.text
+    return caplog.text
+
+
+def test_more_steps_for_a_decaying_rate_warn_that_the_rate_jumps(tmp_path, monkeypatch, caplog):
+    saved = tiny_config()
+    saved.train.lr_decay, saved.train.warmup_steps = "linear", 2
+    config = copy.deepcopy(saved)
+    config.train.num_train_steps = 12
+    text = resume_warnings(config, saved, 6, tmp_path, monkeypatch, caplog)  # a finished run
+    assert "WARNING: the learning rate of step 7 is" in text
+    assert "config.train.num_train_steps 6 -> 12" in text
+    saved.train.lr_decay = config.train.lr_decay = "rsqrt"  # the paper's: no end to move
+    config.train.num_train_steps = 24
+    assert "WARNING" not in resume_warnings(config, saved, 6, tmp_path, monkeypatch, caplog)
+
+
+def test_a_checkpoint_past_the_configs_last_step_warns_that_nothing_is_trained(
+    tmp_path, monkeypatch, caplog
+):
+    saved, config = tiny_config(), tiny_config()
+    config.train.num_train_steps = 6
+    text = resume_warnings(config, saved, 8, tmp_path, monkeypatch, caplog)  # trained further
+    assert "WARNING: the newest checkpoint in" in text
+    assert "is step 8, past config.train.num_train_steps 6: nothing is trained" in text
+    config.train.num_train_steps = 8  # a finished run run again: nothing to say
+    assert "WARNING" not in resume_warnings(config, saved, 8, tmp_path, monkeypatch, caplog)
