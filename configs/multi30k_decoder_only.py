@@ -20,7 +20,7 @@ import pathlib
 import jax
 
 from translate.config import Config, load_config
-from translate.factory import abstract_model
+from translate.models.factory import abstract_model
 
 
 def num_params(config: Config) -> int:

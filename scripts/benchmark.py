@@ -70,26 +70,21 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from translate import (
-    cli,
-    export_ctranslate2,
-    export_huggingface,
-    flops,
-    provenance,
-    scoring,
-    sharding,
-)
-from translate.batching import BatchLayout, make_batch, plan_epoch
+from translate import cli, provenance, sharding
 from translate.cli import Flag, parse_flags
 from translate.config import Config, apply_override, load_config
-from translate.corpus import tokenize_parallel
-from translate.decode import DecodeTimes, translate_sentences
-from translate.devices import published_peak
-from translate.factory import make_model
-from translate.model import resolve_dtype
-from translate.steps import make_steps
-from translate.text import ParallelText, read_lines, read_parallel, sample_sentences
-from translate.tokenizer import Tokenizer, train_tokenizer
+from translate.data.batching import BatchLayout, make_batch, plan_epoch
+from translate.data.corpus import tokenize_parallel
+from translate.data.text import ParallelText, read_lines, read_parallel, sample_sentences
+from translate.data.tokenizer import Tokenizer, train_tokenizer
+from translate.decoding import scoring
+from translate.decoding.sentences import DecodeTimes, translate_sentences
+from translate.devices import published_peak, resolve_dtype
+from translate.engines import ctranslate2 as export_ctranslate2
+from translate.engines import huggingface as export_huggingface
+from translate.models import flops
+from translate.models.factory import make_model
+from translate.training.steps import make_steps
 from translate.workdir import load_model
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent

@@ -22,13 +22,14 @@ import time
 
 import numpy as np
 
-from translate import cli, synthetic
-from translate.batching import BatchLayout, make_batch, plan_epoch
+from translate import cli
 from translate.cli import Flag, parse_flags
 from translate.config import load_config
-from translate.corpus import TokenizedCorpus, tokenize_parallel
-from translate.text import read_parallel
-from translate.tokenizer import train_tokenizer
+from translate.data import synthetic
+from translate.data.batching import BatchLayout, make_batch, plan_epoch
+from translate.data.corpus import TokenizedCorpus, tokenize_parallel
+from translate.data.text import read_parallel
+from translate.data.tokenizer import train_tokenizer
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 

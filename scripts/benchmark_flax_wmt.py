@@ -37,11 +37,11 @@ import numpy as np
 
 from scripts.benchmark import environment, get_tokenizer
 from translate import cli
-from translate.batching import BatchLayout, make_batch, plan_epoch
 from translate.cli import Flag, parse_flags
 from translate.config import load_config
-from translate.corpus import tokenize_parallel
-from translate.text import read_parallel
+from translate.data.batching import BatchLayout, make_batch, plan_epoch
+from translate.data.corpus import tokenize_parallel
+from translate.data.text import read_parallel
 
 FLAGS = {
     "flax_wmt": Flag("", "Required. The examples/wmt directory of Flax's source distribution."),

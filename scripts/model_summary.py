@@ -17,7 +17,7 @@ import jax
 from translate import cli
 from translate.cli import Flag, parse_flags
 from translate.config import Config, load_config
-from translate.factory import abstract_model
+from translate.models.factory import abstract_model
 
 STACKS = ("encoder", "decoder")
 

@@ -27,11 +27,11 @@ import matplotlib.pyplot as plt
 from flax import nnx
 
 from translate import cli
-from translate.batching import Batch, source_batches
 from translate.cli import Flag, parse_flags
-from translate.decode import translate_tokens
-from translate.model import sinusoidal_positions
-from translate.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from translate.data.batching import Batch, source_batches
+from translate.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from translate.decoding.search import translate_tokens
+from translate.models.layers import sinusoidal_positions
 from translate.workdir import Workdir, load_model
 
 # Every picture has this size (inches) and resolution, so it is FIGSIZE * DPI pixels.

@@ -15,7 +15,7 @@ import pathlib
 
 from translate import cli
 from translate.cli import Flag, parse_flags
-from translate.plots import draw_training_curves
+from translate.training.plots import draw_training_curves
 from translate.workdir import Workdir
 
 

@@ -92,7 +92,7 @@ def config() -> Config:
 def tiny_run(tmp_path_factory):
     """configs/tiny.py trained for its 6 steps (checkpoints at 3 and 6, dev and test decoded),
     once per session; modules take copies (`copy_of_tiny_run`) and never touch this one."""
-    from translate.trainer import train_and_evaluate
+    from translate.training.trainer import train_and_evaluate
 
     path = tmp_path_factory.mktemp("tiny_run")
     train_and_evaluate(tiny_config(), path)
@@ -109,8 +109,8 @@ def copy_of_tiny_run(tiny_run, tmp_path_factory) -> pathlib.Path:
 @pytest.fixture(scope="module")
 def tokenizer(tmp_path_factory):
     """A 200-piece BPE vocabulary trained on 400 pairs of the synthetic grammar."""
-    from translate import synthetic
-    from translate.tokenizer import train_tokenizer
+    from translate.data import synthetic
+    from translate.data.tokenizer import train_tokenizer
 
     pairs = synthetic.generate_pairs(400, seed=1)
     texts = [s for pair in pairs for s in pair]

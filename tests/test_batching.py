@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from translate import batching, synthetic
-from translate.batching import (
+from translate.data import batching, synthetic
+from translate.data.batching import (
     Batch,
     BatchLayout,
     DataPosition,
@@ -14,8 +14,8 @@ from translate.batching import (
     plan_epoch,
     source_batches,
 )
-from translate.corpus import TokenizedCorpus
-from translate.tokenizer import BOS_ID, EOS_ID
+from translate.data.corpus import TokenizedCorpus
+from translate.data.tokenizer import BOS_ID, EOS_ID
 
 
 def random_corpus(n=300, seed=0):

@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 from conftest import read_only
 
-from translate import atomic, checkpoint, evaluate, synthetic
-from translate.factory import abstract_model
-from translate.tokenizer import train_tokenizer
+from translate import atomic, checkpoint, evaluate
+from translate.data import synthetic
+from translate.data.tokenizer import train_tokenizer
+from translate.models.factory import abstract_model
 from translate.workdir import Workdir, load_model
 
 STEPS = (1, 2, 3, 4)

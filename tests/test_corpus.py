@@ -4,15 +4,11 @@ import json
 
 import numpy as np
 
-from translate import corpus, synthetic
-from translate.batching import (
-    BatchLayout,
-    make_batch,
-    plan_epoch,
-)
-from translate.corpus import tokenize_once, tokenize_parallel
-from translate.text import ParallelText
-from translate.tokenizer import train_tokenizer
+from translate.data import corpus, synthetic
+from translate.data.batching import BatchLayout, make_batch, plan_epoch
+from translate.data.corpus import tokenize_once, tokenize_parallel
+from translate.data.text import ParallelText
+from translate.data.tokenizer import train_tokenizer
 
 
 def test_pairs_longer_than_max_len_are_dropped_and_counted(tokenizer):

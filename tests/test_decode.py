@@ -9,10 +9,11 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from translate import decode
-from translate.batching import Batch
 from translate.config import ModelConfig, load_config
-from translate.decode import (
+from translate.data.batching import Batch
+from translate.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from translate.decoding import search as search_module
+from translate.decoding.search import (
     NEG_INF,
     beam_search,
     cache_lengths,
@@ -21,9 +22,8 @@ from translate.decode import (
     search,
     translate_tokens,
 )
-from translate.decoder_only import DecoderOnlyTransformer
-from translate.model import Transformer
-from translate.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from translate.models.decoder_only import DecoderOnlyTransformer
+from translate.models.transformer import Transformer
 
 VOCAB = 24
 
@@ -194,7 +194,7 @@ def test_bfloat16_decoding_forms_attention_scores_and_logits_in_float32():
 
 def test_bfloat16_beam_search_picks_the_hypotheses_of_a_float32_projected_reference(monkeypatch):
     """The reference multiplies the same bfloat16-rounded operands after casting them to float32."""
-    import translate.model as model_module
+    import translate.models.layers as layers_module
 
     graphdef, params = make_model("bfloat16")
     src = sources()
@@ -203,7 +203,7 @@ def test_bfloat16_beam_search_picks_the_hypotheses_of_a_float32_projected_refere
     )
     greedy, _ = greedy_search((graphdef,), (params,), src, max_extra_len=6)
 
-    fused_scores = model_module.attention_scores
+    fused_scores = layers_module.attention_scores
 
     def upcast_scores(subscripts, q, k, mask):
         return fused_scores(subscripts, q.astype(jnp.float32), k.astype(jnp.float32), mask)
@@ -212,7 +212,7 @@ def test_bfloat16_beam_search_picks_the_hypotheses_of_a_float32_projected_refere
         embedding = self.embed.embedding[...].astype(self.dtype).astype(jnp.float32)
         return jnp.einsum("...d,vd->...v", y.astype(jnp.float32), embedding)
 
-    monkeypatch.setattr(model_module, "attention_scores", upcast_scores)
+    monkeypatch.setattr(layers_module, "attention_scores", upcast_scores)
     monkeypatch.setattr(Transformer, "logits", upcast_logits)
     jax.clear_caches()  # the searches are jitted on the graph definition, which is unchanged
     ref_tokens, ref_scores = beam_search(
@@ -285,10 +285,10 @@ def test_fast_search_gives_the_hypotheses_and_scores_of_the_plain_search(name, m
     graphdefs, params = ensembles()[name]
     src = jnp.concatenate([sources(), jnp.array([[18, EOS_ID, 0, 0, 0, 0, 0, 0]])])
     assert cache_lengths(src.shape[1] + 6 + 1) == [15]
-    assert decode.batch_levels(4, 4, min_rows=1) == [4, 1]
+    assert search_module.batch_levels(4, 4, min_rows=1) == [4, 1]
     results = {}
     for first, min_rows in ((4, 1), (10**6, 10**6)):
-        monkeypatch.setattr(decode, "FIRST_CACHE_LENGTH", first)
+        monkeypatch.setattr(search_module, "FIRST_CACHE_LENGTH", first)
         jax.clear_caches()  # the searches are jitted on the graph definitions, which are unchanged
         results[first] = [
             search(graphdefs, params, src, beam, 0.6, 6, nbest, stop, min_level_rows=min_rows)
@@ -311,7 +311,7 @@ def test_argmax_is_the_first_index_of_the_maximum():
     x[1, [3, 7, 40]] = 9.0  # ties: the first wins, as in jnp.argmax
     x[2, :] = -1.0e9  # a row masked down to one value
     x[3, [0, 49]] = 9.0
-    token, best = decode._argmax(jnp.asarray(x))
+    token, best = search_module._argmax(jnp.asarray(x))
     np.testing.assert_array_equal(token, np.argmax(x, axis=-1))
     np.testing.assert_array_equal(best, np.max(x, axis=-1))
 
@@ -347,15 +347,15 @@ def test_blockwise_top_k_gives_the_values_and_indices_of_lax_top_k():
     x[4, :] = NEG_INF
     x[4, [7, 4000]] = 0.0
     for k, block in ((1, 16), (8, 16), (8, 128), (3, 37)):
-        values, index = decode.top_k(jnp.asarray(x), k, block)
+        values, index = search_module.top_k(jnp.asarray(x), k, block)
         expected_values, expected_index = jax.lax.top_k(jnp.asarray(x), k)
         np.testing.assert_array_equal(values, expected_values, err_msg=f"k {k}, block {block}")
         np.testing.assert_array_equal(index, expected_index, err_msg=f"k {k}, block {block}")
 
 
 def test_batch_levels_quarter_the_batch_down_to_the_fewest_rows():
-    assert decode.batch_levels(64, 4) == [64, 16]  # 16 sentences x 4 beams = 64 rows
-    assert decode.batch_levels(256, 4) == [256, 64, 16]
-    assert decode.batch_levels(64, 1) == [64]  # a quarter would be 16 rows
-    assert decode.batch_levels(60, 4, 1) == [60, 15]
-    assert decode.batch_levels(3, 4, 1) == [3]
+    assert search_module.batch_levels(64, 4) == [64, 16]  # 16 sentences x 4 beams = 64 rows
+    assert search_module.batch_levels(256, 4) == [256, 64, 16]
+    assert search_module.batch_levels(64, 1) == [64]  # a quarter would be 16 rows
+    assert search_module.batch_levels(60, 4, 1) == [60, 15]
+    assert search_module.batch_levels(3, 4, 1) == [3]

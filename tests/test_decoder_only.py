@@ -14,13 +14,13 @@ from test_trainer import run_steps, tiny_batches
 
 from scripts import model_summary
 from translate import sharding, translate
-from translate.batching import Batch
 from translate.config import ModelConfig, load_config
-from translate.decode import beam_search, greedy_search, translate_tokens
-from translate.decoder_only import DecoderOnlyTransformer
-from translate.model import Transformer
-from translate.tokenizer import BOS_ID, EOS_ID, PAD_ID
-from translate.trainer import train_and_evaluate
+from translate.data.batching import Batch
+from translate.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from translate.decoding.search import beam_search, greedy_search, translate_tokens
+from translate.models.decoder_only import DecoderOnlyTransformer
+from translate.models.transformer import Transformer
+from translate.training.trainer import train_and_evaluate
 from translate.workdir import load_model
 
 VOCAB = 64

@@ -1,10 +1,17 @@
-"""The attention-kernel choice and the CPU warning (translate/devices.py), given device facts."""
+"""The kernel choice, the CPU warning and the malloc settings of translate/devices.py."""
+
+import os
+import pathlib
+import subprocess
+import sys
 
 import jax.numpy as jnp
 import pytest
 
+from translate import devices
 from translate.devices import DeviceFacts, cpu_warning, published_peak, resolve_attention
 
+ROOT = pathlib.Path(__file__).resolve().parent.parent
 CPU = DeviceFacts("cpu", kind="cpu")
 H100 = DeviceFacts("gpu", "cuda", (9, 0), "NVIDIA H100 80GB HBM3")
 A100 = DeviceFacts("gpu", "cuda", (8, 0), "NVIDIA A100-SXM4-40GB")
@@ -65,3 +72,100 @@ def test_published_peaks_are_dense_tensor_core_figures_and_unknown_elsewhere():
     assert published_peak(H100.kind, "float32") is None
     assert published_peak(CPU.kind, "float32") is None
     assert published_peak(MI300.kind, "bfloat16") is None
+
+
+class FakeLibc:
+    """Stands in for glibc: records mallopt's (parameter, value) calls, accepts them all."""
+
+    def __init__(self, name):
+        self.calls = []
+
+        def mallopt(param, value):
+            self.calls.append((param, value))
+            return 1
+
+        self.mallopt = mallopt
+
+
+def test_keep_freed_memory_sets_one_arena_and_high_thresholds(monkeypatch):
+    for name in devices._MALLOC_SETTINGS:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(sys, "platform", "linux")
+    monkeypatch.setenv("JAX_PLATFORMS", "cpu")
+    made = []
+    monkeypatch.setattr(
+        devices.ctypes, "CDLL", lambda name: made.append(FakeLibc(name)) or made[-1]
+    )
+    assert devices.keep_freed_memory()
+    most = 2**31 - 1
+    assert dict(made[0].calls) == {
+        devices._M_ARENA_MAX: 1,
+        devices._M_MMAP_THRESHOLD: most,
+        devices._M_TRIM_THRESHOLD: most,
+    }
+
+
+@pytest.mark.parametrize("name", ["MALLOC_ARENA_MAX", "GLIBC_TUNABLES"])
+def test_keep_freed_memory_leaves_a_users_own_malloc_settings_alone(name, monkeypatch):
+    monkeypatch.setenv(name, "8" if name == "MALLOC_ARENA_MAX" else "glibc.malloc.arena_max=8")
+    monkeypatch.setattr(sys, "platform", "linux")
+    made = []
+    monkeypatch.setattr(
+        devices.ctypes, "CDLL", lambda name: made.append(FakeLibc(name)) or made[-1]
+    )
+    assert not devices.keep_freed_memory()
+    assert made == []  # glibc was not even opened
+
+
+def test_keep_freed_memory_is_a_no_op_without_glibc(monkeypatch):
+    for name in devices._MALLOC_SETTINGS:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(sys, "platform", "linux")
+
+    def no_glibc(name):
+        raise OSError(f"{name}: cannot open shared object file")
+
+    monkeypatch.setenv("JAX_PLATFORMS", "cpu")
+    monkeypatch.setattr(devices.ctypes, "CDLL", no_glibc)
+    assert not devices.keep_freed_memory()
+    monkeypatch.setattr(sys, "platform", "darwin")
+    assert not devices.keep_freed_memory()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt is Linux's")
+def test_glibc_accepts_the_settings():
+    env = {k: v for k, v in os.environ.items() if k not in devices._MALLOC_SETTINGS}
+    code = "from translate import devices; print(devices.keep_freed_memory())"
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout
+    libc = os.confstr("CS_GNU_LIBC_VERSION") if hasattr(os, "confstr") else ""
+    if not libc.startswith("glibc"):
+        pytest.skip("not glibc")
+    assert out.strip() == "True"
+
+
+@pytest.mark.parametrize("platforms, expected", [("cpu", True), ("cuda", False), ("tpu", False)])
+def test_malloc_is_left_alone_where_jax_may_run_on_an_accelerator(platforms, expected, monkeypatch):
+    for name in devices._MALLOC_SETTINGS:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(sys, "platform", "linux")
+    monkeypatch.setenv("JAX_PLATFORMS", platforms)
+    made = []
+    monkeypatch.setattr(
+        devices.ctypes, "CDLL", lambda name: made.append(FakeLibc(name)) or made[-1]
+    )
+    assert devices.cpu_only() == expected
+    assert devices.keep_freed_memory() == expected
+    assert len(made) == int(expected)
+
+
+def test_an_installed_gpu_plugin_means_not_cpu_only(monkeypatch):
+    monkeypatch.delenv("JAX_PLATFORMS", raising=False)
+    monkeypatch.setattr(
+        devices.importlib.metadata, "entry_points", lambda group: ["jax_cuda13_plugin"]
+    )
+    assert not devices.cpu_only()
+    monkeypatch.setattr(devices.importlib.metadata, "entry_points", lambda group: [])
+    monkeypatch.setattr(devices.importlib.util, "find_spec", lambda name: None)
+    assert devices.cpu_only()

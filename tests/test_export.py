@@ -14,20 +14,22 @@ import pytest
 from conftest import tiny_config
 from flax import nnx
 
-from translate import (
-    checkpoint,
-    cli,
-    export,
-    export_ctranslate2,
-    export_huggingface,
-    exporter,
-    synthetic,
+from translate import checkpoint, cli, export
+from translate.data import synthetic
+from translate.data.batching import Batch
+from translate.data.tokenizer import BOS_ID, EOS_ID, Tokenizer, train_tokenizer
+from translate.decoding.sentences import translate_sentences
+from translate.engines import (
+    ctranslate2 as export_ctranslate2,
 )
-from translate.batching import Batch
-from translate.decode import translate_sentences
-from translate.factory import make_model
-from translate.model import sinusoidal_positions
-from translate.tokenizer import BOS_ID, EOS_ID, Tokenizer, train_tokenizer
+from translate.engines import (
+    huggingface as export_huggingface,
+)
+from translate.engines import (
+    writer as exporter,
+)
+from translate.models.factory import make_model
+from translate.models.layers import sinusoidal_positions
 from translate.workdir import Workdir, load_model
 
 ctranslate2 = pytest.importorskip("ctranslate2")
@@ -389,7 +391,8 @@ def test_an_export_given_as_workdir_is_one_line_and_status_2(workdir, tmp_path, 
 
 
 def test_missing_package_is_one_line_and_status_2(workdir, tmp_path, capsys, monkeypatch):
-    monkeypatch.setitem(exporter.NEEDS, "ctranslate2", ("no_such_package_x", "pip install x"))
+    monkeypatch.setattr(export_ctranslate2, "PACKAGE", "no_such_package_x")
+    monkeypatch.setattr(export_ctranslate2, "INSTALL", "pip install x")
     code, err = run_command(
         [f"--workdir={workdir}", "--format=ctranslate2", f"--output={tmp_path / 'out'}"], capsys
     )

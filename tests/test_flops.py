@@ -2,10 +2,10 @@
 
 import numpy as np
 
-from translate.batching import BatchLayout, make_batch
 from translate.config import ModelConfig
-from translate.corpus import TokenizedCorpus
-from translate.flops import batch_lengths, forward_flops, train_flops
+from translate.data.batching import BatchLayout, make_batch
+from translate.data.corpus import TokenizedCorpus
+from translate.models.flops import batch_lengths, forward_flops, train_flops
 
 
 def test_forward_flops_match_a_hand_count():

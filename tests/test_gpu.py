@@ -17,15 +17,15 @@ from conftest import tiny_config
 from flax import nnx
 
 from translate import sharding
-from translate.batching import BatchLayout, make_batch, plan_epoch
 from translate.config import Config, ModelConfig
-from translate.corpus import TokenizedCorpus
-from translate.decode import beam_search, greedy_search
-from translate.factory import abstract_model, resolve_model_attention
-from translate.model import MultiHeadAttention, attention_mask
-from translate.optim import make_optimizer
-from translate.steps import make_steps
-from translate.tokenizer import EOS_ID, PAD_ID
+from translate.data.batching import BatchLayout, make_batch, plan_epoch
+from translate.data.corpus import TokenizedCorpus
+from translate.data.tokenizer import EOS_ID, PAD_ID
+from translate.decoding.search import beam_search, greedy_search
+from translate.models.factory import abstract_model, resolve_model_attention
+from translate.models.layers import MultiHeadAttention, attention_mask
+from translate.training.optim import make_optimizer
+from translate.training.steps import make_steps
 
 pytestmark = [
     pytest.mark.gpu,

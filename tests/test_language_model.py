@@ -9,12 +9,12 @@ from test_decoder_only import make_model, peaked
 from test_model import unpacked_batch
 
 from translate import sample as sample_command
-from translate import synthetic
-from translate.batching import BatchLayout, make_batch, plan_epoch
-from translate.data import load_data
-from translate.decode import greedy_search, sample
-from translate.tokenizer import BOS_ID, EOS_ID, PAD_ID
-from translate.trainer import train_and_evaluate
+from translate.data import synthetic
+from translate.data.batching import BatchLayout, make_batch, plan_epoch
+from translate.data.sources import load_data
+from translate.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from translate.decoding.search import greedy_search, sample
+from translate.training.trainer import train_and_evaluate
 from translate.workdir import Workdir
 
 

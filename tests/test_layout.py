@@ -1,4 +1,4 @@
-"""The package's layout: commands on top, the library below, every import pointing down."""
+"""The package's layout: commands on top, the library below in family folders, imports down."""
 
 import ast
 import importlib
@@ -8,32 +8,59 @@ import tomllib
 PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "translate"
 # The commands: flags, logging and `main`. Nothing in the library may import them.
 COMMANDS = {"train", "evaluate", "translate_text", "translate", "sample", "export"}
+# The library's families, one folder each (STYLE.md's layout).
+FAMILIES = {"models", "data", "decoding", "training", "engines"}
 
 
-def imported_modules(path: pathlib.Path) -> set[str]:
-    """The `translate` modules a file imports anywhere: at the top, in functions, in `if`s."""
+def module_names(package: pathlib.Path = PACKAGE) -> set[str]:
+    """Every module of the package, dotted below `translate`: "cli", "models.factory", and a
+    folder's `__init__` by the folder's name ("models")."""
+    names = set()
+    for path in package.rglob("*.py"):
+        parts = path.relative_to(package).with_suffix("").parts
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        if parts and parts[0] != "configs":
+            names.add(".".join(parts))
+    return names
+
+
+def imported_modules(path: pathlib.Path, modules: set[str] | None = None) -> set[str]:
+    """The `translate` modules a file imports anywhere: at the top, in functions, in `if`s.
+
+    `from translate.data import synthetic` imports the module "data.synthetic" when there is
+    one (`modules`), else names from the package "data".
+    """
+    modules = module_names() if modules is None else modules
     found = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            # `from translate import cli` imports translate.cli; `from translate.x import y`, x.
-            if node.module == "translate":
-                names = [f"translate.{alias.name}" for alias in node.names]
-            else:
-                names = [node.module]
+            names = [f"{node.module}.{alias.name}" for alias in node.names]
         else:
             continue
         for name in names:
             parts = name.split(".")
-            if parts[0] == "translate" and len(parts) > 1:
-                found.add(parts[1])
+            if parts[0] != "translate" or len(parts) < 2:
+                continue
+            dotted = ".".join(parts[1:])
+            if dotted in modules:
+                found.add(dotted)
+            elif ".".join(parts[1:-1]) in modules:
+                found.add(".".join(parts[1:-1]))  # `from translate.x import name`: module x
     return found - {"configs"}
 
 
 def import_graph() -> dict[str, set[str]]:
-    modules = {p.stem for p in PACKAGE.glob("*.py")} - {"__init__"}
-    return {m: imported_modules(PACKAGE / f"{m}.py") & modules for m in sorted(modules)}
+    modules = module_names()
+    graph = {}
+    for name in sorted(modules):
+        path = PACKAGE.joinpath(*name.split("."))
+        path = path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
+        # A module's own package (its __init__) runs first anyway: not an edge of its own.
+        graph[name] = imported_modules(path, modules) - {name, name.rpartition(".")[0]}
+    return graph
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -69,15 +96,48 @@ def test_no_library_module_imports_a_command():
     assert not offenders
 
 
-def test_every_command_module_exists():
-    # The test above says nothing if a command is renamed and this list is not.
+def test_the_walk_covers_the_family_folders():
+    graph = import_graph()
+    for family in FAMILIES:
+        assert (PACKAGE / family / "__init__.py").is_file(), family
+        assert any(m.startswith(f"{family}.") for m in graph), family
+    # The walk sees imports of family modules: the trainer reads data, builds models, decodes.
+    assert {"data.sources", "models.factory", "decoding.report"} <= graph["training.trainer"]
+
+
+def test_commands_are_at_the_top_and_the_families_are_folders():
+    top = {p.stem for p in PACKAGE.glob("*.py")} - {"__init__"}
+    assert COMMANDS <= top
     assert all((PACKAGE / f"{name}.py").is_file() for name in COMMANDS)
+    assert not top & FAMILIES
+
+
+def test_nothing_in_models_asks_the_hardware():
+    # The factory resolves the dtype and the attention kernel once (translate/devices.py) and
+    # passes them in; the models themselves never ask which device they run on.
+    asks = ("default_backend", "devices", "local_devices", "DeviceFacts", "device_kind")
+    for path in (PACKAGE / "models").glob("*.py"):
+        if path.stem == "factory":
+            continue
+        tree = ast.parse(path.read_text(), str(path))
+        names = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+        names |= {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+        assert not names & set(asks), (path.name, sorted(names & set(asks)))
+        assert "devices" not in imported_modules(path), path.name
 
 
 def test_the_walk_finds_imports_inside_functions_and_circles(tmp_path):
     source = tmp_path / "m.py"
-    source.write_text("def f():\n    from translate import cli\n    import translate.model\n")
-    assert imported_modules(source) == {"cli", "model"}
+    source.write_text(
+        "def f():\n    from translate import cli\n    import translate.models.transformer\n"
+        "from translate.data import synthetic\nfrom translate.models.factory import make_model\n"
+    )
+    assert imported_modules(source) == {
+        "cli",
+        "models.transformer",
+        "data.synthetic",
+        "models.factory",
+    }
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set()}) is None
 
@@ -88,3 +148,10 @@ def test_console_scripts_point_at_the_commands_themselves():
         module, _, function = target.partition(":")
         assert module.removeprefix("translate.") in COMMANDS, script
         assert callable(getattr(importlib.import_module(module), function)), script
+
+
+def test_every_family_folder_is_an_installed_package():
+    # A folder missing from pyproject's packages would be left out of a non-editable install.
+    pyproject = tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text())
+    packages = set(pyproject["tool"]["setuptools"]["packages"])
+    assert {f"translate.{family}" for family in FAMILIES} <= packages

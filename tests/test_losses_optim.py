@@ -8,8 +8,12 @@ import numpy as np
 import pytest
 
 from translate.config import Config
-from translate.losses import correct_tokens, projected_cross_entropy, smoothed_cross_entropy
-from translate.optim import decay_to_zero_schedule, inverse_sqrt_schedule, make_schedule
+from translate.training.losses import (
+    correct_tokens,
+    projected_cross_entropy,
+    smoothed_cross_entropy,
+)
+from translate.training.optim import decay_to_zero_schedule, inverse_sqrt_schedule, make_schedule
 
 
 def test_label_smoothing_matches_hand_computed_value():

@@ -6,15 +6,11 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from translate.batching import Batch
 from translate.config import Config, ModelConfig
-from translate.factory import abstract_model
-from translate.model import (
-    Transformer,
-    attention_mask,
-    dropout,
-    sinusoidal_positions,
-)
+from translate.data.batching import Batch
+from translate.models.factory import abstract_model
+from translate.models.layers import attention_mask, dropout, sinusoidal_positions
+from translate.models.transformer import Transformer
 
 VOCAB = 64
 

@@ -75,7 +75,7 @@ def run_workers(mode: str, config, out_dir: pathlib.Path, timeout: float = 300) 
 
 def random_corpus():
     """The same small tokenized corpus in every process (and in the test)."""
-    from translate.corpus import TokenizedCorpus
+    from translate.data.corpus import TokenizedCorpus
 
     rng = np.random.default_rng(0)
     src = [list(rng.integers(4, VOCAB_SIZE, rng.integers(2, 12))) for _ in range(200)]
@@ -84,7 +84,7 @@ def random_corpus():
 
 
 def global_layout(config):
-    from translate.batching import BatchLayout
+    from translate.data.batching import BatchLayout
 
     d = config.data
     return BatchLayout.from_config(
@@ -102,8 +102,8 @@ def flat_params(params) -> dict[str, np.ndarray]:
 def worker_steps(config, out_dir: pathlib.Path) -> None:
     """A few train steps through the trainer's building blocks, as train_and_evaluate runs them."""
     from translate import sharding
-    from translate.batching import DataPosition, iterate_batches
-    from translate.steps import make_steps
+    from translate.data.batching import DataPosition, iterate_batches
+    from translate.training.steps import make_steps
 
     mesh = sharding.make_mesh()
     layout = global_layout(config)
@@ -128,7 +128,8 @@ def worker_steps(config, out_dir: pathlib.Path) -> None:
 
 def worker_train_and_evaluate(config, out_dir: pathlib.Path) -> None:
     """The real trainer on a shared workdir; records this process's first batch and final params."""
-    from translate import sharding, train, trainer
+    from translate import sharding, train
+    from translate.training import trainer
 
     first_batches, final_params = [], []
     original_batches, original_local_copy = trainer.iterate_batches, sharding.local_copy
@@ -191,7 +192,7 @@ def steps_run(tmp_path_factory):
 
 
 def test_each_process_loads_its_own_rows_of_every_global_batch(steps_run):
-    from translate.batching import DataPosition, iterate_batches
+    from translate.data.batching import DataPosition, iterate_batches
 
     config, outputs = steps_run
     batches = iterate_batches(random_corpus(), global_layout(config), 0, DataPosition())
@@ -212,7 +213,7 @@ def test_processes_hold_identical_parameters_after_training(steps_run):
 def test_two_processes_train_like_one_process_on_the_same_batches(steps_run):
     from test_trainer import run_steps
 
-    from translate.batching import DataPosition, iterate_batches
+    from translate.data.batching import DataPosition, iterate_batches
 
     config, outputs = steps_run
     batches = iterate_batches(random_corpus(), global_layout(config), 0, DataPosition())
@@ -227,8 +228,8 @@ def test_two_processes_train_like_one_process_on_the_same_batches(steps_run):
 @pytest.mark.slow
 def test_train_and_evaluate_on_two_processes_shares_one_workdir(config, tmp_path):
     from translate import checkpoint
-    from translate.batching import make_batch, plan_epoch
-    from translate.data import load_data
+    from translate.data.batching import make_batch, plan_epoch
+    from translate.data.sources import load_data
     from translate.workdir import Workdir
 
     run_workers("train_and_evaluate", config, tmp_path)

@@ -11,11 +11,12 @@ import pytest
 from conftest import copy_of_tiny_run, read_only
 from flax import nnx
 
-from translate import cli, plots
-from translate.batching import Batch
+from translate import cli
 from translate.config import ModelConfig
-from translate.model import Transformer
-from translate.report import write_report
+from translate.data.batching import Batch
+from translate.decoding.report import write_report
+from translate.models.transformer import Transformer
+from translate.training import plots
 from translate.workdir import Workdir
 
 

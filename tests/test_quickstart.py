@@ -6,7 +6,7 @@ import pathlib
 import pytest
 
 from translate.config import load_config
-from translate.trainer import train_and_evaluate
+from translate.training.trainer import train_and_evaluate
 
 CONFIGS = pathlib.Path(__file__).parent.parent / "configs"
 

@@ -18,9 +18,12 @@ import numpy as np
 import pytest
 from conftest import copy_of_tiny_run, read_only
 
-from translate import atomic, checkpoint, cli, data, monitor, synthetic, trainer
+from translate import atomic, checkpoint, cli
 from translate import workdir as workdir_module
-from translate.tokenizer import train_tokenizer
+from translate.data import sources as data
+from translate.data import synthetic
+from translate.data.tokenizer import train_tokenizer
+from translate.training import monitor, trainer
 from translate.workdir import Workdir, WorkdirBusy, load_model, lock
 
 ROOT = pathlib.Path(__file__).parent.parent
@@ -646,7 +649,7 @@ def test_a_full_disk_while_writing_a_checkpoint_names_it_and_keeps_the_earlier_o
 
 
 def test_a_stop_signal_while_drawing_the_curves_is_not_swallowed(tmp_path, monkeypatch):
-    from translate import plots
+    from translate.training import plots
 
     monkeypatch.setattr(plots, "draw_training_curves", signal_self(signal.SIGTERM))
     stop = monitor.StopSignal()
@@ -661,7 +664,8 @@ def test_a_stop_signal_while_drawing_the_curves_is_not_swallowed(tmp_path, monke
 INTERRUPTED_COMPILE = """
 import os, signal, sys, threading
 import jax, jax.numpy as jnp
-from translate import cli, train, trainer
+from translate import cli, train
+from translate.training import trainer
 
 def compile_slowly(*args, **kwargs):
     threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGINT)).start()

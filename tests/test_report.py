@@ -2,8 +2,8 @@
 
 import json
 
-from translate import report as report_module
-from translate import scoring
+from translate.decoding import report as report_module
+from translate.decoding import scoring
 
 
 def a_report(**provenance) -> dict:

@@ -2,14 +2,14 @@
 
 import pytest
 
-from translate.scoring import (
+from translate.data.text import read_lines
+from translate.decoding.scoring import (
     paired_bootstrap,
     score,
     split_compounds,
     tokenize_for_bleu,
     tokenized_bleu,
 )
-from translate.text import read_lines
 
 
 def test_split_compounds_marks_hyphens_between_words_like_get_ende_bleu():

@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from translate import synthetic
-from translate.synthetic import (
+from translate.data import synthetic
+from translate.data.synthetic import (
     ACCUSATIVE,
     DATIVE,
     MAX_WORDS,

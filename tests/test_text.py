@@ -2,7 +2,7 @@
 
 import pytest
 
-from translate.text import ParallelText, read_parallel, sample_sentences
+from translate.data.text import ParallelText, read_parallel, sample_sentences
 
 
 def test_mismatched_parallel_files_name_both_files(tmp_path):

@@ -1,6 +1,6 @@
 """The shared vocabulary: translate/tokenizer.py."""
 
-from translate.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+from translate.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 
 def test_special_ids_are_distinct_and_round_trip(tokenizer):

@@ -10,12 +10,13 @@ import pytest
 from jax.sharding import Mesh
 
 from scripts.average_checkpoints import average_workdir
-from translate import checkpoint, monitor, sharding
-from translate.batching import BatchLayout, make_batch, plan_epoch
-from translate.corpus import TokenizedCorpus
-from translate.report import translate_and_score
-from translate.steps import make_steps
-from translate.trainer import final_params, train_and_evaluate
+from translate import checkpoint, sharding
+from translate.data.batching import BatchLayout, make_batch, plan_epoch
+from translate.data.corpus import TokenizedCorpus
+from translate.decoding.report import translate_and_score
+from translate.training import monitor
+from translate.training.steps import make_steps
+from translate.training.trainer import final_params, train_and_evaluate
 from translate.workdir import Workdir, load_model
 
 

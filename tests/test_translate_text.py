@@ -21,12 +21,14 @@ import pytest
 from conftest import copy_of_tiny_run, read_only
 from flax import nnx
 
-from translate import atomic, cli, decode, evaluate, translate_text
+from translate import atomic, cli, evaluate, translate_text
 from translate import workdir as workdir_module
-from translate.batching import source_batches
-from translate.decode import DecodeTimes, beam_search, greedy_search, translate_sentences
-from translate.model import Transformer
-from translate.tokenizer import train_tokenizer
+from translate.data.batching import source_batches
+from translate.data.tokenizer import train_tokenizer
+from translate.decoding import sentences
+from translate.decoding.search import beam_search, greedy_search
+from translate.decoding.sentences import DecodeTimes, translate_sentences
+from translate.models.transformer import Transformer
 from translate.workdir import Workdir, load_ensemble, load_model, read_config
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -225,7 +227,7 @@ def test_an_error_while_batches_are_searched_waits_only_for_those_in_flight(work
     graphdef, params, tokenizer, config, _ = load_model(workdir)
     config.decode.beam_size, config.decode.batch_size, config.decode.parallel_batches = 1, 1, 2
     searched = []
-    search = decode.search
+    search = sentences.search
 
     def counted(graphdefs, params, src, *args, **kwargs):
         if np.any(src):  # not a compilation's batch of padding
@@ -235,7 +237,7 @@ def test_an_error_while_batches_are_searched_waits_only_for_those_in_flight(work
     def stop(count):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(decode, "search", counted)
+    monkeypatch.setattr(sentences, "search", counted)
     with pytest.raises(KeyboardInterrupt):
         translate_sentences(
             (graphdef,), (params,), tokenizer, LINES * 4, config.decode, 99, on_batch=stop

@@ -16,10 +16,10 @@ tfds = pytest.importorskip("tensorflow_datasets")
 from tensorflow_datasets.core.data_sources import array_record  # noqa: E402
 from tensorflow_datasets.core.download import checksums  # noqa: E402
 
-from translate import wmt  # noqa: E402
-from translate.batching import BatchLayout, make_batch, plan_epoch  # noqa: E402
 from translate.config import load_config  # noqa: E402
-from translate.data import load_data  # noqa: E402
+from translate.data import wmt  # noqa: E402
+from translate.data.batching import BatchLayout, make_batch, plan_epoch  # noqa: E402
+from translate.data.sources import load_data  # noqa: E402
 from translate.workdir import Workdir  # noqa: E402
 
 CONFIGS = pathlib.Path(__file__).parent.parent / "configs"

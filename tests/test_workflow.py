@@ -12,8 +12,10 @@ import numpy as np
 import pytest
 from conftest import tiny_config
 
-from translate import checkpoint, monitor, synthetic, trainer
+from translate import checkpoint
 from translate.config import Config
+from translate.data import synthetic
+from translate.training import monitor, trainer
 from translate.workdir import Workdir, load_model
 
 

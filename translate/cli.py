@@ -10,10 +10,7 @@ module imports none of them.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import dataclasses
-import importlib.metadata
-import importlib.util
 import logging
 import os
 import pathlib
@@ -29,6 +26,7 @@ from typing import Any, NoReturn
 
 from absl import logging as absl_logging
 
+from translate import devices
 from translate.config import (
     CONFIG_SECTIONS,
     Config,
@@ -97,55 +95,6 @@ def exit_at_once(status: int) -> NoReturn:
     os._exit(status)
 
 
-# glibc's mallopt parameters (malloc.h).
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD, _M_ARENA_MAX = -1, -3, -8
-# Environment variables by which a user sets glibc's malloc: then `keep_freed_memory` does not.
-_MALLOC_SETTINGS = (
-    "GLIBC_TUNABLES",
-    "MALLOC_ARENA_MAX",
-    "MALLOC_MMAP_THRESHOLD_",
-    "MALLOC_TRIM_THRESHOLD_",
-)
-
-
-def cpu_only() -> bool:
-    """Whether JAX will run on the CPU alone: `JAX_PLATFORMS=cpu`, or no GPU or TPU plugin
-    installed. On an accelerator, the steps' buffers are device memory, not malloc's."""
-    platforms = os.environ.get("JAX_PLATFORMS", "")
-    if platforms:
-        return platforms.strip().lower() == "cpu"
-    plugins = importlib.metadata.entry_points(group="jax_plugins")
-    return not plugins and importlib.util.find_spec("libtpu") is None
-
-
-def keep_freed_memory() -> bool:
-    """Asks glibc's malloc to keep the memory XLA frees for the next step; whether it did.
-
-    On the CPU, each call of a compiled step allocates its buffers (XLA assigns 347 MiB to
-    configs/multi30k.py's train step) and frees them at the end. By default glibc gives such
-    blocks of worker threads back to the kernel at once (mmap and munmap, or a thread arena's
-    heap shrunk), so the next step faults every page in again: 80,000 page faults a step, a
-    quarter of the process's CPU time spent in the kernel. With one arena (the main heap, which
-    can grow), blocks up to 2 GiB served from it and not trimmed, the step ran 1.2x as fast
-    (BENCHMARKS.md, issue 28). The results are the same: only where memory comes from changes.
-
-    Done only on glibc, where JAX can run on nothing but the CPU (`cpu_only`), and not when the
-    environment sets malloc itself (`_MALLOC_SETTINGS`).
-    """
-    if not sys.platform.startswith("linux") or any(v in os.environ for v in _MALLOC_SETTINGS):
-        return False
-    if not cpu_only():
-        return False
-    try:
-        mallopt = ctypes.CDLL("libc.so.6").mallopt
-    except (OSError, AttributeError):  # not glibc (musl)
-        return False
-    mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
-    most = 2**31 - 1  # mallopt takes an int
-    settings = ((_M_ARENA_MAX, 1), (_M_MMAP_THRESHOLD, most), (_M_TRIM_THRESHOLD, most))
-    return all([mallopt(param, value) == 1 for param, value in settings])
-
-
 def run(main: Callable[[list[str]], Any], argv: Sequence[str] | None = None) -> None:
     """Calls `main(argv)` and exits: 0, main's own int status, 2 with one line on a user's
     mistake, or 128 + the signal with one line on SIGINT or SIGTERM (after main's cleanup).
@@ -159,7 +108,8 @@ def run(main: Callable[[list[str]], Any], argv: Sequence[str] | None = None) -> 
     spec = getattr(sys.modules["__main__"], "__spec__", None)
     if program.endswith(".py") and spec is not None:
         program = f"python -m {spec.name}"  # run as python -m translate.train
-    keep_freed_memory()  # before XLA's threads allocate: one arena is chosen at a first malloc
+    # Before XLA's threads allocate: one arena is chosen at a first malloc.
+    devices.keep_freed_memory()
     previous = None
     if threading.current_thread() is threading.main_thread():
         previous = signal.signal(signal.SIGTERM, raise_terminated)

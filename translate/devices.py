@@ -1,4 +1,5 @@
-"""What the local devices are: the kernel choice that depends on them, and their peak FLOP/s.
+"""What the local devices are: the kernel and dtype that depend on them, their peak FLOP/s, and
+the CPU's memory allocator kept for XLA's steps.
 
 The attention kernel is chosen from plain facts about the device (`DeviceFacts`), so the
 decision is a pure function that tests can feed any device, and a run never selects a kernel
@@ -8,8 +9,13 @@ training log and the benchmark.
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
+import importlib.metadata
+import importlib.util
+import os
 import re
+import sys
 from typing import Any
 
 import jax
@@ -46,6 +52,16 @@ class DeviceFacts:
             if runtime == "cuda" and text:
                 capability = tuple(int(part) for part in str(text).split(".")[:2])
         return cls(device.platform, runtime, capability, device.device_kind)
+
+
+def resolve_dtype(name: str) -> Any:
+    """The jnp dtype of the config's `model.compute_dtype`; "auto" is bfloat16 on GPU/TPU.
+
+    Asked here, once per run (translate/models/factory.py), never inside the model.
+    """
+    if name == "auto":
+        return jnp.float32 if jax.default_backend() == "cpu" else jnp.bfloat16
+    return jnp.dtype(name)
 
 
 def cudnn_unfit_reason(dtype: Any, head_dim: int, facts: DeviceFacts) -> str | None:
@@ -144,3 +160,52 @@ def published_peak(device_kind: str, dtype_name: str) -> float | None:
         if re.search(pattern, device_kind, re.IGNORECASE):
             return peaks.get(dtype_name)
     return None
+
+
+# glibc's mallopt parameters (malloc.h).
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD, _M_ARENA_MAX = -1, -3, -8
+# Environment variables by which a user sets glibc's malloc: then `keep_freed_memory` does not.
+_MALLOC_SETTINGS = (
+    "GLIBC_TUNABLES",
+    "MALLOC_ARENA_MAX",
+    "MALLOC_MMAP_THRESHOLD_",
+    "MALLOC_TRIM_THRESHOLD_",
+)
+
+
+def cpu_only() -> bool:
+    """Whether JAX will run on the CPU alone: `JAX_PLATFORMS=cpu`, or no GPU or TPU plugin
+    installed. On an accelerator, the steps' buffers are device memory, not malloc's."""
+    platforms = os.environ.get("JAX_PLATFORMS", "")
+    if platforms:
+        return platforms.strip().lower() == "cpu"
+    plugins = importlib.metadata.entry_points(group="jax_plugins")
+    return not plugins and importlib.util.find_spec("libtpu") is None
+
+
+def keep_freed_memory() -> bool:
+    """Asks glibc's malloc to keep the memory XLA frees for the next step; whether it did.
+
+    On the CPU, each call of a compiled step allocates its buffers (XLA assigns 347 MiB to
+    configs/multi30k.py's train step) and frees them at the end. By default glibc gives such
+    blocks of worker threads back to the kernel at once (mmap and munmap, or a thread arena's
+    heap shrunk), so the next step faults every page in again: 80,000 page faults a step, a
+    quarter of the process's CPU time spent in the kernel. With one arena (the main heap, which
+    can grow), blocks up to 2 GiB served from it and not trimmed, the step ran 1.2x as fast
+    (BENCHMARKS.md, issue 28). The results are the same: only where memory comes from changes.
+
+    Done only on glibc, where JAX can run on nothing but the CPU (`cpu_only`), and not when the
+    environment sets malloc itself (`_MALLOC_SETTINGS`).
+    """
+    if not sys.platform.startswith("linux") or any(v in os.environ for v in _MALLOC_SETTINGS):
+        return False
+    if not cpu_only():
+        return False
+    try:
+        mallopt = ctypes.CDLL("libc.so.6").mallopt
+    except (OSError, AttributeError):  # not glibc (musl)
+        return False
+    mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
+    most = 2**31 - 1  # mallopt takes an int
+    settings = ((_M_ARENA_MAX, 1), (_M_MMAP_THRESHOLD, most), (_M_TRIM_THRESHOLD, most))
+    return all([mallopt(param, value) == 1 for param, value in settings])

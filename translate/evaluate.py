@@ -34,11 +34,12 @@ import pathlib
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from translate import cli, scoring
+from translate import cli
 from translate.cli import Flag, parse_flags
 from translate.config import apply_override
-from translate.report import sha256_of_file, translate_and_score, write_report
-from translate.text import read_lines
+from translate.data.text import read_lines
+from translate.decoding import scoring
+from translate.decoding.report import sha256_of_file, translate_and_score, write_report
 from translate.workdir import Workdir, load_ensemble
 
 
@@ -136,19 +137,18 @@ def check_output(output: str, workdirs: Sequence[str] = ()) -> None:
                 "report's three files go in"
             )
     for workdir in workdirs:
-        run = Workdir(os.path.realpath(workdir))
-        inside = [run.checkpoints, run.tokens, run.best, run.tensorboard, run.profile, run.data]
+        inside = Workdir(os.path.realpath(workdir)).training_directories()
         if any(pathlib.Path(os.path.realpath(output)).is_relative_to(d) for d in inside):
             raise ValueError(
                 f"--output={output} is inside --workdir={workdir}'s own files; leave --output "
                 "out (the default is WORKDIR/evaluations/...) or give another"
             )
-    if out.config.exists() or out.checkpoints.exists():
+    if out.is_training_run():
         raise ValueError(
             f"--output={output} is a training workdir, whose report.json is the training run's "
             "own: leave --output out (the default is WORKDIR/evaluations/...) or give another"
         )
-    found = [p.name for p in (out.report_json, out.report_txt, out.hypotheses) if p.exists()]
+    found = [p.name for p in out.report_files() if p.exists()]
     if found:
         raise ValueError(
             f"--output={output} holds {', '.join(found)} already; nothing was overwritten: "

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 from translate import cli
 from translate.cli import Flag, parse_flags
-from translate.exporter import export
+from translate.engines.writer import export
 
 FLAGS = {
     "workdir": Flag("", "Required. A training workdir (or one written by average_checkpoints)."),

@@ -19,8 +19,8 @@ import numpy as np
 
 from translate import cli
 from translate.cli import Flag, parse_flags
-from translate.decode import sample
-from translate.tokenizer import BOS_ID, EOS_ID
+from translate.data.tokenizer import BOS_ID, EOS_ID
+from translate.decoding.search import sample
 from translate.workdir import load_ensemble
 
 

@@ -12,7 +12,7 @@ from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 if TYPE_CHECKING:  # for annotations only: batching.py builds on this module, not the reverse
-    from translate.batching import Batch
+    from translate.data.batching import Batch
 
 
 DATA_AXIS = "data"

@@ -14,8 +14,8 @@ import logging
 from translate import cli, sharding
 from translate.cli import Flag, parse_flags
 from translate.config import load_config, packaged_config_names
-from translate.monitor import Interrupted
-from translate.trainer import train_and_evaluate
+from translate.training.monitor import Interrupted
+from translate.training.trainer import train_and_evaluate
 
 log = logging.getLogger("translate")
 

@@ -53,7 +53,7 @@ from translate import cli
 from translate.atomic import AtomicFile, remove_stale
 from translate.cli import Flag, parse_flags
 from translate.config import DecodeConfig, field_descriptions
-from translate.decode import translate_sentences
+from translate.decoding.sentences import translate_sentences
 from translate.workdir import Workdir, load_ensemble
 
 # Most lines decoded and written at a time: bounds memory on arbitrarily long input.

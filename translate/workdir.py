@@ -40,8 +40,8 @@ import jax
 
 from translate import atomic, checkpoint, sharding
 from translate.config import Config, config_from_dict, split_init_from
-from translate.factory import abstract_model
-from translate.tokenizer import Tokenizer
+from translate.data.tokenizer import Tokenizer
+from translate.models.factory import abstract_model
 
 
 class Workdir:
@@ -101,6 +101,25 @@ class Workdir:
             self.lock,
         ]
 
+    def entry_names(self) -> set[str]:
+        """The names of everything a run keeps at its top level (files and directories, the
+        generated corpus's data/, a --force's previous_run/), written yet or not."""
+        entries = self.directories() + self.files()
+        return {p.name for p in entries + [self.data, self.previous_run, self.discarded_run]}
+
+    def training_directories(self) -> list[pathlib.Path]:
+        """The directories that training writes and reads back; evaluations/ and attention/
+        are where the commands that report on a run write."""
+        return [self.checkpoints, self.tokens, self.best, self.tensorboard, self.profile, self.data]
+
+    def report_files(self) -> list[pathlib.Path]:
+        """The three files of a report (translate/decoding/report.py writes them)."""
+        return [self.report_json, self.report_txt, self.hypotheses]
+
+    def is_training_run(self) -> bool:
+        """Whether a training run has written here (its config or checkpoints)."""
+        return self.config.exists() or self.checkpoints.exists()
+
     def generated(self) -> list[pathlib.Path]:
         """What a training run, and the commands that report on it, create: what `--force`
         sets aside (and deletes once the new run's data has loaded).
@@ -126,9 +145,8 @@ class Workdir:
         own = Workdir(root)
         if any(real.is_relative_to(d) for d in own.directories() + [own.data]):
             return True
-        names = {p.name for p in own.files()} | {own.previous_run.name, own.discarded_run.name}
         top = real.relative_to(root).parts[0]
-        return top in names or (top.startswith("metrics_") and top.endswith(".png"))
+        return top in own.entry_names() or (top.startswith("metrics_") and top.endswith(".png"))
 
     def holds_generated_corpus(self) -> bool:
         """Whether `data/` holds only files named as data.py writes the synthetic corpus."""

@@ -34,17 +34,20 @@ import jax.numpy as jnp
 import numpy as np
 
 from translate.config import ModelConfig
-from translate.export_ctranslate2 import array, groups_by_length, source_pieces
-from translate.model import TranslationModel, sinusoidal_positions
-from translate.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
+from translate.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
+from translate.engines.shared import NUM_POSITIONS, array, groups_by_length, source_pieces
+from translate.models.layers import sinusoidal_positions
+from translate.models.transformer import TranslationModel
 
 # transformers' model type and class for each LayerNorm position.
 LAYOUTS = {
     "post": ("marian", "MarianMTModel"),
     "pre": ("pegasus", "PegasusForConditionalGeneration"),
 }
-# Positions each model can embed (its `max_position_embeddings`): sources and outputs alike.
-NUM_POSITIONS = 1024
+# The Python package the writer needs, and how a user installs it.
+PACKAGE, INSTALL = "safetensors", "pip install safetensors"
+# The weights are stored in float32: this format takes no quantization.
+QUANTIZATIONS: tuple[str, ...] = ()
 # The most tokens `generate` writes unless told otherwise (transformers' default is 20).
 MAX_LENGTH = 512
 
@@ -162,14 +165,28 @@ def special_ids() -> dict[str, int]:
     }
 
 
-def write(model: TranslationModel, config: ModelConfig, tokenizer: Tokenizer, directory) -> None:
+def record_fields(config: ModelConfig) -> dict[str, Any]:
+    """What the export's marker records of this format beyond the common fields: the class."""
+    return {"model_class": LAYOUTS[config.norm_position][1]}
+
+
+def write(
+    model: TranslationModel,
+    config: ModelConfig,
+    tokenizer: Tokenizer,
+    directory,
+    quantization: str = "",
+) -> None:
     """Writes config.json, generation_config.json and model.safetensors into `directory`.
 
     Raises:
-      ValueError: a model this format cannot express (`unsupported_reason`).
+      ValueError: a model this format cannot express (`unsupported_reason`), or a
+        quantization (this format stores float32 only).
     """
     from safetensors.numpy import save_file
 
+    if quantization:
+        raise ValueError(f"quantization={quantization}: the huggingface format stores float32")
     reason = unsupported_reason(config)
     if reason:
         raise ValueError(reason)

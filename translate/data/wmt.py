@@ -34,7 +34,7 @@ import zipfile
 from collections.abc import Sequence
 
 from translate import atomic
-from translate.text import ParallelText
+from translate.data.text import ParallelText
 
 log = logging.getLogger("translate")
 

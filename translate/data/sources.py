@@ -1,11 +1,11 @@
 """The trainer's data: the one place that chooses a source; the vocabulary made once; tokens cached.
 
-`load_data(config, workdir)` reads parallel files (translate/text.py), the synthetic corpus
-(generated into the workdir), a TFDS dataset (translate/wmt.py) or one language's text (a
+`load_data(config, workdir)` reads parallel files (translate/data/text.py), the synthetic corpus
+(generated into the workdir), a TFDS dataset (translate/data/wmt.py) or one language's text (a
 language model's: pairs with empty sources); trains the shared BPE
 vocabulary on a sample of the training text, or reuses the one in the workdir; and tokenizes
 the training pairs once into memory-mapped arrays in the workdir (corpus.tokenize_once).
-Batching them is translate/batching.py's job.
+Batching them is translate/data/batching.py's job.
 """
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ import dataclasses
 import logging
 import pathlib
 
-from translate import synthetic, wmt
 from translate.config import Config
-from translate.corpus import TokenizedCorpus, tokenize_once, tokenize_parallel
-from translate.text import ParallelText, read_lines, read_parallel, sample_sentences
-from translate.tokenizer import Tokenizer, train_tokenizer
+from translate.data import synthetic, wmt
+from translate.data.corpus import TokenizedCorpus, tokenize_once, tokenize_parallel
+from translate.data.text import ParallelText, read_lines, read_parallel, sample_sentences
+from translate.data.tokenizer import Tokenizer, train_tokenizer
 from translate.workdir import Workdir
 
 log = logging.getLogger("translate")
@@ -27,11 +27,16 @@ log = logging.getLogger("translate")
 
 @dataclasses.dataclass
 class Data:
+    """A run's vocabulary, tokenized training and dev pairs, and its dev and test text."""
+
     tokenizer: Tokenizer
     train: TokenizedCorpus
     dev: TokenizedCorpus | None
     dev_text: tuple[list[str], list[str]] | None  # (sources, raw references)
     test_text: tuple[list[str], list[str]] | None
+    # Whether the pairs are translations, to be scored with BLEU; a language model's text
+    # (data.source=monolingual: empty sources) is not.
+    translations: bool = True
 
 
 def data_paths(config: Config, workdir: Workdir) -> dict[str, tuple[pathlib.Path, ...]]:
@@ -166,7 +171,8 @@ def load_data(config: Config, workdir: Workdir) -> Data:
                 "longer), so there is no dev loss to measure: raise data.max_len (and "
                 "data.row_len), or shorten the dev set"
             )
-    return Data(tokenizer, train, dev, dev_text, test_text)
+    translations = d.source != "monolingual"
+    return Data(tokenizer, train, dev, dev_text, test_text, translations)
 
 
 def dev_source(config: Config, workdir: Workdir) -> str:

@@ -23,8 +23,8 @@ import numpy as np
 import sentencepiece as spm
 
 from translate import atomic
-from translate.text import ParallelText
-from translate.tokenizer import Tokenizer
+from translate.data.text import ParallelText
+from translate.data.tokenizer import Tokenizer
 
 # Pairs per encoding job of `tokenize_once`; each worker process holds a few jobs at a time.
 ENCODE_CHUNK = 10_000

@@ -17,12 +17,12 @@ import optax
 from flax import nnx
 
 from translate import sharding
-from translate.batching import BatchLayout, make_batch, plan_epoch
 from translate.config import Config
-from translate.corpus import TokenizedCorpus
-from translate.factory import abstract_model, make_model, resolve_model_attention
-from translate.losses import projected_cross_entropy
-from translate.optim import make_optimizer
+from translate.data.batching import BatchLayout, make_batch, plan_epoch
+from translate.data.corpus import TokenizedCorpus
+from translate.models.factory import abstract_model, make_model, resolve_model_attention
+from translate.training.losses import projected_cross_entropy
+from translate.training.optim import make_optimizer
 
 
 def make_init(config: Config, vocab_size: int, optimizer, mesh):

@@ -28,17 +28,19 @@ slot S + t, at position (source tokens) + t.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from translate.config import ModelConfig
-from translate.model import EncoderLayer, TranslationModel, fold, layer_norm
+from translate.models.layers import EncoderLayer, fold, layer_norm
+from translate.models.transformer import TranslationModel
 
 if TYPE_CHECKING:  # for annotations only: the data pipeline feeds the model, not the reverse
-    from translate.batching import Batch
+    from translate.data.batching import Batch
 
 
 class PrefixCache(NamedTuple):
@@ -70,9 +72,15 @@ class DecoderOnlyTransformer(TranslationModel):
     """One causal stack over `source <sep> target`; the same interface as model.Transformer."""
 
     def __init__(
-        self, config: ModelConfig, vocab_size: int, *, rngs: nnx.Rngs, attention: str = "xla"
+        self,
+        config: ModelConfig,
+        vocab_size: int,
+        *,
+        rngs: nnx.Rngs,
+        dtype: Any = None,
+        attention: str = "xla",
     ):
-        super().__init__(config, vocab_size, rngs)
+        super().__init__(config, vocab_size, rngs, dtype)
         self.bidirectional = config.prefix_attention == "bidirectional"
         self.decoder = nnx.List(
             [EncoderLayer(config, self.dtype, attention, rngs) for _ in range(config.num_layers)]
@@ -80,6 +88,20 @@ class DecoderOnlyTransformer(TranslationModel):
         # Pre-LayerNorm only, as in model.Transformer.
         pre_norm = config.norm_position == "pre"
         self.decoder_norm = layer_norm(config, self.dtype, rngs) if pre_norm else None
+
+    @classmethod
+    def forward_flops(
+        cls, config: ModelConfig, vocab_size: int, src: np.ndarray, tgt: np.ndarray
+    ) -> float:
+        """Forward FLOPs of pairs with source and target lengths `src`, `tgt` (float arrays),
+        counted as translate/models/flops.py says: one stack of self-attention and feed-forward
+        layers over each pair, source then target."""
+        n, d, f = config.num_layers, float(config.d_model), float(config.d_ff)
+        pair = src + tgt
+        return float(
+            n * (pair.sum() * (8 * d * d + 4 * d * f) + 4 * d * (pair * pair).sum())
+            + cls.projection_flops(config, vocab_size, tgt)
+        )
 
     def stack(self, tokens, segments, positions, in_prefix, *, dropout_key=None) -> jax.Array:
         """Tokens [B, N] of packed pairs -> output [B, N, D] (final LayerNorm included)."""

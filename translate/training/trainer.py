@@ -22,6 +22,7 @@ import logging
 import math
 import pathlib
 import time
+from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 import jax
@@ -29,14 +30,14 @@ import jax.numpy as jnp
 
 from translate import checkpoint, sharding
 from translate.atomic import remove_stale
-from translate.batching import BatchLayout, DataPosition, iterate_batches
 from translate.config import Config, split_profile_steps
-from translate.data import Data, load_data
+from translate.data.batching import Batch, BatchLayout, DataPosition, iterate_batches
+from translate.data.sources import Data, load_data
+from translate.decoding.report import translate_and_score, write_report
 from translate.devices import DeviceFacts, cpu_warning, published_peak
-from translate.factory import resolve_model_attention
-from translate.flops import batch_lengths, train_flops
-from translate.model import resolve_dtype
-from translate.monitor import (
+from translate.models.factory import resolve_model_attention, resolve_model_dtype
+from translate.models.flops import batch_lengths, train_flops
+from translate.training.monitor import (
     DevBleuHistory,
     Interrupted,
     MetricWriter,
@@ -48,9 +49,8 @@ from translate.monitor import (
     evaluated_steps,
     log_progress,
 )
-from translate.optim import make_schedule
-from translate.report import translate_and_score, write_report
-from translate.steps import Steps, dev_loss, make_steps
+from translate.training.optim import make_schedule
+from translate.training.steps import Steps, dev_loss, make_steps
 from translate.workdir import (
     InitFrom,
     Workdir,
@@ -79,6 +79,8 @@ class Run(NamedTuple):
     # train.init_from's workdir and step, when this run starts from another's parameters.
     init: InitFrom | None
     data: Data
+    # The compute dtype that model.compute_dtype means on this device (the factory's).
+    dtype: Any
     mesh: jax.sharding.Mesh
     layout: BatchLayout
     # This host's rows of every batch.
@@ -139,6 +141,7 @@ def open_run(config: Config, workdir: Workdir, force: bool, stop: StopSignal | N
             put_back,
         )
     facts = DeviceFacts.of()
+    dtype = resolve_model_dtype(m)
     # Before the workdir changes: a kernel this device cannot run is a config error.
     attention = resolve_model_attention(m, facts)
     # A run that has its own checkpoints resumes from them: init_from is for its start only.
@@ -157,7 +160,7 @@ def open_run(config: Config, workdir: Workdir, force: bool, stop: StopSignal | N
         facts.platform,
         facts.kind,
         jax.process_count(),
-        jnp.dtype(resolve_dtype(m.compute_dtype)).name,
+        jnp.dtype(dtype).name,
         attention,
     )
     if warning := cpu_warning(config, facts):
@@ -186,7 +189,7 @@ def open_run(config: Config, workdir: Workdir, force: bool, stop: StopSignal | N
         config.data.tokens_per_batch, config.data.row_len, t.grad_accum_steps, mesh.size
     )
     row_slice = sharding.host_row_slice(layout.rows)
-    return Run(config, workdir, facts, init, data, mesh, layout, row_slice)
+    return Run(config, workdir, facts, init, data, dtype, mesh, layout, row_slice)
 
 
 class Trainer:
@@ -216,6 +219,14 @@ class Trainer:
         self.state: TrainState | None = None
         self.resumed = False
         self.saving: int | None = None  # the step of the checkpoint being written
+        # What the loop writes to and reads from, opened at the restored step (`open_loop`).
+        self.writer: MetricWriter | None = None
+        self.batches: Iterator[tuple[Batch, DataPosition]] | None = None
+        self.window: ThroughputWindow | None = None
+        self.dev_history: DevBleuHistory | None = None  # dev BLEU logged up to the step
+        self.best: Any = None  # the best checkpoint's manager, with train.keep_best_by
+        self.profiler: StepProfiler | None = None
+        self.compiled = False  # whether the train step has been traced and compiled
 
     # Phase: restore or initialise.
 
@@ -267,19 +278,16 @@ class Trainer:
         self.batches = iterate_batches(
             self.data.train, self.run.layout, t.seed, self.state.position, self.run.row_slice
         )
-        m = self.config.model
         # Model FLOPs of this host's rows over its devices' published peak.
-        peak = published_peak(self.run.facts.kind, jnp.dtype(resolve_dtype(m.compute_dtype)).name)
+        peak = published_peak(self.run.facts.kind, jnp.dtype(self.run.dtype).name)
         self.window = ThroughputWindow(step, peak)
         # The dev BLEU logged up to this step: the best so far and the evaluations since.
         self.dev_history = DevBleuHistory.of_run(self.workdir.metrics, step)
-        self.best = None
         if t.keep_best_by:
             self.best = checkpoint.make_manager(Workdir(self.workdir.best).checkpoints, keep=1)
             self.on_exit.enter_context(self.best)
         self.profiler = StepProfiler(split_profile_steps(t.profile_steps), self.workdir.profile)
         self.on_exit.callback(self.profiler.close)
-        self.compiled = False
 
     def train(self) -> None:
         """Trains to `train.num_train_steps`, or until dev BLEU stops improving."""
@@ -571,7 +579,7 @@ def draw_training_curves(workdir: Workdir) -> None:
     """Draws the run's curves into its workdir; a failure is a warning, never the run's end."""
     try:
         # Imported here: matplotlib takes seconds to import, and only the end of a run draws.
-        from translate.plots import draw_training_curves as draw
+        from translate.training.plots import draw_training_curves as draw
 
         written = draw(workdir)
     except Exception as e:  # noqa: BLE001 - pictures are a convenience, the run is done
@@ -674,7 +682,7 @@ def warn_of_schedule_change(config: Config, workdir: Workdir) -> None:
 
 def dev_bleu(graphdef, params, data: Data, config: Config, step: int) -> dict[str, float]:
     """BLEU on the first `decode.eval_num_sentences` dev sentences (none for a language model)."""
-    if config.data.source == "monolingual":
+    if not data.translations:
         return {}
     sources, references = data.dev_text
     n = config.decode.eval_num_sentences or len(sources)

@@ -33,12 +33,24 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from translate.config import ModelConfig
+from translate.models.layers import (
+    DecoderLayer,
+    EncoderLayer,
+    MultiHeadAttention,
+    attention_mask,
+    compute_dtype,
+    dropout,
+    fold,
+    layer_norm,
+    sinusoidal_positions,
+)
 
 if TYPE_CHECKING:  # for annotations only: the data pipeline feeds the model, not the reverse
-    from translate.batching import Batch
+    from translate.data.batching import Batch
 
 
 class LayerCache(NamedTuple):
@@ -54,254 +66,20 @@ class LayerCache(NamedTuple):
 Cache = list[LayerCache]
 
 
-def resolve_dtype(name: str) -> Any:
-    """Maps the config's compute dtype to a jnp dtype; "auto" is bfloat16 on GPU/TPU."""
-    if name == "auto":
-        return jnp.float32 if jax.default_backend() == "cpu" else jnp.bfloat16
-    return jnp.dtype(name)
-
-
-def attention_scores(subscripts: str, q: jax.Array, k: jax.Array, mask: jax.Array) -> jax.Array:
-    """Sec. 3.2.1: QK^T / sqrt(K) in float32 where mask is True, -1e9 elsewhere.
-
-    The products accumulate and come out in float32 even when q and k are bfloat16: rounded
-    to bfloat16, scores near 20 would move in steps of 0.125.
-    """
-    scores = jnp.einsum(subscripts, q, k, preferred_element_type=jnp.float32)
-    return jnp.where(mask, scores / math.sqrt(q.shape[-1]), -1e9)
-
-
-def sinusoidal_positions(positions: jax.Array, d_model: int) -> jax.Array:
-    """Sec. 3.5: PE(pos, 2i) = sin(pos / 10000^(2i/D)), PE(pos, 2i+1) = cos(same)."""
-    inv_freq = 1.0 / (10000.0 ** (jnp.arange(0, d_model, 2, dtype=jnp.float32) / d_model))
-    angles = positions[..., None].astype(jnp.float32) * inv_freq  # [..., D/2]
-    # Interleave sin and cos so even channels are sines and odd channels cosines.
-    return jnp.stack([jnp.sin(angles), jnp.cos(angles)], axis=-1).reshape(
-        *positions.shape, d_model
-    )  # [..., D]
-
-
-def dropout(x: jax.Array, rate: float, key: jax.Array | None) -> jax.Array:
-    """Inverted dropout; `key=None` is evaluation mode.
-
-    Each element draws 16 random bits, two from every 32-bit word of JAX's counter-based
-    generator: half the random-number work of `jax.random.bernoulli`, whose 32 bits per element
-    cost a sixth of a training step on CPUs. The rate is rounded to a multiple of 2^-16 (0.1
-    becomes 0.100006) and kept elements are scaled by the exact inverse keep probability.
-    """
-    if key is None or rate == 0.0:
-        return x
-    threshold = round(rate * 2**16)
-    keep_prob = 1.0 - threshold / 2**16
-    *lead, last = x.shape
-    words = jax.random.bits(key, (*lead, (last + 1) // 2), jnp.uint32)  # [..., ceil(last/2)]
-    bits = jax.lax.bitcast_convert_type(words, jnp.uint16).reshape(*lead, -1)[..., :last]
-    return jnp.where(bits >= threshold, x / keep_prob, 0).astype(x.dtype)
-
-
-def fold(key: jax.Array | None, site: int) -> jax.Array | None:
-    return None if key is None else jax.random.fold_in(key, site)
-
-
-def attention_mask(q_segments: jax.Array, k_segments: jax.Array, causal: bool) -> jax.Array:
-    """Boolean [B, 1, Tq, Tk] mask, True = attend: a token sees its own sentence, (causally).
-
-    A padding query (segment 0) sees every key instead. Its output reaches no loss and no real
-    token (no real query attends to padding), so nothing a sentence computes changes; but no
-    row of the mask is empty. XLA's softmax takes an empty row in its stride; with cuDNN's
-    fused kernel the gradients were NaN from the first step on an H100 (issue 29), likely
-    because its backward pass recomputes such a row from a log-sum-exp near its -2^41 mask
-    value, where float32 steps are 2^18 apart.
-    """
-    padding_query = q_segments[:, :, None] == 0  # [B, Tq, 1]
-    mask = q_segments[:, :, None] == k_segments[:, None, :]  # [B, Tq, Tk]
-    if causal:
-        tq, tk = q_segments.shape[1], k_segments.shape[1]
-        mask &= jnp.arange(tq)[:, None] >= jnp.arange(tk)[None, :]
-    return (mask | padding_query)[:, None]  # [B, 1, Tq, Tk]
-
-
-def xavier_linear(
-    d_in: int, d_out: int, dtype: Any, rngs: nnx.Rngs, use_bias: bool = True
-) -> nnx.Linear:
-    return nnx.Linear(
-        d_in,
-        d_out,
-        use_bias=use_bias,
-        dtype=dtype,
-        rngs=rngs,
-        kernel_init=nnx.initializers.xavier_uniform(),
-    )
-
-
-def layer_norm(config: ModelConfig, dtype: Any, rngs: nnx.Rngs) -> nnx.LayerNorm:
-    return nnx.LayerNorm(config.d_model, epsilon=1e-6, dtype=dtype, rngs=rngs)
-
-
-class MultiHeadAttention(nnx.Module):
-    """Sec. 3.2.2: h heads of scaled dot-product attention (Sec. 3.2.1), concatenated."""
-
-    def __init__(self, config: ModelConfig, dtype: Any, attention: str, rngs: nnx.Rngs):
-        d = config.d_model
-        self.num_heads = config.num_heads
-        # The kernel of jax.nn.dot_product_attention, "xla" or "cudnn": resolved for the device
-        # once, by translate.factory, so building a model never queries the hardware.
-        self.implementation = attention
-        self.query = xavier_linear(d, d, dtype, rngs)
-        # No key bias: it adds the same amount to every score of a query, which softmax ignores,
-        # so its true gradient is zero and Adam would only amplify rounding noise in it.
-        self.key = xavier_linear(d, d, dtype, rngs, use_bias=False)
-        self.value = xavier_linear(d, d, dtype, rngs)
-        self.out = xavier_linear(d, d, dtype, rngs)
-        # Set only by Transformer.attention_weights: the fused kernel never forms the weights.
-        self.keep_weights = False
-
-    def split_heads(self, x: jax.Array) -> jax.Array:
-        b, t, d = x.shape
-        return x.reshape(b, t, self.num_heads, d // self.num_heads)  # [B, T, H, K]
-
-    def project_kv(self, x: jax.Array) -> tuple[jax.Array, jax.Array]:
-        return self.split_heads(self.key(x)), self.split_heads(self.value(x))
-
-    def attend(self, x: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
-        """Attention of x's queries over keys and values [B, Tk, H, K] under mask [B, 1, Tq, Tk]."""
-        q = self.split_heads(self.query(x))  # [B, Tq, H, K]
-        if self.keep_weights:
-            scores = attention_scores("bqhk,bshk->bhqs", q, k, mask)  # [B, H, Tq, Tk]
-            weights = jax.nn.softmax(scores, axis=-1)
-            self.sow(nnx.Intermediate, "weights", weights)
-            y = jnp.einsum("bhqs,bshk->bqhk", weights.astype(v.dtype), v)  # [B, Tq, H, K]
-        else:
-            # softmax(QK^T / sqrt(K)) V; the fused kernel scales by 1/sqrt(K) itself.
-            y = jax.nn.dot_product_attention(
-                q, k, v, mask=mask, implementation=self.implementation
-            )  # [B, Tq, H, K]
-        return self.out(y.reshape(*x.shape[:2], -1))  # [B, Tq, D]
-
-    def __call__(self, x: jax.Array, context: jax.Array, mask: jax.Array) -> jax.Array:
-        k, v = self.project_kv(context)  # [B, Tk, H, K] each
-        return self.attend(x, k, v, mask)
-
-    def attend_cached(
-        self, x: jax.Array, keys_t: jax.Array, values: jax.Array, mask: jax.Array
-    ) -> jax.Array:
-        """One query per row over a decoding cache, stored in the layout the products want.
-
-        Args:
-          x: [B, 1, D] the step's input.
-          keys_t: [B, H, K, L] keys, transposed; values: [B, H, L, K].
-          mask: [B or 1, 1, L] True where a key may be attended.
-
-        With the heads leading, both products are plain batched matrix products; keeping the
-        cache as [B, L, H, K] made XLA transpose all of it at every step of the search.
-        """
-        b, _, d = x.shape
-        q = self.query(x).reshape(b, self.num_heads, 1, d // self.num_heads)  # [B, H, 1, K]
-        scores = attention_scores("bhqk,bhkl->bhql", q, keys_t, mask[:, :, None, :])  # [B, H, 1, L]
-        weights = jax.nn.softmax(scores, axis=-1).astype(values.dtype)
-        y = jnp.einsum("bhql,bhlk->bqhk", weights, values)  # [B, 1, H, K]
-        return self.out(y.reshape(b, 1, d))  # [B, 1, D]
-
-    def project_kv_cached(self, x: jax.Array) -> tuple[jax.Array, jax.Array]:
-        """Keys [B, H, K, T] (transposed) and values [B, H, T, K] of x [B, T, D], for caching."""
-        k, v = self.project_kv(x)  # [B, T, H, K] each
-        return k.transpose(0, 2, 3, 1), v.transpose(0, 2, 1, 3)
-
-
-class FeedForward(nnx.Module):
-    """Sec. 3.3: FFN(x) = max(0, x W1 + b1) W2 + b2."""
-
-    def __init__(self, config: ModelConfig, dtype: Any, rngs: nnx.Rngs):
-        self.inner = xavier_linear(config.d_model, config.d_ff, dtype, rngs)
-        self.outer = xavier_linear(config.d_ff, config.d_model, dtype, rngs)
-
-    def __call__(self, x: jax.Array) -> jax.Array:
-        return self.outer(jax.nn.relu(self.inner(x)))  # [B, T, F] -> [B, T, D]
-
-
-class ResidualLayer(nnx.Module):
-    """Sec. 3.1's residual connection around each sub-layer, LayerNorm after it or before it.
-
-    Post-LayerNorm (the paper): LayerNorm(x + Dropout(Sublayer(x))).
-    Pre-LayerNorm (the variant): x + Dropout(Sublayer(LayerNorm(x))).
-    Subclasses set `rate` (dropout) and `pre_norm`.
-    """
-
-    rate: float
-    pre_norm: bool
-
-    def normed(self, norm: nnx.LayerNorm, x: jax.Array) -> jax.Array:
-        """A sub-layer's input: LayerNorm(x) with pre-LayerNorm, x itself with post."""
-        return norm(x) if self.pre_norm else x
-
-    def add(self, norm: nnx.LayerNorm, x: jax.Array, out: jax.Array, key) -> jax.Array:
-        """The residual sum of x and a sub-layer's output, normalised after it with post."""
-        x = x + dropout(out, self.rate, key)
-        return x if self.pre_norm else norm(x)
-
-    def sublayer(self, norm: nnx.LayerNorm, x: jax.Array, fn, key) -> jax.Array:
-        return self.add(norm, x, fn(self.normed(norm, x)), key)
-
-
-class EncoderLayer(ResidualLayer):
-    """Sec. 3.1: self-attention then feed-forward, each inside a residual connection."""
-
-    def __init__(self, config: ModelConfig, dtype: Any, attention: str, rngs: nnx.Rngs):
-        self.rate = config.dropout_rate
-        self.pre_norm = config.norm_position == "pre"
-        self.self_attention = MultiHeadAttention(config, dtype, attention, rngs)
-        self.norm1 = layer_norm(config, dtype, rngs)
-        self.feed_forward = FeedForward(config, dtype, rngs)
-        self.norm2 = layer_norm(config, dtype, rngs)
-
-    def __call__(self, x, mask, key):
-        x = self.sublayer(self.norm1, x, lambda h: self.self_attention(h, h, mask), fold(key, 0))
-        return self.sublayer(self.norm2, x, self.feed_forward, fold(key, 1))
-
-
-class DecoderLayer(ResidualLayer):
-    """Sec. 3.1: masked self-attention, attention over the encoder output, feed-forward."""
-
-    def __init__(self, config: ModelConfig, dtype: Any, attention: str, rngs: nnx.Rngs):
-        self.rate = config.dropout_rate
-        self.pre_norm = config.norm_position == "pre"
-        self.self_attention = MultiHeadAttention(config, dtype, attention, rngs)
-        self.norm1 = layer_norm(config, dtype, rngs)
-        self.cross_attention = MultiHeadAttention(config, dtype, attention, rngs)
-        self.norm2 = layer_norm(config, dtype, rngs)
-        self.feed_forward = FeedForward(config, dtype, rngs)
-        self.norm3 = layer_norm(config, dtype, rngs)
-
-    def finish(self, x, self_out, cross_attend, key):
-        """Everything after self-attention, shared by full and cached decoding.
-
-        `self_out` is self-attention's output for the input `self.normed(self.norm1, x)`;
-        `cross_attend` maps a query input to its attention over the encoder output.
-        """
-        x = self.add(self.norm1, x, self_out, fold(key, 0))
-        x = self.sublayer(self.norm2, x, cross_attend, fold(key, 1))
-        return self.sublayer(self.norm3, x, self.feed_forward, fold(key, 2))
-
-    def __call__(self, x, memory, self_mask, cross_mask, key):
-        h = self.normed(self.norm1, x)
-        self_out = self.self_attention(h, h, self_mask)
-        return self.finish(x, self_out, lambda h: self.cross_attention(h, memory, cross_mask), key)
-
-
 class TranslationModel(nnx.Module):
     """The base of every architecture: what training, the search and the tools call.
 
     Holds Sec. 3.4's one embedding matrix, which serves the inputs and the pre-softmax
     projection. The encoder-decoder (`Transformer`) and the decoder-only variant
-    (translate/decoder_only.py) each define `hidden`, their teacher-forced output, and their
-    cached decoding; translate/factory.py builds the configured one.
+    (translate/models/decoder_only.py) each define `hidden`, their teacher-forced output, and their
+    cached decoding; translate/models/factory.py builds the configured one.
     """
 
-    def __init__(self, config: ModelConfig, vocab_size: int, rngs: nnx.Rngs):
+    def __init__(self, config: ModelConfig, vocab_size: int, rngs: nnx.Rngs, dtype: Any = None):
         # Plain numbers, not the config object: the graph definition must stay hashable.
         self.d_model, self.num_heads = config.d_model, config.num_heads
         self.dropout_rate = config.dropout_rate
-        self.dtype = resolve_dtype(config.compute_dtype)
+        self.dtype = compute_dtype(config) if dtype is None else jnp.dtype(dtype)
         self.embed = nnx.Embed(
             vocab_size,
             config.d_model,
@@ -319,6 +97,14 @@ class TranslationModel(nnx.Module):
         x = jnp.take(table, tokens, axis=0).astype(self.dtype) * math.sqrt(self.d_model)
         x = x + sinusoidal_positions(positions, self.d_model).astype(self.dtype)
         return dropout(x, self.dropout_rate, key)  # Sec. 5.4
+
+    @staticmethod
+    def projection_flops(config: ModelConfig, vocab_size: int, tgt: np.ndarray) -> float:
+        """Sec. 3.4's pre-softmax projection onto the shared embedding: [D, V] per target token.
+
+        FLOPs as counted in translate/models/flops.py; `tgt` holds target lengths.
+        """
+        return tgt.sum() * 2 * float(config.d_model) * vocab_size
 
     def logits(self, y: jax.Array) -> jax.Array:
         """Sec. 3.4: the pre-softmax projection is the shared embedding; [..., D] -> [..., V].
@@ -357,14 +143,21 @@ class TranslationModel(nnx.Module):
 class Transformer(TranslationModel):
     """The paper's encoder-decoder (Sec. 3.1).
 
-    `attention` is the kernel of jax.nn.dot_product_attention ("xla" or "cudnn"), resolved for
-    the device by translate/factory.py from `model.attention`.
+    `dtype` is the compute dtype and `attention` the kernel of jax.nn.dot_product_attention
+    ("xla" or "cudnn"), both resolved for the device by translate/models/factory.py; built
+    directly, the model computes in `compute_dtype(config)` with XLA's kernel.
     """
 
     def __init__(
-        self, config: ModelConfig, vocab_size: int, *, rngs: nnx.Rngs, attention: str = "xla"
+        self,
+        config: ModelConfig,
+        vocab_size: int,
+        *,
+        rngs: nnx.Rngs,
+        dtype: Any = None,
+        attention: str = "xla",
     ):
-        super().__init__(config, vocab_size, rngs)
+        super().__init__(config, vocab_size, rngs, dtype)
         self.encoder = nnx.List(
             [EncoderLayer(config, self.dtype, attention, rngs) for _ in range(config.num_layers)]
         )
@@ -376,6 +169,27 @@ class Transformer(TranslationModel):
         pre_norm = config.norm_position == "pre"
         self.encoder_norm = layer_norm(config, self.dtype, rngs) if pre_norm else None
         self.decoder_norm = layer_norm(config, self.dtype, rngs) if pre_norm else None
+
+    @classmethod
+    def forward_flops(
+        cls, config: ModelConfig, vocab_size: int, src: np.ndarray, tgt: np.ndarray
+    ) -> float:
+        """Forward FLOPs of sentence pairs with source and target lengths `src`, `tgt` (float
+        arrays), counted as translate/models/flops.py says."""
+        n, d, f = config.num_layers, float(config.d_model), float(config.d_ff)
+        src_tokens, tgt_tokens = src.sum(), tgt.sum()
+        # Encoder (Sec. 3.1): Q, K, V, O projections [D, D] and the feed-forward [D, F], [F, D];
+        # attention scores QK^T and the weighted sum of V each cost 2 * s * s * D per sentence.
+        encoder = n * (src_tokens * (8 * d * d + 4 * d * f) + 4 * d * (src * src).sum())
+        # Decoder: self-attention Q, K, V, O, cross-attention Q and O on target tokens, cross K
+        # and V on source tokens, the feed-forward, and the two attentions.
+        decoder = n * (
+            tgt_tokens * (12 * d * d + 4 * d * f)
+            + src_tokens * 4 * d * d
+            + 4 * d * (tgt * tgt).sum()
+            + 4 * d * (tgt * src).sum()
+        )
+        return float(encoder + decoder + cls.projection_flops(config, vocab_size, tgt))
 
     def encode(self, src, src_segments, src_positions, *, dropout_key=None) -> jax.Array:
         """Source tokens [B, S] -> memory [B, S, D]."""

@@ -1,6 +1,6 @@
 """Exports a workdir's model for another engine: the checks, then a directory written whole.
 
-An export directory holds the format's own files (export_ctranslate2.py, export_huggingface.py),
+An export directory holds the format's own files (ctranslate2.py, huggingface.py),
 our `vocab.model` (the engines take SentencePiece pieces or ids; neither tokenizes), and
 `translate-export.json`, which marks the directory as an export of ours: a later export may
 replace such a directory, and nothing else. Everything is checked before the parameters are
@@ -18,20 +18,20 @@ import os
 import pathlib
 import shutil
 from collections.abc import Iterator
+from types import ModuleType
 from typing import Any
 
 from flax import nnx
 
-from translate import atomic, export_ctranslate2, export_huggingface, provenance
+from translate import atomic, provenance
 from translate.config import Config
+from translate.engines import ctranslate2, huggingface
 from translate.workdir import Workdir, load_ensemble, read_config
 
-FORMATS = {"ctranslate2": export_ctranslate2, "huggingface": export_huggingface}
-# The Python package each format's writer needs, and how a user gets it.
-NEEDS = {
-    "ctranslate2": ("ctranslate2", "pip install ctranslate2"),
-    "huggingface": ("safetensors", "pip install safetensors"),
-}
+# --format's names and their modules. Each module gives the same interface: PACKAGE and
+# INSTALL (the package its writer needs), QUANTIZATIONS, unsupported_reason(config),
+# record_fields(config) and write(model, config, tokenizer, directory, quantization).
+FORMATS: dict[str, ModuleType] = {"ctranslate2": ctranslate2, "huggingface": huggingface}
 MARKER = "translate-export.json"
 VOCAB = "vocab.model"
 
@@ -39,15 +39,15 @@ VOCAB = "vocab.model"
 def check_request(config: Config, workdir: str, output: str, fmt: str, quantization: str) -> None:
     """Refuses a format, quantization or model that cannot be exported, naming the flag."""
     if fmt not in FORMATS:
-        raise ValueError(f"--format={fmt}: give --format=ctranslate2 or --format=huggingface")
+        raise ValueError(f"--format={fmt}: give " + " or ".join(f"--format={f}" for f in FORMATS))
     if not output:
         raise ValueError("--output is required: the directory to write the export into")
-    if quantization and fmt != "ctranslate2":
-        raise ValueError(f"--quantization={quantization}: only --format=ctranslate2 takes it")
-    if quantization and quantization not in export_ctranslate2.QUANTIZATIONS:
-        raise ValueError(
-            f"--quantization={quantization}: one of " + ", ".join(export_ctranslate2.QUANTIZATIONS)
-        )
+    quantizations = FORMATS[fmt].QUANTIZATIONS
+    if quantization and not quantizations:
+        takers = " or ".join(f"--format={f}" for f, m in FORMATS.items() if m.QUANTIZATIONS)
+        raise ValueError(f"--quantization={quantization}: only {takers} takes it")
+    if quantization and quantization not in quantizations:
+        raise ValueError(f"--quantization={quantization}: one of " + ", ".join(quantizations))
     reason = FORMATS[fmt].unsupported_reason(config.model)
     if reason:
         raise ValueError(f"--format={fmt} cannot export --workdir={workdir}: {reason}")
@@ -68,9 +68,7 @@ def check_output(output: str | os.PathLike, workdir: str | os.PathLike) -> None:
         )
     if run in out.parents:
         first = out.relative_to(run).parts[0]
-        paths = vars(Workdir(run)).values()
-        owned = {p.name for p in paths if isinstance(p, pathlib.Path) and p != run}
-        if first in owned:
+        if first in Workdir(run).entry_names():
             raise ValueError(
                 f"--output={output} is inside --workdir's own {first}; give a new directory "
                 f"(e.g. {run / 'export'})"
@@ -86,7 +84,7 @@ def check_output(output: str | os.PathLike, workdir: str | os.PathLike) -> None:
 
 def check_dependency(fmt: str) -> None:
     """Refuses, in one line, a format whose writer's package is not installed."""
-    package, install = NEEDS[fmt]
+    package, install = FORMATS[fmt].PACKAGE, FORMATS[fmt].INSTALL
     try:
         importlib.import_module(package)
     except ImportError:
@@ -157,12 +155,8 @@ def write_export(
         "exported": datetime.datetime.now().isoformat(timespec="seconds"),
         "commit": found["commit"] if found else None,
     }
-    if fmt == "huggingface":
-        record["model_class"] = export_huggingface.LAYOUTS[config.model.norm_position][1]
-    if fmt == "ctranslate2":
-        export_ctranslate2.write(model, config.model, tokenizer, tmp, quantization)
-    else:
-        export_huggingface.write(model, config.model, tokenizer, tmp)
+    record.update(FORMATS[fmt].record_fields(config.model))
+    FORMATS[fmt].write(model, config.model, tokenizer, tmp, quantization)
     shutil.copyfile(tokenizer.path, tmp / VOCAB)
     (tmp / MARKER).write_text(json.dumps(record, indent=2) + "\n")
     return record

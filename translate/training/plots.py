@@ -14,7 +14,7 @@ import pathlib
 # drawing works in any process and thread.
 from matplotlib.figure import Figure
 
-from translate.monitor import read_metrics
+from translate.training.monitor import read_metrics
 from translate.workdir import Workdir
 
 # Every picture has this size (inches) and resolution, so it is FIGSIZE * DPI pixels.

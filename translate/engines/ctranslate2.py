@@ -25,12 +25,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from translate.config import ModelConfig
-from translate.model import MultiHeadAttention, TranslationModel, sinusoidal_positions
-from translate.tokenizer import BOS_ID, EOS_ID, UNK_ID, Tokenizer
+from translate.data.tokenizer import BOS_ID, EOS_ID, UNK_ID, Tokenizer
+from translate.engines.shared import NUM_POSITIONS, array, groups_by_length, source_pieces
+from translate.models.layers import MultiHeadAttention, sinusoidal_positions
+from translate.models.transformer import TranslationModel
 
-# Rows of the stored position table: CTranslate2 refuses a position past it. Sources are cut at
-# 1,024 tokens by its default `max_input_length`; a decoder-only prompt and its output share it.
-NUM_POSITIONS = 1024
+# The Python package the writer needs, and how a user installs it.
+PACKAGE, INSTALL = "ctranslate2", "pip install ctranslate2"
 
 # The weight types `quantization` takes (CTranslate2's ACCEPTED_MODEL_TYPES); none keeps float32.
 QUANTIZATIONS = (
@@ -54,11 +55,6 @@ def unsupported_reason(config: ModelConfig) -> str | None:
             f"{config.prefix_attention})"
         )
     return None
-
-
-def array(param: Any) -> np.ndarray:
-    """A parameter's value as a float32 numpy array of its own (the converter writes into it)."""
-    return np.array(param[...], dtype=np.float32)
 
 
 def linear(spec: Any, layer: Any) -> None:
@@ -175,6 +171,11 @@ def make_spec(model: TranslationModel, config: ModelConfig, tokenizer: Tokenizer
     return spec
 
 
+def record_fields(config: ModelConfig) -> dict[str, Any]:
+    """What the export's marker records of this format beyond the common fields: nothing."""
+    return {}
+
+
 def write(
     model: TranslationModel,
     config: ModelConfig,
@@ -196,29 +197,6 @@ def write(
     spec.optimize(quantization=quantization or None)
     spec.save(str(directory))
     return spec
-
-
-def source_pieces(tokenizer: Tokenizer, sentences: Sequence[str], max_len: int) -> list[list[str]]:
-    """Each sentence's pieces, cut to `max_len - 1` as our search cuts them (EOS is added later).
-
-    The same cut as batching.source_batches, so both engines read the same source.
-    """
-    return [
-        tokenizer.pieces(ids[: max_len - 1]) if max_len else tokenizer.pieces(ids)
-        for ids in tokenizer.encode(sentences)
-    ]
-
-
-def groups_by_length(pieces: Sequence[Sequence[str]]) -> dict[int, list[int]]:
-    """Sentence indices by source length.
-
-    Our search caps each output at (source tokens) + max_extra_len; CTranslate2 and transformers
-    take one cap per call, so sentences of one length are decoded together under their cap.
-    """
-    groups: dict[int, list[int]] = {}
-    for i, p in enumerate(pieces):
-        groups.setdefault(len(p), []).append(i)
-    return dict(sorted(groups.items()))
 
 
 def translate(

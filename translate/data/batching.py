@@ -17,8 +17,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from translate.corpus import TokenizedCorpus
-from translate.tokenizer import BOS_ID, EOS_ID, Tokenizer
+from translate.data.corpus import TokenizedCorpus
+from translate.data.tokenizer import BOS_ID, EOS_ID, Tokenizer
 
 
 class Batch(NamedTuple):

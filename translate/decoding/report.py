@@ -18,11 +18,12 @@ from typing import Any
 import jax
 import numpy as np
 
-from translate import atomic, scoring
+from translate import atomic
 from translate.config import Config
-from translate.decode import DecodeTimes, translate_sentences
+from translate.data.tokenizer import Tokenizer
+from translate.decoding import scoring
+from translate.decoding.sentences import DecodeTimes, translate_sentences
 from translate.provenance import git_commit, package_versions
-from translate.tokenizer import Tokenizer
 from translate.workdir import Workdir
 
 

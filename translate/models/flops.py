@@ -1,9 +1,13 @@
-"""Model FLOPs of the Transformer counted from shapes, for utilisation figures.
+"""Model FLOPs counted from shapes, for utilisation figures; each architecture counts its own.
 
 A multiply-add counts as 2 FLOPs. Only matrix products are counted (projections, feed-forward,
 attention scores and mixing, the vocabulary projection); norms, softmax, dropout and the
 optimizer are left out, as is usual for model-FLOPs utilisation. A training step costs 3x the
 forward pass (the backward pass computes two products for each forward one).
+
+Each architecture's class says its forward FLOPs (`Transformer.forward_flops`,
+`DecoderOnlyTransformer.forward_flops`); this module picks the configured one through the
+factory, and reads the per-sentence lengths off a packed batch.
 
 Attention within a packed row is counted per sentence for the "real" figure (what the model
 needs) and over the whole row for the "padded" figure (what the masked kernel computes).
@@ -18,9 +22,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from translate.config import ModelConfig
+from translate.models.factory import architecture
 
-if TYPE_CHECKING:  # for annotations only: batching.py builds on this module, not the reverse
-    from translate.batching import Batch
+if TYPE_CHECKING:  # for annotations only: the data pipeline feeds the model, not the reverse
+    from translate.data.batching import Batch
 
 
 def forward_flops(
@@ -37,28 +42,7 @@ def forward_flops(
     tgt = np.asarray(tgt_lengths, np.float64)
     if src.shape != tgt.shape:
         raise ValueError(f"{src.shape} source lengths but {tgt.shape} target lengths")
-    n, d, f = model.num_layers, float(model.d_model), float(model.d_ff)
-    src_tokens, tgt_tokens = src.sum(), tgt.sum()
-    # Pre-softmax projection onto the shared embedding (Sec. 3.4): [D, V] per target token.
-    softmax = tgt_tokens * 2 * d * vocab_size
-    if model.architecture == "decoder_only":
-        # One stack of self-attention and feed-forward layers over each pair, source then target.
-        pair = src + tgt
-        return float(
-            n * (pair.sum() * (8 * d * d + 4 * d * f) + 4 * d * (pair * pair).sum()) + softmax
-        )
-    # Encoder (Sec. 3.1): Q, K, V, O projections [D, D] and the feed-forward [D, F], [F, D];
-    # attention scores QK^T and the weighted sum of V each cost 2 * s * s * D per sentence.
-    encoder = n * (src_tokens * (8 * d * d + 4 * d * f) + 4 * d * (src * src).sum())
-    # Decoder: self-attention Q, K, V, O, cross-attention Q and O on target tokens, cross K and V
-    # on source tokens, the feed-forward, and the two attentions.
-    decoder = n * (
-        tgt_tokens * (12 * d * d + 4 * d * f)
-        + src_tokens * 4 * d * d
-        + 4 * d * (tgt * tgt).sum()
-        + 4 * d * (tgt * src).sum()
-    )
-    return float(encoder + decoder + softmax)
+    return architecture(model).forward_flops(model, vocab_size, src, tgt)
 
 
 def train_flops(

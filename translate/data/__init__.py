@@ -1,0 +1,1 @@
+"""The data: parallel text, the vocabulary, tokens on disk, batches, the sources."""

@@ -1,0 +1,1 @@
+"""The models: attention and layers, the encoder-decoder, the decoder-only variant, the factory."""

@@ -1,0 +1,1 @@
+"""Training: the run as named phases, the jitted steps, losses, the optimizer, monitoring, plots."""
