@@ -5,7 +5,7 @@
 
 Data: TFDS `wmt14_translate/de-en` (about 4.5M training pairs from Europarl v7, CommonCrawl and
 News Commentary v9), dev newstest2013, test newstest2014 (all 3,003 sentences), prepared once as
-array_record without TensorFlow (translate/wmt.py). English is the source; for German->English
+array_record without TensorFlow (translate/data/wmt.py). English is the source; for German->English
 pass --config.data.src_lang=de --config.data.tgt_lang=en. A shared 37,000-piece BPE vocabulary
 is trained on 1M sampled sentences and the training set is tokenized once into the workdir.
 

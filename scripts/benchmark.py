@@ -36,9 +36,9 @@ case, said so in the output. --skip_training decodes only. With --decode_ref, ev
 output gets its sacreBLEU.
 
 Exported engines, in the same sitting on the same sentences: the model exported to CTranslate2
-(translate/export_ctranslate2.py, into a temporary directory) runs in float32 and in int8
+(translate/engines/ctranslate2.py, into a temporary directory) runs in float32 and in int8
 (`compute_type="int8"`: the weights quantized as they load), unless --ctranslate2=false or the
-package is missing; with --huggingface also in transformers (translate/export_huggingface.py)
+package is missing; with --huggingface also in transformers (translate/engines/huggingface.py)
 with our LayerNorm epsilon, and as loaded (PyTorch's 1e-5). Each engine decodes with our limits
 (export_ctranslate2.translate); a first call on one batch is timed apart (it allocates what
 later calls reuse), then one pass over every sentence, as our decoder's compilation is timed

@@ -2,10 +2,10 @@
 
     python -m scripts.plot_metrics --workdir=/tmp/quickstart [--output=DIR]
 
-The trainer draws them into its workdir when it ends (translate/plots.py); this redraws them
-for a run in progress or into another directory: DIR/metrics_loss.png (training and dev NLL),
-metrics_learning_rate.png, metrics_tokens_per_sec.png and metrics_bleu.png (dev BLEU); a
-picture whose metrics the file does not hold yet is skipped. DIR defaults to the workdir,
+The trainer draws them into its workdir when it ends (translate/training/plots.py); this
+redraws them for a run in progress or into another directory: DIR/metrics_loss.png (training
+and dev NLL), metrics_learning_rate.png, metrics_tokens_per_sec.png and metrics_bleu.png (dev
+BLEU); a picture whose metrics the file does not hold yet is skipped. DIR defaults to the workdir,
 where `python -m translate.evaluate` lists the pictures in report.txt.
 """
 

@@ -1,4 +1,4 @@
-"""The batch and length-grouped packing: translate/batching.py."""
+"""The batch and length-grouped packing: translate/data/batching.py."""
 
 import numpy as np
 import pytest

@@ -1,4 +1,4 @@
-"""Tokenize once into a memory-mapped cache: translate/corpus.py."""
+"""Tokenize once into a memory-mapped cache: translate/data/corpus.py."""
 
 import json
 

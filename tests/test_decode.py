@@ -1,4 +1,4 @@
-"""Greedy and beam search (translate/decode.py)."""
+"""Greedy and beam search (translate/decoding/search.py)."""
 
 import functools
 import pathlib

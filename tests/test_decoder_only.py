@@ -1,4 +1,4 @@
-"""The decoder-only variant (translate/decoder_only.py): masks, packing, cached decoding, search."""
+"""The decoder-only variant (translate/models/decoder_only.py): masks, packing, decoding."""
 
 import pathlib
 

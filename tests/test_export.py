@@ -122,7 +122,7 @@ def exported(request, workdirs):
 
 @functools.partial(jax.jit, static_argnums=0)
 def log_softmax_of_logits(graphdef, params, batch: Batch) -> jax.Array:
-    """log P [B, T, V] of our model's teacher-forced logits (translate/model.py)."""
+    """log P [B, T, V] of our model's teacher-forced logits (translate/models/transformer.py)."""
     return jax.nn.log_softmax(nnx.merge(graphdef, params)(batch))
 
 
@@ -166,7 +166,7 @@ def ctranslate2_log_probs(export_dir: pathlib.Path, tokenizer: Tokenizer, pairs,
 
 @functools.cache
 def our_greedy_outputs(workdir: pathlib.Path, sentences: tuple[str, ...]) -> list[str]:
-    """Our greedy translations (decode.translate_sentences with beam size 1)."""
+    """Our greedy translations (sentences.translate_sentences with beam size 1)."""
     graphdef, params, tokenizer, config, _ = load_model(workdir)
     decode = dataclasses.replace(config.decode, beam_size=1)
     found = translate_sentences(

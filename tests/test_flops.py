@@ -1,4 +1,4 @@
-"""Model FLOPs counted from shapes (translate/flops.py)."""
+"""Model FLOPs counted from shapes (translate/models/flops.py)."""
 
 import numpy as np
 

@@ -1,4 +1,4 @@
-"""Language-model mode: data.source=monolingual, decode.sample and the sample command."""
+"""Language-model mode: data.source=monolingual, search.sample and the sample command."""
 
 import jax
 import jax.numpy as jnp
@@ -60,6 +60,7 @@ def test_monolingual_batches_score_every_token_of_every_sentence(config, tmp_pat
     as_language_model(config, tmp_path / "text")
     data = load_data(config, Workdir(tmp_path / "run"))
     assert data.test_text is None and data.dev_text == ([""] * 16, german_dev(tmp_path / "text"))
+    assert not data.translations  # no BLEU for a language model's text
     layout = BatchLayout(config.data.row_len, rows=8, num_micro=1)
     rows = plan_epoch(data.train, layout, seed=0, epoch=0)[0]
     batch = make_batch(data.train, rows, layout)

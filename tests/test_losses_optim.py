@@ -1,4 +1,4 @@
-"""The label-smoothed loss (translate/losses.py) and the schedule (translate/optim.py)."""
+"""The label-smoothed loss (translate/training/losses.py) and the schedule (optim.py)."""
 
 import math
 

@@ -1,4 +1,4 @@
-"""Properties of the Transformer in translate/model.py."""
+"""Properties of the Transformer in translate/models/transformer.py."""
 
 import jax
 import jax.numpy as jnp
@@ -8,6 +8,7 @@ from flax import nnx
 
 from translate.config import Config, ModelConfig
 from translate.data.batching import Batch
+from translate.models import factory
 from translate.models.factory import abstract_model
 from translate.models.layers import attention_mask, dropout, sinusoidal_positions
 from translate.models.transformer import Transformer
@@ -240,3 +241,18 @@ def test_attention_mask_has_no_empty_row_and_keeps_real_tokens_to_their_sentence
     real = qn > 0
     np.testing.assert_array_equal(mask[real], expected[real])
     assert mask[~real].all()
+
+
+def test_the_factory_resolves_the_compute_dtype_and_the_model_only_takes_it(monkeypatch):
+    config = ModelConfig(num_layers=1, d_model=32, num_heads=4, d_ff=64)  # compute_dtype "auto"
+    # Built directly, nothing asks the device: "auto" computes in float32, a named dtype in it.
+    assert Transformer(config, VOCAB, rngs=nnx.Rngs(0)).dtype == jnp.float32
+    config.compute_dtype = "bfloat16"
+    assert Transformer(config, VOCAB, rngs=nnx.Rngs(0)).dtype == jnp.bfloat16
+    assert Transformer(config, VOCAB, rngs=nnx.Rngs(0), dtype="float32").dtype == jnp.float32
+    # The factory asks once (translate/devices.py) and passes its answer: on a GPU, bfloat16.
+    config.compute_dtype = "auto"
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    model = factory.make_model(config, VOCAB, nnx.Rngs(0), attention="xla")
+    assert model.dtype == jnp.bfloat16
+    assert model.encoder[0].self_attention.query.dtype == jnp.bfloat16

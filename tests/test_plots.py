@@ -1,4 +1,4 @@
-"""Attention weights (translate/model.py), the plotting scripts and the report that lists them."""
+"""Attention weights (translate/models/transformer.py), the plotting scripts, the report."""
 
 import importlib
 import json

@@ -1,4 +1,4 @@
-"""The report of a test set (translate/report.py): what it says and what produced it."""
+"""The report of a test set (translate/decoding/report.py): what it says and what produced it."""
 
 import json
 

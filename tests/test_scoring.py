@@ -1,4 +1,4 @@
-"""The scores of translate/scoring.py: sacreBLEU, the paper's tokenized BLEU, the bootstrap."""
+"""translate/decoding/scoring.py: sacreBLEU, the paper's tokenized BLEU, the bootstrap."""
 
 import pytest
 

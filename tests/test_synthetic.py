@@ -1,4 +1,4 @@
-"""Tests for the synthetic English-German corpus generator in translate/synthetic.py."""
+"""Tests for the synthetic English-German corpus generator in translate/data/synthetic.py."""
 
 import json
 import os

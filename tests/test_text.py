@@ -1,4 +1,4 @@
-"""Parallel text read and checked: translate/text.py."""
+"""Parallel text read and checked: translate/data/text.py."""
 
 import pytest
 

@@ -1,4 +1,4 @@
-"""The shared vocabulary: translate/tokenizer.py."""
+"""The shared vocabulary: translate/data/tokenizer.py."""
 
 from translate.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 

@@ -1,4 +1,4 @@
-"""The trainer (translate/trainer.py, steps.py): sharding, compilation, end to end, resume."""
+"""The trainer (translate/training/trainer.py, steps.py): sharding, compiling, resuming."""
 
 import json
 import signal

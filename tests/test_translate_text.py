@@ -1,4 +1,4 @@
-"""The text command (translate/translate_text.py) and ensembles in translate/decode.py."""
+"""The text command (translate/translate_text.py) and ensembles in translate/decoding/search.py."""
 
 import hashlib
 import json

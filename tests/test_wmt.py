@@ -1,4 +1,4 @@
-"""WMT14 from TFDS without TensorFlow (translate/wmt.py), through the loader into token batches."""
+"""WMT14 from TFDS without TensorFlow (translate/data/wmt.py), through the loader into batches."""
 
 import io
 import pathlib

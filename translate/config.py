@@ -49,7 +49,8 @@ class ModelConfig:
     # (Xiong et al. 2020), which trains stably at higher learning rates and depths.
     norm_position: str = "post"
     # "encoder_decoder" (the paper) or "decoder_only": one stack of num_layers self-attention
-    # + feed-forward layers over `source <sep> target`, scored on the target (decoder_only.py).
+    # + feed-forward layers over `source <sep> target`, scored on the target
+    # (models/decoder_only.py).
     architecture: str = "encoder_decoder"
     # Decoder-only: "causal" (each token sees those before it) or "bidirectional" (source
     # tokens also see the source tokens after them: a prefix LM).

@@ -11,7 +11,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-if TYPE_CHECKING:  # for annotations only: batching.py builds on this module, not the reverse
+if TYPE_CHECKING:  # for annotations only: data/batching.py builds on this module, not the reverse
     from translate.data.batching import Batch
 
 

@@ -4,7 +4,7 @@ r"""Train the Transformer on every device and evaluate it: the `translate-train`
         [--config.train.num_train_steps=2000 ...] [--force]
 
 Running the same command again resumes from the newest checkpoint in the workdir. The run
-itself, phase by phase, is translate/trainer.py's `train_and_evaluate`.
+itself, phase by phase, is translate/training/trainer.py's `train_and_evaluate`.
 """
 
 from __future__ import annotations

@@ -3,16 +3,16 @@
 Only this module spells a workdir's file names. A training workdir holds:
   config.json     the run's config, written once its data has loaded
   vocab.model     the shared SentencePiece vocabulary
-  tokens/         the training pairs tokenized once (translate/corpus.py, `tokenize_once`)
+  tokens/         the training pairs tokenized once (translate/data/corpus.py, `tokenize_once`)
   data/           the generated corpus, when data.source is "synthetic"
   checkpoints/    Orbax checkpoints (translate/checkpoint.py)
   best/           with train.keep_best_by: the best checkpoint by dev BLEU, as a workdir of
                   its own (config.json, vocab.model, one parameters-only checkpoint)
-  metrics.jsonl, tensorboard/    what the run logged (translate/monitor.py)
+  metrics.jsonl, tensorboard/    what the run logged (translate/training/monitor.py)
   profile/        the jax.profiler trace of train.profile_steps
   report.json, report.txt, hypotheses.txt    the test-set evaluation at the end of training
   evaluations/    translate.evaluate's reports, one directory each (the same three files)
-  metrics_*.png   training curves drawn when training ends (translate/plots.py)
+  metrics_*.png   training curves drawn when training ends (translate/training/plots.py)
   attention/      scripts/plot_attention.py's pictures, by default
   train.lock      held by the trainer that runs in it (an advisory lock; see `lock`)
   previous_run/   an earlier run that --force set aside, while the new run's data loads; a
@@ -70,11 +70,11 @@ class Workdir:
         self.discarded_run = self.path / ".previous_run.deleting"
 
     def metric_plots(self) -> list[pathlib.Path]:
-        """Training-curve pictures drawn by translate/plots.py, by name."""
+        """Training-curve pictures drawn by translate/training/plots.py, by name."""
         return sorted(self.path.glob("metrics_*.png"))
 
     def metric_plot(self, name: str) -> pathlib.Path:
-        """Where translate/plots.py draws the curve `name` (e.g. "loss")."""
+        """Where translate/training/plots.py draws the curve `name` (e.g. "loss")."""
         return self.path / f"metrics_{name}.png"
 
     def directories(self) -> list[pathlib.Path]:
@@ -149,7 +149,7 @@ class Workdir:
         return top in own.entry_names() or (top.startswith("metrics_") and top.endswith(".png"))
 
     def holds_generated_corpus(self) -> bool:
-        """Whether `data/` holds only files named as data.py writes the synthetic corpus."""
+        """Whether `data/` holds only files named as data/sources.py writes the synthetic corpus."""
         names = {f"{split}.{lang}" for split in ("train", "dev", "test") for lang in ("en", "de")}
         if not self.data.is_dir():
             return False

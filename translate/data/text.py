@@ -1,7 +1,8 @@
 """Parallel text: aligned files read and checked (file and line in every error), pairs by index.
 
 A corpus is a `ParallelText`: a number of pairs and a function that reads pairs by index, so a
-4.5M-pair corpus (files, or a TFDS split through translate/wmt.py) never sits in memory as text.
+4.5M-pair corpus (files, or a TFDS split through translate/data/wmt.py) never sits in memory
+as text.
 """
 
 from __future__ import annotations
@@ -93,7 +94,7 @@ class ParallelText:
         """One language's text as pairs with an empty source, for a language model.
 
         A decoder-only model reads each pair as `EOS BOS sentence` and is scored on every token
-        of the sentence and its EOS (translate/decoder_only.py).
+        of the sentence and its EOS (translate/models/decoder_only.py).
         """
         load = functools.cache(lambda: read_lines(path))
 

@@ -1,7 +1,7 @@
 """A test-set report: decode and score, record what produced it, write it for people to read.
 
-`translate_and_score` decodes a set of sentences and scores them (translate/scoring.py) into a
-report dict that also records the decoding settings and speed and its provenance: the git
+`translate_and_score` decodes a set of sentences and scores them (translate/decoding/scoring.py)
+into a report dict that also records the decoding settings and speed and its provenance: the git
 commit, package versions, device, config and model size. `write_report` writes report.json,
 report.txt (a person reads this one first) and hypotheses.txt. The trainer's final evaluation,
 `translate-evaluate` and the scripts all report through this module.

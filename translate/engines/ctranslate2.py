@@ -10,7 +10,7 @@ the decoder and the pre-softmax projection, which has no bias.
 Sinusoidal positions (Sec. 3.5) are stored as a table: CTranslate2's own sinusoid puts sines and
 cosines in two halves, steps its frequencies by log(10000) / (D/2 - 1) rather than / (D/2), and
 counts positions from 1; ours interleave sin and cos at 10000^(2i/D) from position 0
-(model.sinusoidal_positions), so the table holds exactly what our model adds.
+(layers.sinusoidal_positions), so the table holds exactly what our model adds.
 
 `ctranslate2` is imported only here, and only when a function needs it.
 """
@@ -67,7 +67,7 @@ def linear(spec: Any, layer: Any) -> None:
 def fused_linear(spec: Any, layers: Sequence[Any]) -> None:
     """One linear layer computing several (Q;K;V or K;V): weights [sum of outs, in] stacked.
 
-    Our key projection has no bias (model.MultiHeadAttention), so its rows of the fused bias
+    Our key projection has no bias (layers.MultiHeadAttention), so its rows of the fused bias
     are zeros.
     """
     spec.weight = np.concatenate([array(layer.kernel).T for layer in layers])
@@ -120,7 +120,7 @@ def decoder_stack(spec: Any, model: TranslationModel, layers: Any, final_norm: A
         if hasattr(layer, "cross_attention"):
             attention(layer_spec.attention, layer.cross_attention, layer.norm2, False)
             feed_forward(layer_spec.ffn, layer.feed_forward, layer.norm3)
-        else:  # a decoder-only layer: model.EncoderLayer under a causal mask
+        else:  # a decoder-only layer: layers.EncoderLayer under a causal mask
             feed_forward(layer_spec.ffn, layer.feed_forward, layer.norm2)
     if final_norm is not None:
         layer_norm(spec.layer_norm, final_norm)
@@ -216,7 +216,7 @@ def translate(
     cap per sentence, an empty output allowed (`min_decoding_length=0`). Beam search differs:
     CTranslate2 ranks finished hypotheses by log P / length^length_penalty and stops once W of
     them are finished; ours by log P / ((5 + length) / 6)^alpha with an exact bound
-    (decode.beam_search). A blank sentence translates to "", as in decode.translate_sentences.
+    (search.beam_search). A blank sentence translates to "", as in sentences.translate_sentences.
     """
     pieces = source_pieces(tokenizer, sentences, max_len)
     out = [""] * len(sentences)

@@ -6,7 +6,7 @@ positions from 0 at the paper's frequencies 10000^(2i/D), Sec. 3.4-3.5):
   - post-LayerNorm (the paper's, Sec. 3.1): Marian (`MarianMTModel`);
   - pre-LayerNorm, with a final LayerNorm on each stack: Pegasus
     (`PegasusForConditionalGeneration`).
-Both lay their position table out as [sines | cosines] where ours interleaves them (model.
+Both lay their position table out as [sines | cosines] where ours interleaves them (layers.
 sinusoidal_positions), and Marian rebuilds its table when it loads. So every model channel is
 renumbered: HF channel j is our channel `channel_order(D)[j]` in every vector the residual
 stream carries (embeddings, LayerNorm parameters, the inputs of the Q, K, V and first
@@ -16,8 +16,8 @@ inside the projections, so the renumbered model computes the same function (exac
 arithmetic; the float32 sums may round differently).
 
 One difference remains: both classes build their LayerNorms with PyTorch's default epsilon,
-1e-5, and take no setting for it; ours is 1e-6 (model.py). `match_layer_norm_epsilon` sets ours
-on a loaded model; the README's Deploy section gives what it changes on Multi30k.
+1e-5, and take no setting for it; ours is 1e-6 (models/layers.py). `match_layer_norm_epsilon`
+sets ours on a loaded model; docs/translating.md gives what it changes on Multi30k.
 
 The weights are written as safetensors; `torch` and `transformers` are needed only to run them.
 """
@@ -160,7 +160,7 @@ def special_ids() -> dict[str, int]:
         "bos_token_id": BOS_ID,
         "eos_token_id": EOS_ID,
         "decoder_start_token_id": BOS_ID,
-        # At the length cap only EOS may follow, as in our search (decode.greedy_search).
+        # At the length cap only EOS may follow, as in our search (search.greedy_search).
         "forced_eos_token_id": EOS_ID,
     }
 
@@ -225,9 +225,9 @@ def translate(
 ) -> list[str]:
     """Detokenized translations by a loaded transformers model of our export.
 
-    As export_ctranslate2.translate: our source cut (EOS appended), one output cap per source
+    As ctranslate2.translate: our source cut (EOS appended), one output cap per source
     length, the cap's last token forced to EOS as in our search. transformers' beam search
-    ranks by log P / length^length_penalty, not our GNMT penalty (decode.beam_search).
+    ranks by log P / length^length_penalty, not our GNMT penalty (search.beam_search).
     """
     import torch
 

@@ -1,7 +1,7 @@
 """A decoder-only Transformer that translates by reading `source <sep> target` as one sequence.
 
 A variant, not the paper's model: one stack of `num_layers` layers, each the encoder layer's
-self-attention and feed-forward (model.EncoderLayer) under a causal mask, and no
+self-attention and feed-forward (layers.EncoderLayer) under a causal mask, and no
 cross-attention (the GPT family). A pair is the encoder-decoder's two inputs one after the
 other,
 
@@ -28,7 +28,7 @@ slot S + t, at position (source tokens) + t.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -59,7 +59,7 @@ def prefix_lm_mask(
 
     A query sees keys of its own pair (same segment, not padding) at positions up to its own;
     with `bidirectional`, a source (prefix) query also sees every source key of its pair.
-    A padding query sees every key, so that no row is empty (see model.attention_mask).
+    A padding query sees every key, so that no row is empty (see layers.attention_mask).
     """
     same = segments[:, :, None] == segments[:, None, :]
     visible = positions[:, None, :] <= positions[:, :, None]  # key position <= query position
@@ -69,23 +69,17 @@ def prefix_lm_mask(
 
 
 class DecoderOnlyTransformer(TranslationModel):
-    """One causal stack over `source <sep> target`; the same interface as model.Transformer."""
+    """One causal stack over `source <sep> target`; the interface of transformer.Transformer."""
 
     def __init__(
-        self,
-        config: ModelConfig,
-        vocab_size: int,
-        *,
-        rngs: nnx.Rngs,
-        dtype: Any = None,
-        attention: str = "xla",
+        self, config: ModelConfig, vocab_size: int, *, rngs: nnx.Rngs, dtype=None, attention="xla"
     ):
         super().__init__(config, vocab_size, rngs, dtype)
         self.bidirectional = config.prefix_attention == "bidirectional"
         self.decoder = nnx.List(
             [EncoderLayer(config, self.dtype, attention, rngs) for _ in range(config.num_layers)]
         )
-        # Pre-LayerNorm only, as in model.Transformer.
+        # Pre-LayerNorm only, as in transformer.Transformer.
         pre_norm = config.norm_position == "pre"
         self.decoder_norm = layer_norm(config, self.dtype, rngs) if pre_norm else None
 
@@ -165,7 +159,7 @@ class DecoderOnlyTransformer(TranslationModel):
 
     @staticmethod
     def extend_cache(cache: PrefixCache, max_len: int) -> PrefixCache:
-        """The cache with room for `max_len` steps after the source (model.Transformer's)."""
+        """The cache with room for `max_len` steps after the source (transformer.Transformer's)."""
         grow = cache.prefix_valid.shape[1] + max_len - cache.keys[0].shape[-1]
         if grow == 0:
             return cache

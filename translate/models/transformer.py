@@ -149,13 +149,7 @@ class Transformer(TranslationModel):
     """
 
     def __init__(
-        self,
-        config: ModelConfig,
-        vocab_size: int,
-        *,
-        rngs: nnx.Rngs,
-        dtype: Any = None,
-        attention: str = "xla",
+        self, config: ModelConfig, vocab_size: int, *, rngs: nnx.Rngs, dtype=None, attention="xla"
     ):
         super().__init__(config, vocab_size, rngs, dtype)
         self.encoder = nnx.List(
@@ -258,7 +252,7 @@ class Transformer(TranslationModel):
     def extend_cache(cache: Cache, max_len: int) -> Cache:
         """The cache with room for `max_len` steps: empty slots appended to the keys and values.
 
-        The search grows the cache as its outputs grow (decode.cache_lengths): every step's
+        The search grows the cache as its outputs grow (search.cache_lengths): every step's
         attention, and beam search's reordering, read the whole cache, written or not.
         """
         grow = max_len - cache[0].k.shape[-1]

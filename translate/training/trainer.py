@@ -3,7 +3,7 @@
 `train_and_evaluate(config, workdir)` is what `translate-train` runs, and reads top to bottom:
 
     open_run                 check the workdir, make the mesh, load the data, write config.json
-    Trainer(...)             the jitted steps (translate/steps.py) and the checkpoint manager
+    Trainer(...)             the jitted steps (training/steps.py) and the checkpoint manager
     restore_or_initialize    the newest whole checkpoint, `train.init_from`, or a fresh model
     train                    steps to the end, with the periodic actions each at its interval:
                              log a window, check it for non-finite steps, save a checkpoint,
