@@ -15,7 +15,7 @@ Expect 23-29 minutes for the whole command on 2 CPU cores (27 min 12 s and 22 mi
 from fresh clones on one morning, with byte-identical hypotheses) and test2016 sacreBLEU 38.89
 (1,000 sentences, beam 4, alpha 1.2; the README's results table). The steps fit in the time
 because the train step no longer hands its memory back to the kernel at every step
-(translate/cli.py, `keep_freed_memory`: 1.2x as fast).
+(translate/devices.py, `keep_freed_memory`: 1.2x as fast).
 """
 
 from translate.config import Config

@@ -4,15 +4,15 @@
         --workdir=/tmp/multi30k_decoder_only --config.data.dir=../shared/data/multi30k \
         [--config.model.prefix_attention=bidirectional]
 
-One causal stack reads `source <sep> target` and is scored on the target (translate/
+One causal stack reads `source <sep> target` and is scored on the target (translate/models/
 decoder_only.py); `--config.model.prefix_attention=bidirectional` makes it a prefix LM. The
 stack has as many layers as the recipe's encoder and decoder together (2N) and the feed-forward
 width that brings its parameters to the recipe's encoder-decoder's (the difference is printed
 by `python -m scripts.model_summary --config=configs/multi30k.py
 --config=configs/multi30k_decoder_only.py`; the test suite holds it within 5%). Everything else
 (data, batch, schedule, steps) is the recipe's, whatever it currently is. Not measured on the
-current recipe, so no time or BLEU to expect yet; the README's variants table has it on an
-earlier one (BENCHMARKS.md, "Config history").
+current recipe, so no time or BLEU to expect yet; docs/benchmarks/config-history.md has it on
+an earlier one.
 """
 
 import pathlib

@@ -6,8 +6,8 @@
 Everything but the position of each LayerNorm follows the recipe, whatever it currently is: each
 sub-layer computes LayerNorm(x + Dropout(Sublayer(x))) (Sec. 5.4) and the stacks end without a
 LayerNorm of their own, 2 x 2 x d_model parameters fewer than the recipe's pre-LayerNorm
-(Xiong et al. 2020). Not measured on the current recipe, so no time or BLEU to expect yet; the
-README's variants table has it on an earlier one (BENCHMARKS.md, "Config history").
+(Xiong et al. 2020). Not measured on the current recipe, so no time or BLEU to expect yet;
+docs/benchmarks/config-history.md has it on an earlier one.
 """
 
 import pathlib

@@ -119,7 +119,7 @@ def cpu_warning(config: Config, facts: DeviceFacts) -> str | None:
     return (
         f"this run is on the CPU, but its config is meant for GPUs ({'; '.join(reasons)}). "
         "If this machine has a GPU, JAX does not see it: `python -c 'import jax; "
-        "print(jax.devices())'` should list it; see the README section 'On GPUs'"
+        "print(jax.devices())'` should list it; see docs/gpus.md"
     )
 
 

@@ -8,8 +8,8 @@ r"""Export a trained model to CTranslate2 or Hugging Face transformers: the expo
 vocab.model and translate-export.json (what was exported, from where). An encoder-decoder exports
 to both formats (transformers' Marian layout for post-LayerNorm, Pegasus for pre-LayerNorm); a
 causal decoder-only model to CTranslate2 (a Generator). An OUT that exists must be an earlier
-export, which is replaced, or an empty directory. The README's "Deploy" section translates with
-the result in five lines and gives its speed.
+export, which is replaced, or an empty directory. docs/translating.md translates with the
+result in five lines and says how it agrees with ours.
 """
 
 from __future__ import annotations
