@@ -1,5 +1,9 @@
 """The Transformer of Vaswani et al. 2017, "Attention Is All You Need", in Flax NNX.
 
+This file assembles the encoder-decoder (Sec. 3.1) and its KV cache for decoding; the blocks it
+is built of (attention, feed-forward, positions, the encoder and decoder layers) are in
+translate/models/layers.py, and translate/models/factory.py builds the configured model.
+
 Shape letters used in comments and einsum strings:
   B batch rows, S source length, T target length, D d_model, H heads, K head dim (D / H),
   F d_ff, V vocabulary size, L cache length.
@@ -16,7 +20,7 @@ Deviations from the paper, all of them:
   - LayerNorm epsilon is 1e-6; the paper does not state it.
   - Compute may run in bfloat16 (config) while parameters, softmax and the loss stay float32.
   - Dropout draws 16 random bits per element, so its rate is rounded to a multiple of 2^-16
-    (0.1 becomes 0.100006); see `dropout`.
+    (0.1 becomes 0.100006); see `layers.dropout`.
 There is no final LayerNorm on either stack: with post-LayerNorm the last sub-layer already
 ends in one (Sec. 3.1). Dropout on attention probabilities is not used, as in the paper.
 
