@@ -26,7 +26,7 @@ from typing import Any, NoReturn
 
 from absl import logging as absl_logging
 
-from translate import devices
+from translate import compilation, devices
 from translate.config import (
     CONFIG_SECTIONS,
     Config,
@@ -282,6 +282,11 @@ def _flag_kind(name: str, defaults: dict[str, Any], sections: Sequence[str]) -> 
         + ", ".join(f"--{k}" for k in sorted(defaults))
         + " (--help lists them)"
     )
+
+
+def compilation_cache_flag() -> dict[str, Flag]:
+    """The flag of every command that compiles: where its compiled programs are kept."""
+    return {"compilation_cache": Flag("", compilation.FLAG_HELP)}
 
 
 def checkpoint_flags(use: str) -> dict[str, Flag]:

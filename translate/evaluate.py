@@ -34,7 +34,7 @@ import pathlib
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from translate import cli
+from translate import cli, compilation
 from translate.cli import Flag, parse_flags
 from translate.config import apply_override
 from translate.data.text import read_lines
@@ -172,6 +172,7 @@ FLAGS = {
         "Another system's hypotheses for --src (one line each): paired bootstrap test "
         "of the BLEU difference (sacreBLEU, 1,000 resamples, p < 0.05).",
     ),
+    **cli.compilation_cache_flag(),
 }
 
 
@@ -205,6 +206,7 @@ def main(argv: Sequence[str]) -> None:
         check_output(flags["output"], workdirs)
     cli.quiet_libraries()
     step, average = cli.checkpoint_choice(flags)
+    compilation.use_persistent_cache(flags["compilation_cache"])
     graphdef, params, tokenizer, config, members = load_ensemble(workdirs, step, average)
     steps = members[0]
     for dotted, text in overrides.items():

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 import jax
 import numpy as np
 
-from translate import cli
+from translate import cli, compilation
 from translate.cli import Flag, parse_flags
 from translate.data.tokenizer import BOS_ID, EOS_ID
 from translate.decoding.search import sample
@@ -40,6 +40,7 @@ def main(argv: Sequence[str]) -> None:
             "top_k": Flag(0, "Draw from the k most likely pieces only; 0: the whole vocabulary."),
             "max_new_tokens": Flag(50, "The most pieces added after the prompt."),
             "seed": Flag(0, "Seed of the random draws."),
+            **cli.compilation_cache_flag(),
         },
         doc=__doc__,
         sections=(),
@@ -55,6 +56,7 @@ def main(argv: Sequence[str]) -> None:
         if not ok:
             raise SystemExit(f"--{name}={flags[name]}: must be {rule}")
     step, average = cli.checkpoint_choice(flags)
+    compilation.use_persistent_cache(flags["compilation_cache"])
     graphdefs, params, tokenizer, _, _ = load_ensemble([flags["workdir"]], step, average)
     if flags["top_k"] > tokenizer.vocab_size:
         raise SystemExit(

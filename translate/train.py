@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 
-from translate import cli, sharding
+from translate import cli, compilation, sharding
 from translate.cli import Flag, parse_flags
 from translate.config import load_config, packaged_config_names
 from translate.training.monitor import Interrupted
@@ -56,6 +56,7 @@ def main(argv: list[str]) -> None:
                 "Delete what an earlier run generated in --workdir (checkpoints, tokens, logs) "
                 "and start afresh; without it a workdir of another model is refused.",
             ),
+            **cli.compilation_cache_flag(),
         },
         doc=USAGE,
     )
@@ -64,6 +65,7 @@ def main(argv: list[str]) -> None:
             raise ValueError(f"--{name} is required (--help lists every flag)")
     setup_logging()
     config = load_config(flags["config"], overrides)
+    compilation.use_persistent_cache(flags["compilation_cache"])
     sharding.initialize_distributed()
     try:
         train_and_evaluate(config, flags["workdir"], force=flags["force"])

@@ -49,7 +49,7 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any, BinaryIO
 
-from translate import cli
+from translate import cli, compilation
 from translate.atomic import AtomicFile, remove_stale
 from translate.cli import Flag, parse_flags
 from translate.config import DecodeConfig, field_descriptions
@@ -253,6 +253,7 @@ FLAGS = {
         for name, unset in UNSET.items()
     },
     "nbest": Flag(0, "Write the N best translations of each line with their scores."),
+    **cli.compilation_cache_flag(),
 }
 
 
@@ -335,6 +336,7 @@ def main(argv: Sequence[str]) -> None:
     if flags["output"]:
         check_output(flags["output"], flags["input"], flags["workdir"])
     step, average = cli.checkpoint_choice(flags)
+    compilation.use_persistent_cache(flags["compilation_cache"])
     graphdefs, params, tokenizer, config, steps = load_ensemble(flags["workdir"], step, average)
     chosen = step is not None or average > 0
     sys.stderr.write(describe_models(flags["workdir"], steps, chosen, config) + "\n")

@@ -1,0 +1,126 @@
+"""The persistent compilation cache every command uses (translate/compilation.py)."""
+
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from translate import compilation
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+# A fresh process that turns the cache on as a command does, compiles one small program, and
+# prints how many programs it found in the cache.
+PROGRAM = """
+import sys
+import jax
+import jax.numpy as jnp
+from jax import monitoring
+from translate import compilation
+hits = []
+monitoring.register_event_listener(
+    lambda event, **kw: hits.append(event) if event.endswith("cache_hits") else None
+)
+print("dir", compilation.use_persistent_cache(sys.argv[1]))
+print("value", float(jax.jit(lambda x: jnp.tanh(x) * 3.0 + x.sum())(jnp.arange(4.0)).sum()))
+print("hits", len(hits))
+"""
+
+
+def run_program(flag: str, **env: str) -> dict[str, str]:
+    environment = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}
+    environment.pop(compilation.ENV, None)
+    environment.update(env)
+    done = subprocess.run(
+        [sys.executable, "-c", PROGRAM, flag],
+        env=environment,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    lines = dict(line.split(" ", 1) for line in done.stdout.splitlines())
+    return {**lines, "stderr": done.stderr}
+
+
+def test_a_second_process_finds_the_first_ones_programs(tmp_path):
+    cache = tmp_path / "cache"
+    first = run_program(str(cache))
+    assert first["dir"] == str(cache) and first["hits"] == "0"
+    assert any(p.name.endswith("-cache") for p in cache.iterdir())
+    second = run_program(str(cache))
+    assert int(second["hits"]) >= 1 and second["value"] == first["value"]
+
+
+def test_the_environment_chooses_the_directory_and_off_turns_it_off(tmp_path):
+    cache = tmp_path / "from_env"
+    assert run_program("", TRANSLATE_COMPILATION_CACHE=str(cache))["dir"] == str(cache)
+    assert run_program("off", TRANSLATE_COMPILATION_CACHE=str(cache))["dir"] == "None"
+    if sys.platform.startswith("linux"):
+        default = run_program("", XDG_CACHE_HOME=str(tmp_path / "xdg"))["dir"]
+        assert default == str(tmp_path / "xdg" / "translate" / "xla")
+
+
+def test_a_users_own_jax_cache_directory_is_left_alone(tmp_path):
+    own = tmp_path / "own"
+    result = run_program(str(tmp_path / "ours"), JAX_COMPILATION_CACHE_DIR=str(own))
+    assert result["dir"] == str(own)
+    assert not (tmp_path / "ours").exists()
+
+
+def test_a_directory_that_cannot_be_made_is_said_once_and_compiling_goes_on(tmp_path):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a directory\n")
+    result = run_program(str(blocker / "cache"))
+    assert result["dir"] == "None" and result["value"]
+    assert result["stderr"].count("not keeping compiled programs") == 1
+
+
+def test_corrupt_entries_are_compiled_again_and_said_once(tmp_path):
+    cache = tmp_path / "cache"
+    good = run_program(str(cache))
+    for entry in cache.iterdir():
+        if entry.name.endswith("-cache"):
+            entry.write_bytes(b"\x00 not a compiled program " * 10)
+    result = run_program(str(cache))
+    assert result["value"] == good["value"] and result["hits"] == "0"
+    assert result["stderr"].count("could not be used for a program") == 1
+
+
+@pytest.mark.parametrize("flag", ["off", "OFF", "none", "0"])
+def test_off_in_any_spelling_means_no_cache(flag, monkeypatch):
+    monkeypatch.delenv(compilation.ENV, raising=False)
+    assert compilation.chosen_dir(flag) is None
+
+
+def test_the_flag_wins_over_the_environment_and_the_default_follows_xdg(monkeypatch, tmp_path):
+    monkeypatch.setenv(compilation.ENV, str(tmp_path / "env"))
+    assert compilation.chosen_dir(str(tmp_path / "flag")) == tmp_path / "flag"
+    assert compilation.chosen_dir("") == tmp_path / "env"
+    monkeypatch.delenv(compilation.ENV)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.setattr(sys, "platform", "linux")
+    assert compilation.chosen_dir("") == tmp_path / "xdg" / "translate" / "xla"
+
+
+def test_processes_that_share_a_new_cache_at_once_all_finish(tmp_path):
+    cache = tmp_path / "cache"
+    environment = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}
+    runs = [
+        subprocess.Popen(
+            [sys.executable, "-c", PROGRAM, str(cache)],
+            env=environment,
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(3)
+    ]
+    outputs = [run.communicate(timeout=120) for run in runs]
+    assert [run.returncode for run in runs] == [0, 0, 0], [err for _, err in outputs]
+    values = {dict(line.split(" ", 1) for line in out.splitlines())["value"] for out, _ in outputs}
+    assert len(values) == 1
+    assert run_program(str(cache))["hits"] != "0"
