@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+from conftest import read_only
 
 from translate import compilation
 
@@ -124,3 +125,12 @@ def test_processes_that_share_a_new_cache_at_once_all_finish(tmp_path):
     values = {dict(line.split(" ", 1) for line in out.splitlines())["value"] for out, _ in outputs}
     assert len(values) == 1
     assert run_program(str(cache))["hits"] != "0"
+
+
+def test_a_read_only_cache_is_not_used_and_said_once(tmp_path):
+    cache = tmp_path / "cache"
+    good = run_program(str(cache))
+    with read_only(cache):
+        result = run_program(str(cache))
+    assert result["dir"] == "None" and result["value"] == good["value"]
+    assert result["stderr"].count("not keeping compiled programs") == 1
