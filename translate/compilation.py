@@ -100,10 +100,15 @@ def use_persistent_cache(flag: str = "") -> str | None:
         return None
     jax.config.update("jax_compilation_cache_dir", str(directory))
     # Every program: a command compiles a handful, and the small ones add up to seconds.
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-    jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
+    settings = {
+        "jax_persistent_cache_min_compile_time_secs": 0.0,
+        "jax_persistent_cache_min_entry_size_bytes": -1,
+    }
     if importlib.util.find_spec("filelock") is not None:  # the bound needs JAX's file lock
-        jax.config.update("jax_compilation_cache_max_size", MAX_BYTES)
+        settings["jax_compilation_cache_max_size"] = MAX_BYTES
+    for name, value in settings.items():
+        if hasattr(jax.config, name):  # a JAX without the setting keeps its default
+            jax.config.update(name, value)
     say_entry_errors_once(directory)
     return str(directory)
 
