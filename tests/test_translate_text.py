@@ -649,3 +649,29 @@ def test_an_input_or_output_that_cannot_be_used_is_named_before_the_model_loads(
         translate_text.main([f"--workdir={workdir}", f"--input={source}", f"--output={closed}/x"])
     with pytest.raises(IsADirectoryError, match="a directory, not a file of sentences"):
         evaluate.main([f"--workdir={workdir}", f"--src={tmp_path}", f"--ref={source}"])
+
+
+def test_an_input_that_can_be_read_once_is_translated_whole_into_the_output(workdir, tmp_path):
+    # `cat in.en | translate-text --input=/dev/stdin --output=out.de`: counting the lines for
+    # the progress line used to read the pipe to its end, and an empty file replaced out.de.
+    target = tmp_path / "out.txt"
+    target.write_text("an earlier translation\n", encoding="utf-8")
+    lines = "".join(f"{line}\n" for line in LINES)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "translate.translate_text",
+            f"--workdir={workdir}",
+            "--input=/dev/stdin",
+            f"--output={target}",
+            "--beam_size=1",
+        ],
+        input=lines,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert len(target.read_text(encoding="utf-8").split("\n")[:-1]) == len(LINES)

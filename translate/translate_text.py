@@ -157,7 +157,15 @@ def format_lines(first_index: int, results: list[list[tuple[float, str]]], nbest
     )
 
 
-def count_lines(path: pathlib.Path) -> int:
+def count_lines(path: str | os.PathLike) -> int | None:
+    """The lines of a regular file, for the progress line; None for anything that can be read
+    only once (a pipe, `/dev/stdin`, `<(...)`): counting would consume what is to be translated.
+    """
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return None
+    except OSError:
+        return None
     with open(path, "rb") as f:
         return sum(1 for _ in f)
 
@@ -356,9 +364,7 @@ def main(argv: Sequence[str]) -> None:
                     f"--output={flags['output']}: cannot write there ({e.strerror}); give an "
                     "--output where you can write"
                 ) from None
-            progress = Progress(
-                count_lines(pathlib.Path(flags["input"])) if flags["input"] else None
-            )
+            progress = Progress(count_lines(flags["input"]) if flags["input"] else None)
         first, truncated = 0, []
         for chunk in read_chunks(source, flags["input"] or "<stdin>", LINES_PER_CHUNK):
             warn_of_long_lines(tokenizer, chunk, first, config.data.max_len, truncated, progress)
