@@ -3,6 +3,7 @@ checked against the engines themselves: CTranslate2 always, transformers under `
 
 import dataclasses
 import functools
+import importlib.util
 import json
 import pathlib
 import shutil
@@ -494,3 +495,31 @@ def test_transformers_greedy_output_is_ours(huggingface_export):
     tokenizer = Tokenizer(Workdir(workdir).vocab)
     theirs = export_huggingface.translate(model, tokenizer, SENTENCES, **decode_options(workdir))
     assert theirs == ours
+
+
+@pytest.mark.parametrize("quantization", ["bfloat16", "int8_bfloat16"])
+def test_a_quantization_that_needs_torch_is_refused_before_writing_when_it_is_missing(
+    quantization, workdir, tmp_path, capsys, monkeypatch
+):
+    # CTranslate2's converter casts to bfloat16 with torch; without it the export ended in
+    # a traceback. Refused first in one line, nothing written.
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "torch" else real_find_spec(name, *a),
+    )
+    output = tmp_path / "out"
+    code, err = run_command(
+        [
+            f"--workdir={workdir}",
+            "--format=ctranslate2",
+            f"--quantization={quantization}",
+            f"--output={output}",
+        ],
+        capsys,
+    )
+    assert code == 2 and err.count("\n") == 1, err
+    assert f"--quantization={quantization} needs the torch package" in err
+    assert "int8_float16" in err  # the ones that need nothing more are named
+    assert not output.exists()

@@ -33,6 +33,9 @@ from translate.models.transformer import TranslationModel
 # The Python package the writer needs, and how a user installs it.
 PACKAGE, INSTALL = "ctranslate2", "pip install ctranslate2"
 
+# The packages a quantization's conversion imports beyond CTranslate2: its converter casts to
+# bfloat16 with torch.
+QUANTIZATION_PACKAGES = {"bfloat16": "torch", "int8_bfloat16": "torch"}
 # The weight types `quantization` takes (CTranslate2's ACCEPTED_MODEL_TYPES); none keeps float32.
 QUANTIZATIONS = (
     "int8",

@@ -48,6 +48,7 @@ LAYOUTS = {
 PACKAGE, INSTALL = "safetensors", "pip install safetensors"
 # The weights are stored in float32: this format takes no quantization.
 QUANTIZATIONS: tuple[str, ...] = ()
+QUANTIZATION_PACKAGES: dict[str, str] = {}
 # The most tokens `generate` writes unless told otherwise (transformers' default is 20).
 MAX_LENGTH = 512
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import importlib
+import importlib.util
 import json
 import os
 import pathlib
@@ -29,7 +30,8 @@ from translate.engines import ctranslate2, huggingface
 from translate.workdir import Workdir, load_ensemble, read_config
 
 # --format's names and their modules. Each module gives the same interface: PACKAGE and
-# INSTALL (the package its writer needs), QUANTIZATIONS, unsupported_reason(config),
+# INSTALL (the package its writer needs), QUANTIZATIONS and QUANTIZATION_PACKAGES (what a
+# quantization's conversion needs beyond PACKAGE), unsupported_reason(config),
 # record_fields(config) and write(model, config, tokenizer, directory, quantization).
 FORMATS: dict[str, ModuleType] = {"ctranslate2": ctranslate2, "huggingface": huggingface}
 MARKER = "translate-export.json"
@@ -82,16 +84,25 @@ def check_output(output: str | os.PathLike, workdir: str | os.PathLike) -> None:
         )
 
 
-def check_dependency(fmt: str) -> None:
-    """Refuses, in one line, a format whose writer's package is not installed."""
-    package, install = FORMATS[fmt].PACKAGE, FORMATS[fmt].INSTALL
+def check_dependency(fmt: str, quantization: str = "") -> None:
+    """Refuses, in one line and before anything is written, a format whose writer's package
+    is not installed, or a quantization whose conversion needs a package that is not."""
+    module = FORMATS[fmt]
     try:
-        importlib.import_module(package)
+        importlib.import_module(module.PACKAGE)
     except ImportError:
         raise ValueError(
-            f"--format={fmt} needs the {package} package, which is not installed: {install} "
-            "(or pip install '.[export]')"
+            f"--format={fmt} needs the {module.PACKAGE} package, which is not installed: "
+            f"{module.INSTALL} (or pip install '.[export]')"
         ) from None
+    needed = module.QUANTIZATION_PACKAGES.get(quantization)
+    # Looked up, not imported: torch takes seconds to import.
+    if needed and importlib.util.find_spec(needed) is None:
+        others = [q for q in module.QUANTIZATIONS if q not in module.QUANTIZATION_PACKAGES]
+        raise ValueError(
+            f"--quantization={quantization} needs the {needed} package to convert the weights, "
+            f"which is not installed: pip install {needed}, or give one of " + ", ".join(others)
+        )
 
 
 def export(
@@ -117,7 +128,7 @@ def export(
     config = read_config(Workdir(workdir))
     check_request(config, workdir, output, fmt, quantization)
     check_output(output, workdir)
-    check_dependency(fmt)
+    check_dependency(fmt, quantization)
     with writing(output) as tmp:
         return write_export(workdir, fmt, step, average, quantization, tmp)
 
