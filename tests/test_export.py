@@ -15,7 +15,7 @@ import pytest
 from conftest import tiny_config
 from flax import nnx
 
-from translate import checkpoint, cli, export
+from translate import atomic, checkpoint, cli, export
 from translate.data import synthetic
 from translate.data.batching import Batch
 from translate.data.tokenizer import BOS_ID, EOS_ID, Tokenizer, train_tokenizer
@@ -523,3 +523,14 @@ def test_a_quantization_that_needs_torch_is_refused_before_writing_when_it_is_mi
     assert f"--quantization={quantization} needs the torch package" in err
     assert "int8_float16" in err  # the ones that need nothing more are named
     assert not output.exists()
+
+
+def test_the_partial_copy_of_a_killed_export_is_removed_by_the_next(workdir, tmp_path, monkeypatch):
+    # SIGKILL runs no cleanup: the directory being written stays beside --output.
+    output = tmp_path / "ct2"
+    left = tmp_path / ".ct2.0123abcd.new"
+    left.mkdir()
+    (left / "model.bin").write_bytes(b"half a model")
+    monkeypatch.setattr(atomic, "STALE_SECONDS", 0.0)
+    exporter.export(str(workdir), str(output), "ctranslate2")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ct2"]

@@ -15,6 +15,7 @@ import datetime
 import importlib
 import importlib.util
 import json
+import logging
 import os
 import pathlib
 import shutil
@@ -34,6 +35,8 @@ from translate.workdir import Workdir, load_ensemble, read_config
 # quantization's conversion needs beyond PACKAGE), unsupported_reason(config),
 # record_fields(config) and write(model, config, tokenizer, directory, quantization).
 FORMATS: dict[str, ModuleType] = {"ctranslate2": ctranslate2, "huggingface": huggingface}
+log = logging.getLogger("translate")
+
 MARKER = "translate-export.json"
 VOCAB = "vocab.model"
 
@@ -129,6 +132,8 @@ def export(
     check_request(config, workdir, output, fmt, quantization)
     check_output(output, workdir)
     check_dependency(fmt, quantization)
+    for left in atomic.remove_stale(output, "new"):
+        log.warning("removed %s, the partial copy that a killed export left beside it", left)
     with writing(output) as tmp:
         return write_export(workdir, fmt, step, average, quantization, tmp)
 
