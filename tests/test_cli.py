@@ -15,7 +15,7 @@ import typing
 import numpy as np
 import pytest
 
-from translate import cli, config, workdir
+from translate import cli, config, translate_text, workdir
 from translate.cli import Flag, parse_flags
 from translate.config import field_descriptions, find_config, load_config
 
@@ -347,3 +347,9 @@ def test_a_flag_given_twice_with_two_values_is_an_error_naming_both():
         parse_flags(["--config.train.seed=1", "--config.train.seed=2"], known)
     flags, _ = parse_flags(["--step=3", "--step=3"], known)  # the same value: no doubt
     assert flags["step"] == 3
+
+
+def test_the_text_commands_help_gives_its_chunk_size_in_words_not_a_constants_name(capsys):
+    text = help_of("translate.translate_text", capsys)
+    assert f"up to {translate_text.LINES_PER_CHUNK:,} lines" in text
+    assert "LINES_PER_CHUNK" not in text
