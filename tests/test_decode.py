@@ -359,3 +359,15 @@ def test_batch_levels_quarter_the_batch_down_to_the_fewest_rows():
     assert search_module.batch_levels(64, 1) == [64]  # a quarter would be 16 rows
     assert search_module.batch_levels(60, 4, 1) == [60, 15]
     assert search_module.batch_levels(3, 4, 1) == [3]
+
+
+@pytest.mark.parametrize("beam_size", [1, 4])
+def test_search_gives_the_same_hypotheses_with_64_bit_types_enabled(beam_size):
+    # JAX_ENABLE_X64=1, which some users export globally, made untyped constants float64 and
+    # beam search's loop carry changed dtype (a TypeError in every beam search).
+    graphdef, params = make_model()
+    expected = search((graphdef,), (params,), sources(), beam_size, 0.6, 6)
+    with jax.enable_x64(True):
+        got = search((graphdef,), (params,), sources(), beam_size, 0.6, 6)
+    np.testing.assert_array_equal(got[0], expected[0])
+    np.testing.assert_allclose(got[1], expected[1], rtol=1e-6)

@@ -285,7 +285,9 @@ def beam_search(
         "t": jnp.array(0),
         "live_tokens": jnp.full((batch, width, max_len), PAD_ID, jnp.int32),  # [B, W, L]
         # Only beam 0 starts live, so the first step does not pick W copies of one token.
-        "live_lp": jnp.tile(jnp.array([0.0] + [NEG_INF] * (width - 1)), (batch, 1)),  # [B, W]
+        "live_lp": jnp.tile(
+            jnp.array([0.0] + [NEG_INF] * (width - 1), jnp.float32), (batch, 1)
+        ),  # [B, W]
         "fin_tokens": jnp.full((batch, width, max_len), PAD_ID, jnp.int32),  # [B, W, L]
         "fin_scores": jnp.full((batch, width), NEG_INF, jnp.float32),  # [B, W]
         "limit": limit,  # [B]
