@@ -353,3 +353,15 @@ def test_the_text_commands_help_gives_its_chunk_size_in_words_not_a_constants_na
     text = help_of("translate.translate_text", capsys)
     assert f"up to {translate_text.LINES_PER_CHUNK:,} lines" in text
     assert "LINES_PER_CHUNK" not in text
+
+
+@pytest.mark.parametrize("platforms", ["CPU", "cpux"])
+def test_a_platform_jax_cannot_start_is_one_line_naming_jax_platforms(platforms):
+    code = "import jax; from translate import cli; cli.run(lambda argv: jax.devices())"
+    env = {**os.environ, "JAX_PLATFORMS": platforms}
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True
+    )
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.count("\n") == 1 and f"JAX_PLATFORMS={platforms}:" in done.stderr
+    assert "lowercase" in done.stderr

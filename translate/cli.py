@@ -62,6 +62,8 @@ def user_error_message(error: BaseException) -> str | None:
     """
     if isinstance(error, SystemExit):
         return error.code if isinstance(error.code, str) else None
+    if message := platform_error_message(error):
+        return message
     if not isinstance(error, USER_ERRORS):
         return None
     frames = traceback.extract_tb(error.__traceback__)
@@ -71,6 +73,20 @@ def user_error_message(error: BaseException) -> str | None:
     if isinstance(error, OSError) and error.filename is not None and error.strerror:
         message = f"{error.filename}: {error.strerror}"
     return " ".join(message.split()) or type(error).__name__
+
+
+def platform_error_message(error: BaseException) -> str | None:
+    """One line naming JAX_PLATFORMS when JAX could not start the platform it names
+    (`JAX_PLATFORMS=CPU`, a misspelt or uninstalled platform); None for anything else."""
+    text = str(error)
+    if not isinstance(error, RuntimeError) or "Unable to initialize backend" not in text:
+        return None
+    platforms = os.environ.get("JAX_PLATFORMS", "")
+    if not platforms:
+        return None
+    # JAX's own message names the platform and the known ones; its advice is for JAX users.
+    reason = " ".join(text.split("(set JAX_PLATFORMS")[0].split())
+    return f"JAX_PLATFORMS={platforms}: {reason} (platform names are lowercase: cpu, cuda, tpu)"
 
 
 class Terminated(BaseException):
@@ -115,7 +131,7 @@ def run(main: Callable[[list[str]], Any], argv: Sequence[str] | None = None) -> 
         previous = signal.signal(signal.SIGTERM, raise_terminated)
     try:
         status = main(list(sys.argv[1:] if argv is None else argv))
-    except (SystemExit, *USER_ERRORS) as error:
+    except (SystemExit, RuntimeError, *USER_ERRORS) as error:
         message = user_error_message(error)
         if message is None:
             raise
