@@ -41,3 +41,21 @@ def test_a_report_names_the_commit_it_was_made_at(tmp_path):
     report = a_report(git={"commit": "0123456789abcdef", "modified": True})
     report_module.write_report(tmp_path, report, ["the cat sleeps ."], ["x"], ["y"])
     assert "code      commit 0123456789ab (modified);" in (tmp_path / "report.txt").read_text()
+
+
+def test_report_txt_says_the_beam_stopping_rule_and_an_old_report_stopped_exactly(tmp_path):
+    for name in ("new", "old", "greedy"):
+        (tmp_path / name).mkdir()
+    report = a_report(git=None, beam_stop="finished")
+    report_module.write_report(tmp_path / "new", report, ["the cat sleeps ."], ["x"], ["y"])
+    text = (tmp_path / "new" / "report.txt").read_text()
+    assert "decoding  beam 4, length penalty 0.6, stop finished, at most" in text
+    old = a_report(git=None)  # written before beam_stop was recorded
+    report_module.write_report(tmp_path / "old", old, ["the cat sleeps ."], ["x"], ["y"])
+    assert "stop exact, at most" in (tmp_path / "old" / "report.txt").read_text()
+    greedy = a_report(git=None) | {"beam_size": 1}
+    report_module.write_report(tmp_path / "greedy", greedy, ["the cat sleeps ."], ["x"], ["y"])
+    assert (
+        "decoding  beam 1, length penalty 0.6, at most"
+        in (tmp_path / "greedy" / "report.txt").read_text()
+    )

@@ -569,6 +569,7 @@ def test_output_onto_anything_a_workdir_holds_is_refused(workdir, tmp_path):
         ("--batch_size=-2", "--batch_size=-2: must be >= 1"),
         ("--parallel_batches=-1", "--parallel_batches=-1: must be >= 1"),
         ("--max_extra_len=-5", "--max_extra_len=-5: must be >= 0"),
+        ("--beam_stop=early", "--beam_stop=early: must be exact or finished"),
     ],
 )
 def test_decoding_flags_out_of_range_are_refused_naming_them(workdir, flag, message, monkeypatch):
@@ -675,3 +676,12 @@ def test_an_input_that_can_be_read_once_is_translated_whole_into_the_output(work
     )
     assert done.returncode == 0, done.stderr
     assert len(target.read_text(encoding="utf-8").split("\n")[:-1]) == len(LINES)
+
+
+def test_beam_stop_flag_sets_the_stopping_rule_and_the_default_keeps_the_workdirs(workdir):
+    config = read_config(Workdir(workdir))
+    flags = {name: unset for name, unset in translate_text.UNSET.items()} | {"nbest": 0}
+    translate_text.apply_decoding_flags(flags, config.decode)
+    assert config.decode.beam_stop == "exact"  # the workdir's own
+    translate_text.apply_decoding_flags(flags | {"beam_stop": "finished"}, config.decode)
+    assert config.decode.beam_stop == "finished"

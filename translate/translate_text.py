@@ -244,9 +244,12 @@ UNSET = {
     "max_extra_len": -1,
     "batch_size": 0,
     "parallel_batches": 0,
+    "beam_stop": "",
 }
 # Lines longer than data.max_len named on stderr, at most; then one line says there are more.
 MAX_TRUNCATION_WARNINGS = 5
+# The values of --beam_stop (config.decode.beam_stop's).
+BEAM_STOPS = ("exact", "finished")
 FLAGS = {
     "workdir": Flag([], "Required. A training workdir; repeat it for an ensemble."),
     **cli.checkpoint_flags("decode with"),
@@ -278,6 +281,7 @@ def given_decoding_flags(flags: dict[str, Any]) -> dict[str, Any]:
         "parallel_batches": (lambda v: v >= 1, "must be >= 1"),
         "max_extra_len": (lambda v: v >= 0, "must be >= 0"),
         "length_penalty": (lambda v: math.isfinite(v) and v >= 0, "must be a finite number >= 0"),
+        "beam_stop": (lambda v: v in BEAM_STOPS, "must be " + " or ".join(BEAM_STOPS)),
     }
     for name, value in given.items():
         ok, rule = rules[name]

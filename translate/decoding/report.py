@@ -90,6 +90,7 @@ def translate_and_score(
             "sentences_per_second": round(len(sources) / max(seconds, 1e-9), 2),
             "beam_size": config.decode.beam_size,
             "length_penalty": config.decode.length_penalty,
+            "beam_stop": config.decode.beam_stop,
             "max_extra_len": config.decode.max_extra_len,
             "step": int(step),
             "checkpoint_steps": [int(s) for s in averaged_steps] or [int(step)],
@@ -154,7 +155,9 @@ def write_report(
         f"model     {models[0]}",
         *(f"          {m}" for m in models[1:]),
         f"decoding  beam {report['beam_size']}, length penalty {report['length_penalty']}, "
-        f"at most source length + {report['max_extra_len']} tokens",
+        # A report written before beam_stop was recorded stopped the exact way.
+        + (f"stop {report.get('beam_stop', 'exact')}, " if report["beam_size"] > 1 else "")
+        + f"at most source length + {report['max_extra_len']} tokens",
         f"speed     {report['sentences_per_second']:.1f} sentences/s: "
         f"{report['num_sentences']} sentences in {report['decode_seconds']:.1f} s on "
         f"{report['device']}; compiling {report['num_batch_shapes']} batch "
