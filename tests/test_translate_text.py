@@ -61,7 +61,7 @@ def varied_outputs(monkeypatch):
     """
     load = workdir_module.load_model
 
-    def load_untrained(workdir, step=None, average=0):
+    def load_untrained(workdir, step=None, average=0, log=print):
         _, _, tokenizer, config, step = load(workdir, step, average)
         model = Transformer(config.model, tokenizer.vocab_size, rngs=nnx.Rngs(0))
         model.embed.embedding[...] = model.embed.embedding[...] * 8.0

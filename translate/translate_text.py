@@ -49,12 +49,16 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any, BinaryIO
 
+import jax
+
 from translate import cli, compilation
 from translate.atomic import AtomicFile, remove_stale
 from translate.cli import Flag, parse_flags
 from translate.config import DecodeConfig, field_descriptions
-from translate.decoding.sentences import translate_sentences
-from translate.workdir import Workdir, load_ensemble
+from translate.data.tokenizer import Tokenizer
+from translate.decoding import programs
+from translate.decoding.sentences import search_args, translate_sentences
+from translate.workdir import Workdir, load_ensemble, read_config
 
 # Most lines decoded and written at a time: bounds memory on arbitrarily long input.
 LINES_PER_CHUNK = 10_000
@@ -338,6 +342,41 @@ def warn_of_long_lines(
             sys.stderr.write("warning: more lines are longer than data.max_len; not named\n")
 
 
+def load_models(
+    workdirs: Sequence[str], step: int | None, average: int, setup: programs.Setup | None
+):
+    """(parameter leaves, a loader of the models, tokenizer, config, steps) for decoding.
+
+    When `setup` holds the parameters saved by an earlier command with the same workdirs,
+    checkpoint choice, code and machine (translate/decoding/programs.py), they are read from
+    there, and the models (Flax, Orbax, the checkpoint) are loaded only if a batch shape must be
+    compiled; otherwise the models are loaded now, and their parameters kept in `setup`. What
+    loading says on stderr (a checkpoint passed over) is said either way.
+    """
+    saved = setup.load() if setup is not None else None
+    if saved is not None:
+        leaves, steps, said = saved
+        for line in said:
+            sys.stderr.write(line + "\n")
+        first = Workdir(workdirs[0])
+        tokenizer, config, models = Tokenizer(first.vocab), read_config(first), None
+    else:
+        said, say = programs.said_lines()
+        ensemble = load_ensemble(workdirs, step, average, log=say)
+        leaves, steps = jax.tree.leaves(ensemble.params), ensemble.steps
+        tokenizer, config, models = ensemble.tokenizer, ensemble.config, ensemble[:2]
+        if setup is not None:
+            setup.save(leaves, steps, said)
+
+    def load_model():
+        nonlocal models
+        if models is None:
+            models = load_ensemble(workdirs, step, average, log=lambda line: None)[:2]
+        return models
+
+    return leaves, load_model, tokenizer, config, steps
+
+
 def main(argv: Sequence[str]) -> None:
     flags, _ = parse_flags(list(argv), FLAGS, doc=__doc__, sections=())
     cli.quiet_libraries()
@@ -348,12 +387,18 @@ def main(argv: Sequence[str]) -> None:
     if flags["output"]:
         check_output(flags["output"], flags["input"], flags["workdir"])
     step, average = cli.checkpoint_choice(flags)
-    compilation.use_persistent_cache(flags["compilation_cache"])
-    graphdefs, params, tokenizer, config, steps = load_ensemble(flags["workdir"], step, average)
+    cache = compilation.use_persistent_cache(flags["compilation_cache"])
+    setup = programs.Setup.find(cache, flags["workdir"], step, average)
+    leaves, load_model, tokenizer, config, steps = load_models(
+        flags["workdir"], step, average, setup
+    )
     chosen = step is not None or average > 0
     sys.stderr.write(describe_models(flags["workdir"], steps, chosen, config) + "\n")
     decode = config.decode
     apply_decoding_flags(flags, decode)
+    searches = programs.SavedSearches(
+        setup, leaves, load_model, search_args(decode, flags["nbest"])
+    )
 
     source = open(flags["input"], "rb") if flags["input"] else sys.stdin.buffer
     target, atomic = sys.stdout.buffer, False
@@ -373,14 +418,15 @@ def main(argv: Sequence[str]) -> None:
         for chunk in read_chunks(source, flags["input"] or "<stdin>", LINES_PER_CHUNK):
             warn_of_long_lines(tokenizer, chunk, first, config.data.max_len, truncated, progress)
             results = translate_sentences(
-                graphdefs,
-                params,
+                None,
+                None,
                 tokenizer,
                 chunk,
                 decode,
                 config.data.max_len,
                 flags["nbest"],
                 on_batch=progress.update if progress else None,
+                searches=searches,
             )
             target.write(format_lines(first, results, flags["nbest"]).encode("utf-8"))
             target.flush()

@@ -20,6 +20,10 @@ Only this module spells a workdir's file names. A training workdir holds:
   .previous_run.deleting/    previous_run/ once the new run's data has loaded, being deleted
 A workdir written by scripts/average_checkpoints.py (`write_average`) holds config.json,
 vocab.model and one parameters-only checkpoint.
+
+Orbax (translate/checkpoint.py) and the models (Flax) are imported inside the functions that
+read or write checkpoints: a command that reads only a workdir's config and vocabulary (the
+text command with its programs saved, translate/decoding/programs.py) starts without them.
 """
 
 from __future__ import annotations
@@ -33,15 +37,15 @@ import os
 import pathlib
 import shutil
 import socket
-from collections.abc import Sequence
+import sys
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 import jax
 
-from translate import atomic, checkpoint, sharding
+from translate import atomic, sharding
 from translate.config import Config, config_from_dict, split_init_from
 from translate.data.tokenizer import Tokenizer
-from translate.models.factory import abstract_model
 
 
 class Workdir:
@@ -284,6 +288,8 @@ def check_trainable(workdir: Workdir) -> None:
     Raises:
       ValueError: naming --workdir and what it holds.
     """
+    from translate import checkpoint
+
     reports = [p.name for p in (workdir.report_json, workdir.report_txt, workdir.hypotheses)]
     reports = [name for name in reports if (workdir.path / name).exists()]
     step = checkpoint.latest_step(workdir.checkpoints)
@@ -309,6 +315,9 @@ def check_checkpoint_shapes(config: Config, workdir: Workdir) -> None:
     Raises:
       ValueError: naming a parameter whose shape differs, there and here.
     """
+    from translate import checkpoint
+    from translate.models.factory import abstract_model
+
     step = checkpoint.latest_step(workdir.checkpoints)
     if step is None:
         return
@@ -382,6 +391,8 @@ def check_vocabulary_unchanged(workdir: Workdir) -> None:
     Runs before the data is opened, so a swapped vocabulary stops the run before the token
     cache is rebuilt or config.json rewritten.
     """
+    from translate import checkpoint
+
     if not workdir.vocab.is_file() or checkpoint.latest_step(workdir.checkpoints) is None:
         return
     manager = checkpoint.make_manager(workdir.checkpoints, read_only=True)
@@ -411,6 +422,9 @@ def check_init_from(config: Config, workdir: Workdir, force: bool = False) -> In
     Raises:
       FileNotFoundError, ValueError: naming the flag and both workdirs.
     """
+    from translate import checkpoint
+    from translate.models.factory import abstract_model
+
     path, step = split_init_from(config.train.init_from)
     source = Workdir(path)
     flag = f"--config.train.init_from={config.train.init_from}"
@@ -470,6 +484,8 @@ def copy_vocabulary(source: Workdir, target: Workdir) -> None:
 
 def read_init_params(init: InitFrom, abstract_params, tokenizer: Tokenizer):
     """The parameters saved at `init.step`, restored into `abstract_params`' shardings."""
+    from translate import checkpoint
+
     manager = checkpoint.make_manager(init.workdir.checkpoints, read_only=True)
     checkpoint.check_vocabulary(
         checkpoint.read_meta(manager, init.step), tokenizer, init.workdir.path
@@ -515,7 +531,18 @@ def read_config(workdir: Workdir) -> Config:
 READ_ATTEMPTS = 3
 
 
-def load_model(path: str | os.PathLike, step: int | None = None, average: int | Sequence[int] = 0):
+def say(line: str) -> None:
+    """How loading a model speaks (of a checkpoint it passes over): a line on stderr, so that
+    a command's output on stdout holds what it was asked for alone."""
+    print(line, file=sys.stderr)
+
+
+def load_model(
+    path: str | os.PathLike,
+    step: int | None = None,
+    average: int | Sequence[int] = 0,
+    log: Callable[[str], None] = say,
+):
     """Loads (graphdef, params, tokenizer, config, steps) from a training workdir.
 
     Args:
@@ -529,6 +556,9 @@ def load_model(path: str | os.PathLike, step: int | None = None, average: int | 
       tokenizer, the config, and the training steps whose parameters these are: one step, or
       the averaged ones (also when the checkpoint was written by average_checkpoints.py).
     """
+    from translate import checkpoint
+    from translate.models.factory import abstract_model
+
     workdir = Workdir(path)
     config = read_config(workdir)
     # The attention kernel suits the machine that trained, perhaps a GPU this one lacks; the
@@ -590,7 +620,9 @@ def load_model(path: str | os.PathLike, step: int | None = None, average: int | 
         check(meta)
         params, _, _ = checkpoint.restore(manager, step, abstract)
     else:
-        step, params, _, meta = checkpoint.restore_latest(manager, abstract, check_meta=check)
+        step, params, _, meta = checkpoint.restore_latest(
+            manager, abstract, check_meta=check, log=log
+        )
     return graphdef, params, tokenizer, config, meta.get("averaged_steps", [step])
 
 
@@ -611,6 +643,8 @@ def write_average(
       steps: the averaged steps, oldest first.
       step: the step to save the average at.
     """
+    from translate import checkpoint
+
     target.path.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(source.config, target.config)
     shutil.copyfile(source.vocab, target.vocab)
@@ -630,7 +664,10 @@ class Ensemble(NamedTuple):
 
 
 def load_ensemble(
-    paths: Sequence[str | os.PathLike], step: int | None = None, average: int = 0
+    paths: Sequence[str | os.PathLike],
+    step: int | None = None,
+    average: int = 0,
+    log: Callable[[str], None] = say,
 ) -> Ensemble:
     """The models of one or more workdirs, each at `step` (None: the newest) or the mean of
     its newest `average` checkpoints: how every command picks its checkpoints (--step and
@@ -654,7 +691,7 @@ def load_ensemble(
     members = []
     for path in paths:
         try:
-            members.append(load_model(path, step, average))
+            members.append(load_model(path, step, average, log))
         except ValueError as e:
             raise ValueError(f"--workdir={path} --average={average}: {e}") from None
     return Ensemble(

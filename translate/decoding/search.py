@@ -21,7 +21,6 @@ import functools
 
 import jax
 import jax.numpy as jnp
-from flax import nnx
 
 from translate.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
@@ -33,8 +32,14 @@ def length_penalty(length: jax.Array, alpha: float) -> jax.Array:
     return ((5.0 + jnp.asarray(length, jnp.float32)) / 6.0) ** alpha
 
 
-def merge_models(graphdefs: tuple, params: tuple) -> list[nnx.Module]:
-    """The models of an ensemble (one or more), from their graph definitions and parameters."""
+def merge_models(graphdefs: tuple, params: tuple) -> list:
+    """The models of an ensemble (one or more), from their graph definitions and parameters.
+
+    Flax is imported here, when a search is traced: running a search saved compiled
+    (translate/decoding/programs.py) needs neither Flax nor the models.
+    """
+    from flax import nnx
+
     return [nnx.merge(g, p) for g, p in zip(graphdefs, params, strict=True)]
 
 
@@ -371,7 +376,7 @@ def sample(
     Returns:
       tokens [B, P + max_new]: the prompt, then the sampled tokens up to EOS, PAD after it.
     """
-    model = nnx.merge(graphdef, params)
+    (model,) = merge_models((graphdef,), (params,))
     batch, p = prompt.shape
     length = p + max_new
     cache = model.prefill(src, (src != PAD_ID).astype(jnp.int32), 1, length)

@@ -34,36 +34,56 @@ class DecodeTimes:
     shapes: set[tuple[int, int]] = dataclasses.field(default_factory=set)
 
 
-def compile_searches(
-    graphdefs,
-    params,
-    shapes: Sequence[tuple[int, int]],
-    args: tuple,
-    times: DecodeTimes,
-) -> None:
-    """Compiles `search` for each batch shape not yet in `times`, adding its seconds to `times`.
+class Searches:
+    """`search` at one decoding setting for one ensemble, as `translate_sentences` calls it.
 
-    Each is a search over a batch of padding of that shape: padding rows stop after one step,
-    so the call's time is the compile (or the cache lookup, when another run compiled it).
-    `args` are `search`'s after `src`.
+    `compile(shape)` makes the program for source batches of that shape ready; a call takes a
+    batch [B, S] and gives `search`'s (tokens [B, W, L], scores [B, W]). This one traces and
+    compiles in the process (JAX's persistent cache may hold the compiled program);
+    translate/decoding/programs.py's `SavedSearches` keeps programs compiled on disk.
     """
+
+    def __init__(self, graphdefs, params, args: tuple):
+        self.graphdefs, self.params, self.args = graphdefs, params, args
+
+    def compile(self, shape: tuple[int, int]) -> None:
+        # A search over a batch of padding: padding rows stop after one step, so the call's
+        # time is the compile (or the cache lookup, when another run compiled it).
+        src = np.zeros(shape, np.int32)
+        jax.block_until_ready(search(self.graphdefs, self.params, src, *self.args))
+
+    def __call__(self, src: np.ndarray):
+        return search(self.graphdefs, self.params, src, *self.args)
+
+
+def search_args(decode: DecodeConfig, nbest: int = 0) -> tuple:
+    """`search`'s arguments after `src` for these decoding settings."""
+    return (
+        decode.beam_size,
+        decode.length_penalty,
+        decode.max_extra_len,
+        nbest > 0,
+        decode.beam_stop,
+    )
+
+
+def compile_searches(searches, shapes: Sequence[tuple[int, int]], times: DecodeTimes) -> None:
+    """Makes `searches` ready for each batch shape not yet in `times`, adding the seconds."""
     for shape in shapes:
         if shape not in times.shapes:
             start = time.perf_counter()
-            jax.block_until_ready(search(graphdefs, params, np.zeros(shape, np.int32), *args))
+            searches.compile(shape)
             times.compile_seconds += time.perf_counter() - start
             times.shapes.add(shape)
 
 
 def search_batches(
-    graphdefs,
-    params,
+    searches,
     batches: Sequence[np.ndarray],
-    args: tuple,
     times: DecodeTimes,
     parallel: int = 1,
 ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """`search` over source batches [B, S] on the host, yielding (tokens, scores) in their order.
+    """`searches` over source batches [B, S] on the host, yielding (tokens, scores) in order.
 
     Every batch shape is compiled first (`compile_searches`); then `parallel` batches at most are
     searched at once, each in a thread of its own. A search is one XLA program of hundreds of
@@ -72,10 +92,10 @@ def search_batches(
     seconds from the first search's start to the last one's end, the caller's work between
     yields included (it overlaps the searches).
     """
-    compile_searches(graphdefs, params, list(dict.fromkeys(b.shape for b in batches)), args, times)
+    compile_searches(searches, list(dict.fromkeys(b.shape for b in batches)), times)
 
     def run(src):
-        return jax.device_get(search(graphdefs, params, src, *args))
+        return jax.device_get(searches(src))
 
     mark = time.perf_counter()
     with concurrent.futures.ThreadPoolExecutor(max_workers=parallel) as pool:
@@ -120,6 +140,7 @@ def translate_sentences(
     nbest: int = 0,
     times: DecodeTimes | None = None,
     on_batch: Callable[[int], None] | None = None,
+    searches: Searches | None = None,
 ) -> list[list[tuple[float, str]]]:
     """Translations of each sentence as (score, text), best first, in input order.
 
@@ -132,6 +153,8 @@ def translate_sentences(
       graphdefs, params: an ensemble's tuples (module docstring).
       times: receives the seconds spent compiling and decoding.
       on_batch: called with the number of sentences done after every batch.
+      searches: runs the search (`Searches` or programs.SavedSearches, made for `decode` and
+        `nbest`); by default `Searches(graphdefs, params, ...)`.
     """
     times = DecodeTimes() if times is None else times
     results = [[(0.0, "")] for _ in sentences]
@@ -139,16 +162,9 @@ def translate_sentences(
     batches = list(
         source_batches(tokenizer, [sentences[i] for i in todo], decode.batch_size, max_len)
     )
-    args = (
-        decode.beam_size,
-        decode.length_penalty,
-        decode.max_extra_len,
-        nbest > 0,
-        decode.beam_stop,
-    )
-    searched = search_batches(
-        graphdefs, params, [src for _, src in batches], args, times, decode.parallel_batches
-    )
+    if searches is None:
+        searches = Searches(graphdefs, params, search_args(decode, nbest))
+    searched = search_batches(searches, [src for _, src in batches], times, decode.parallel_batches)
     for (indices, _), (tokens, scores) in zip(batches, searched, strict=True):
         # tokens [B, W, L], scores [B, W]
         for row, i in enumerate(indices):

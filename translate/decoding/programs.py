@@ -1,0 +1,317 @@
+"""Searches kept compiled on disk with the parameters they read: the text command's warm start.
+
+The persistent compilation cache (translate/compilation.py) spares XLA's compile, but a command
+still imports Flax and Orbax, builds the model, reads the checkpoint and traces and lowers the
+search before the cache is even asked: about 4 s of a 5 s one-sentence `translate-text` on 2
+cores. The text command keeps what those steps produce, for the next command with the same
+inputs (one "setup"):
+
+  <cache>/searches/<setup>/params.npz   the parameters: every model's leaves, in order
+  <cache>/searches/<setup>/setup.json   the steps they are and what loading them said
+  <cache>/searches/<setup>/<search>.bin one compiled search per decoding settings and batch shape
+
+A setup is named by a hash of everything its files depend on: each workdir's path, config.json
+and vocab.model, and the name, size and modification time of every file under its checkpoints/
+(a checkpoint saved, deleted or changed is another setup); the checkpoint choice (--step,
+--average); this package's source code; the JAX version, the devices, the JAX settings that
+change a program and XLA_FLAGS. A later command that finds its setup complete reads the
+parameters and the compiled searches and starts decoding without Flax, Orbax or tracing; a
+batch shape not yet there loads the model then, compiles that shape and keeps it.
+
+`<cache>` is the compilation cache's directory, and the searches go with it: the flag and the
+environment variable that move the cache or turn it off do the same here. The setups are kept
+under `MAX_BYTES` together, the least recently used deleted first. Files are written whole
+(a temporary file renamed into place), so processes may share the directory; a compiled
+search is checked against its digest before it is loaded, and anything unreadable is made
+again as if it were not there, said once. Like JAX's own cache, a compiled search is code that
+runs when loaded: the directory must be the user's own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import importlib.metadata
+import json
+import logging
+import os
+import pathlib
+import shutil
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from translate import atomic
+from translate.decoding.search import search
+from translate.workdir import Workdir
+
+log = logging.getLogger("translate")
+
+SUBDIR = "searches"
+# The size all setups are kept under together; the least recently used go first.
+MAX_BYTES = 2 * 2**30
+# The first line of a compiled search's file; the next holds the payload's SHA-256.
+MAGIC = b"translate compiled search 1\n"
+# What a compiled search is made from: the package's own source files.
+PACKAGE = pathlib.Path(__file__).resolve().parents[1]
+
+
+def code_digest() -> str:
+    """SHA-256 over this package's Python sources: a change to any of them is a new setup."""
+    digest = hashlib.sha256()
+    for path in sorted(PACKAGE.rglob("*.py")):
+        digest.update(str(path.relative_to(PACKAGE)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
+def machine() -> dict[str, Any]:
+    """What makes a program compiled here differ from one compiled elsewhere, or run wrong."""
+    device = jax.local_devices()[0]
+    facts: dict[str, Any] = {
+        "jax": jax.__version__,
+        "jaxlib": importlib.metadata.version("jaxlib"),
+        "platform": device.platform,
+        "device_kind": device.device_kind,
+        "local_devices": jax.local_device_count(),
+        "x64": bool(jax.config.jax_enable_x64),
+        "matmul_precision": str(jax.config.jax_default_matmul_precision),
+        "XLA_FLAGS": os.environ.get("XLA_FLAGS", ""),
+    }
+    # XLA compiles for the host's instruction set: a cache shared between machines (a home
+    # directory on a network disk) must not run one machine's code on another.
+    with contextlib.suppress(OSError), open("/proc/cpuinfo", encoding="utf-8") as f:
+        facts["cpu_flags"] = next((line for line in f if line.startswith("flags")), "")
+    return facts
+
+
+def files_digest(workdir: Workdir) -> dict[str, Any]:
+    """A workdir's identity as decoding reads it: its files' contents or sizes and times."""
+    listing = []
+    for root, dirs, files in os.walk(workdir.checkpoints):
+        dirs.sort()
+        for name in sorted(files):
+            status = os.stat(os.path.join(root, name))
+            relative = os.path.relpath(os.path.join(root, name), workdir.checkpoints)
+            listing.append((relative, status.st_size, status.st_mtime_ns))
+    return {
+        "path": os.path.realpath(workdir.path),
+        "config": hashlib.sha256(workdir.config.read_bytes()).hexdigest(),
+        "vocab": hashlib.sha256(workdir.vocab.read_bytes()).hexdigest(),
+        "checkpoints": listing,
+    }
+
+
+def setup_name(workdirs: Sequence[str], step: int | None, average: int) -> str:
+    """The hash that names a setup (module docstring); raises OSError if a file is missing."""
+    facts = {
+        "workdirs": [files_digest(Workdir(path)) for path in workdirs],
+        "step": step,
+        "average": average,
+        "code": code_digest(),
+        "machine": machine(),
+    }
+    return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:32]
+
+
+def search_name(args: tuple, shape: tuple[int, int]) -> str:
+    """The file name of a compiled search: its settings (`search`'s arguments) and shape."""
+    beam_size, alpha, max_extra_len, nbest, stop = args
+    return (
+        f"beam{beam_size}-alpha{alpha!r}-extra{max_extra_len}-{stop}"
+        f"{'-nbest' if nbest else ''}-{shape[0]}x{shape[1]}.bin"
+    )
+
+
+class Setup:
+    """One setup's directory under the cache: its parameters and compiled searches."""
+
+    def __init__(self, root: str | os.PathLike, name: str):
+        self.root = pathlib.Path(root) / SUBDIR
+        self.directory = self.root / name
+        self.params = self.directory / "params.npz"
+        self.record = self.directory / "setup.json"
+        self._said = False
+
+    @classmethod
+    def find(
+        cls, cache: str | None, workdirs: Sequence[str], step: int | None, average: int
+    ) -> Setup | None:
+        """The setup of these workdirs and choice, or None with the cache off or unusable."""
+        if cache is None:
+            return None
+        try:
+            return cls(cache, setup_name(workdirs, step, average))
+        except OSError as e:  # a file of a workdir is missing: loading says which
+            log.debug("no saved searches: %s", e)
+            return None
+
+    def say_once(self, what: str, error: BaseException) -> None:
+        if not self._said:
+            self._said = True
+            log.warning(
+                "WARNING: %s in %s could not be used (%s: %s); it is made again, and this is "
+                "said once",
+                what,
+                self.directory,
+                type(error).__name__,
+                error,
+            )
+
+    def load(self) -> tuple[list[np.ndarray], list[list[int]], list[str]] | None:
+        """(parameter leaves, steps per model, lines loading said), or None when not saved."""
+        if not self.record.is_file():
+            return None
+        try:
+            record = json.loads(self.record.read_text(encoding="utf-8"))
+            with np.load(self.params) as arrays:
+                leaves = [arrays[f"leaf{i}"] for i in range(record["leaves"])]
+            os.utime(self.record)  # recently used: evicted last
+            return leaves, record["steps"], record["said"]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            self.say_once("the saved parameters", e)
+            return None
+
+    def save(self, leaves: Sequence[Any], steps: Sequence[list[int]], said: Sequence[str]):
+        """Keeps the parameters (then the record that says they are whole); never raises."""
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            with atomic.file(self.params) as tmp, open(tmp, "wb") as f:
+                np.savez(f, **{f"leaf{i}": np.asarray(x) for i, x in enumerate(leaves)})
+            record = {"leaves": len(leaves), "steps": [list(s) for s in steps], "said": list(said)}
+            atomic.write_text(self.record, json.dumps(record) + "\n")
+            self.evict()
+        except OSError as e:
+            self.say_once("the directory for saved searches", e)
+
+    def load_search(self, name: str, in_tree, out_tree) -> Callable | None:
+        """The compiled search saved under `name`, or None."""
+        from jax.experimental import serialize_executable
+
+        path = self.directory / name
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            self.say_once("a compiled search", e)
+            return None
+        head, digest = data[: len(MAGIC)], data[len(MAGIC) : len(MAGIC) + 65]
+        payload = data[len(MAGIC) + 65 :]
+        if head != MAGIC or digest != hashlib.sha256(payload).hexdigest().encode() + b"\n":
+            self.say_once("a compiled search", ValueError(f"{name} is not whole"))
+            return None
+        try:
+            # The search runs on the first local device, as `SavedSearches` compiles it.
+            return serialize_executable.deserialize_and_load(
+                payload, in_tree, out_tree, execution_devices=jax.local_devices()[:1]
+            )
+        except Exception as e:  # noqa: BLE001 - whatever the loader says, compile it again
+            self.say_once("a compiled search", e)
+            return None
+
+    def save_search(self, name: str, compiled) -> None:
+        """Keeps a compiled search (`jax.stages.Compiled`); never raises."""
+        from jax.experimental import serialize_executable
+
+        try:
+            payload, _, _ = serialize_executable.serialize(compiled)
+        except Exception as e:  # noqa: BLE001 - a backend that cannot serialize: not kept
+            log.debug("a compiled search cannot be kept: %s", e)
+            return
+        digest = hashlib.sha256(payload).hexdigest().encode() + b"\n"
+        try:
+            atomic.write_bytes(self.directory / name, MAGIC + digest + payload)
+        except OSError as e:
+            self.say_once("the directory for saved searches", e)
+
+    def evict(self) -> None:
+        """Deletes the least recently used setups until all fit in `MAX_BYTES`."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        with open(self.root / ".lock", "a+b") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            setups = []
+            for directory in self.root.iterdir():
+                if directory.is_dir() and not directory.name.startswith("."):
+                    record = directory / "setup.json"
+                    used = record.stat().st_mtime if record.exists() else 0.0
+                    size = sum(p.stat().st_size for p in directory.iterdir() if p.is_file())
+                    setups.append((used, size, directory))
+            total = sum(size for _, size, _ in setups)
+            for _, size, directory in sorted(setups, key=lambda s: s[0]):
+                if total <= MAX_BYTES or directory == self.directory:
+                    continue
+                shutil.rmtree(directory, ignore_errors=True)
+                total -= size
+
+
+class SavedSearches:
+    """`search` at one decoding setting for one ensemble, compiled once per batch shape.
+
+    Each shape's compiled program comes from the setup when it was saved there, else it is
+    compiled here (the model is loaded then, once, through `load_model`) and saved. Calls take
+    source batches [B, S] and give what `search` gives.
+
+    Args:
+      setup: where the programs are kept; None keeps nothing (compiled in this process only).
+      leaves: the ensemble's parameter leaves, in `jax.tree.leaves(params)` order.
+      load_model: gives (graphdefs, params) of the ensemble whose leaves these are.
+      args: `search`'s arguments after `src` (sentences.search_args).
+    """
+
+    def __init__(
+        self,
+        setup: Setup | None,
+        leaves: Sequence[Any],
+        load_model: Callable[[], tuple[tuple, tuple]],
+        args: tuple,
+    ):
+        device = jax.local_devices()[0]
+        self.leaves = [jax.device_put(x, device) for x in leaves]
+        self.setup, self.load_model, self.args = setup, load_model, args
+        self.compiled: dict[tuple[int, int], Callable] = {}
+        self.in_tree = jax.tree.structure(((list(range(len(leaves))), 0), {}))
+        self.out_tree = jax.tree.structure((0, 0))
+
+    def compile(self, shape: tuple[int, int]) -> None:
+        """Makes the program for batches of `shape` ready: loaded, or compiled and kept."""
+        if shape in self.compiled:
+            return
+        name = search_name(self.args, shape)
+        found = self.setup and self.setup.load_search(name, self.in_tree, self.out_tree)
+        if not found:
+            found = self._compile(shape)
+            if self.setup is not None:
+                self.setup.save_search(name, found)
+        self.compiled[shape] = found
+
+    def _compile(self, shape: tuple[int, int]):
+        graphdefs, params = self.load_model()
+        treedef = jax.tree.structure(params)
+        if treedef.num_leaves != len(self.leaves):
+            raise RuntimeError("the loaded model's parameters are not the saved ones")
+        args = self.args
+
+        def run(leaves, src):
+            return search(graphdefs, jax.tree.unflatten(treedef, leaves), src, *args)
+
+        spec = jax.ShapeDtypeStruct(shape, np.int32)
+        return jax.jit(run).lower(self.leaves, spec).compile()
+
+    def __call__(self, src: np.ndarray):
+        self.compile(src.shape)
+        return self.compiled[src.shape](self.leaves, src)
+
+
+def said_lines() -> tuple[list[str], Callable[[str], None]]:
+    """A list and a logger that writes each line to stderr and keeps it in the list."""
+    lines: list[str] = []
+
+    def say(line: str) -> None:
+        lines.append(line)
+        sys.stderr.write(line + "\n")
+
+    return lines, say
