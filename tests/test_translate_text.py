@@ -25,7 +25,7 @@ from translate import atomic, cli, evaluate, translate_text
 from translate import workdir as workdir_module
 from translate.data.batching import source_batches
 from translate.data.tokenizer import train_tokenizer
-from translate.decoding import sentences
+from translate.decoding import programs, sentences
 from translate.decoding.search import beam_search, greedy_search
 from translate.decoding.sentences import DecodeTimes, translate_sentences
 from translate.models.transformer import Transformer
@@ -68,6 +68,8 @@ def varied_outputs(monkeypatch):
         return *nnx.split(model, nnx.Param), tokenizer, config, step
 
     monkeypatch.setattr(workdir_module, "load_model", load_untrained)
+    # Nor kept as the workdir's saved parameters, which a later command would read.
+    monkeypatch.setattr(programs.Setup, "find", lambda *args: None)
 
 
 def run(tmp_path, lines, *flags, name="out.txt"):

@@ -1,30 +1,33 @@
-"""Searches kept compiled on disk with the parameters they read: the text command's warm start.
+"""Searches kept on disk, traced, with the parameters they read: the text command's warm start.
 
 The persistent compilation cache (translate/compilation.py) spares XLA's compile, but a command
 still imports Flax and Orbax, builds the model, reads the checkpoint and traces and lowers the
-search before the cache is even asked: about 4 s of a 5 s one-sentence `translate-text` on 2
-cores. The text command keeps what those steps produce, for the next command with the same
+search before that cache is even asked: about 4 s of a 5 s one-sentence `translate-text` on 2
+cores. The text command keeps what those steps produce for the next command with the same
 inputs (one "setup"):
 
   <cache>/searches/<setup>/params.npz   the parameters: every model's leaves, in order
   <cache>/searches/<setup>/setup.json   the steps they are and what loading them said
-  <cache>/searches/<setup>/<search>.bin one compiled search per decoding settings and batch shape
+  <cache>/searches/<setup>/<search>.bin one search per decoding settings and batch shape, traced
+                                        and lowered (a serialized `jax.export.Exported`)
 
 A setup is named by a hash of everything its files depend on: each workdir's path, config.json
 and vocab.model, and the name, size and modification time of every file under its checkpoints/
 (a checkpoint saved, deleted or changed is another setup); the checkpoint choice (--step,
 --average); this package's source code; the JAX version, the devices, the JAX settings that
 change a program and XLA_FLAGS. A later command that finds its setup complete reads the
-parameters and the compiled searches and starts decoding without Flax, Orbax or tracing; a
-batch shape not yet there loads the model then, compiles that shape and keeps it.
+parameters and the searches and hands them to XLA, whose persistent cache holds the compiled
+programs: no Flax, no Orbax, no tracing. A batch shape not yet there loads the model then,
+traces that shape and keeps it. (Why not keep XLA's compiled executables themselves: on the CPU
+an executable that JAX read from its cache serializes without its code, JAX 0.10; the lowered
+program is what JAX's cache is keyed by, and the cache stays the one place for executables.)
 
 `<cache>` is the compilation cache's directory, and the searches go with it: the flag and the
 environment variable that move the cache or turn it off do the same here. The setups are kept
 under `MAX_BYTES` together, the least recently used deleted first. Files are written whole
-(a temporary file renamed into place), so processes may share the directory; a compiled
-search is checked against its digest before it is loaded, and anything unreadable is made
-again as if it were not there, said once. Like JAX's own cache, a compiled search is code that
-runs when loaded: the directory must be the user's own.
+(a temporary file renamed into place), so processes may share the directory; a saved search is
+checked against its digest before it is read, and anything unreadable is made again as if it
+were not there, said once.
 """
 
 from __future__ import annotations
@@ -54,9 +57,9 @@ log = logging.getLogger("translate")
 SUBDIR = "searches"
 # The size all setups are kept under together; the least recently used go first.
 MAX_BYTES = 2 * 2**30
-# The first line of a compiled search's file; the next holds the payload's SHA-256.
-MAGIC = b"translate compiled search 1\n"
-# What a compiled search is made from: the package's own source files.
+# The first line of a saved search's file; the next holds the payload's SHA-256.
+MAGIC = b"translate saved search 1\n"
+# What a saved search is made from: the package's own source files.
 PACKAGE = pathlib.Path(__file__).resolve().parents[1]
 
 
@@ -118,7 +121,7 @@ def setup_name(workdirs: Sequence[str], step: int | None, average: int) -> str:
 
 
 def search_name(args: tuple, shape: tuple[int, int]) -> str:
-    """The file name of a compiled search: its settings (`search`'s arguments) and shape."""
+    """The file name of a saved search: its settings (`search`'s arguments) and shape."""
     beam_size, alpha, max_extra_len, nbest, stop = args
     return (
         f"beam{beam_size}-alpha{alpha!r}-extra{max_extra_len}-{stop}"
@@ -127,7 +130,7 @@ def search_name(args: tuple, shape: tuple[int, int]) -> str:
 
 
 class Setup:
-    """One setup's directory under the cache: its parameters and compiled searches."""
+    """One setup's directory under the cache: its parameters and saved searches."""
 
     def __init__(self, root: str | os.PathLike, name: str):
         self.root = pathlib.Path(root) / SUBDIR
@@ -187,40 +190,33 @@ class Setup:
         except OSError as e:
             self.say_once("the directory for saved searches", e)
 
-    def load_search(self, name: str, in_tree, out_tree) -> Callable | None:
-        """The compiled search saved under `name`, or None."""
-        from jax.experimental import serialize_executable
-
+    def load_search(self, name: str):
+        """The search saved under `name` (a `jax.export.Exported`), or None."""
         path = self.directory / name
         try:
             data = path.read_bytes()
         except FileNotFoundError:
             return None
         except OSError as e:
-            self.say_once("a compiled search", e)
+            self.say_once("a saved search", e)
             return None
         head, digest = data[: len(MAGIC)], data[len(MAGIC) : len(MAGIC) + 65]
         payload = data[len(MAGIC) + 65 :]
         if head != MAGIC or digest != hashlib.sha256(payload).hexdigest().encode() + b"\n":
-            self.say_once("a compiled search", ValueError(f"{name} is not whole"))
+            self.say_once("a saved search", ValueError(f"{name} is not whole"))
             return None
         try:
-            # The search runs on the first local device, as `SavedSearches` compiles it.
-            return serialize_executable.deserialize_and_load(
-                payload, in_tree, out_tree, execution_devices=jax.local_devices()[:1]
-            )
-        except Exception as e:  # noqa: BLE001 - whatever the loader says, compile it again
-            self.say_once("a compiled search", e)
+            return jax.export.deserialize(bytearray(payload))
+        except Exception as e:  # noqa: BLE001 - whatever the reader says, trace it again
+            self.say_once("a saved search", e)
             return None
 
-    def save_search(self, name: str, compiled) -> None:
-        """Keeps a compiled search (`jax.stages.Compiled`); never raises."""
-        from jax.experimental import serialize_executable
-
+    def save_search(self, name: str, exported) -> None:
+        """Keeps a search (`jax.export.Exported`); never raises."""
         try:
-            payload, _, _ = serialize_executable.serialize(compiled)
-        except Exception as e:  # noqa: BLE001 - a backend that cannot serialize: not kept
-            log.debug("a compiled search cannot be kept: %s", e)
+            payload = bytes(exported.serialize())
+        except Exception as e:  # noqa: BLE001 - cannot be serialized here: not kept
+            log.debug("a search cannot be kept: %s", e)
             return
         digest = hashlib.sha256(payload).hexdigest().encode() + b"\n"
         try:
@@ -249,14 +245,16 @@ class Setup:
 
 
 class SavedSearches:
-    """`search` at one decoding setting for one ensemble, compiled once per batch shape.
+    """`search` at one decoding setting for one ensemble, traced once per batch shape.
 
-    Each shape's compiled program comes from the setup when it was saved there, else it is
-    compiled here (the model is loaded then, once, through `load_model`) and saved. Calls take
+    Each shape's search is read from the setup when an earlier command saved it there, else it
+    is traced here (the model is loaded then, once, through `load_model`) and saved. Either way
+    the search runs as that saved program (`jax.export`), which XLA compiles or finds in the
+    persistent compilation cache, so a warm command runs what the cold one ran. Calls take
     source batches [B, S] and give what `search` gives.
 
     Args:
-      setup: where the programs are kept; None keeps nothing (compiled in this process only).
+      setup: where the searches are kept; None keeps nothing (traced in this process only).
       leaves: the ensemble's parameter leaves, in `jax.tree.leaves(params)` order.
       load_model: gives (graphdefs, params) of the ensemble whose leaves these are.
       args: `search`'s arguments after `src` (sentences.search_args).
@@ -272,23 +270,22 @@ class SavedSearches:
         device = jax.local_devices()[0]
         self.leaves = [jax.device_put(x, device) for x in leaves]
         self.setup, self.load_model, self.args = setup, load_model, args
-        self.compiled: dict[tuple[int, int], Callable] = {}
-        self.in_tree = jax.tree.structure(((list(range(len(leaves))), 0), {}))
-        self.out_tree = jax.tree.structure((0, 0))
+        self.programs: dict[tuple[int, int], Callable] = {}
 
     def compile(self, shape: tuple[int, int]) -> None:
-        """Makes the program for batches of `shape` ready: loaded, or compiled and kept."""
-        if shape in self.compiled:
+        """Makes the program for batches of `shape` ready: read or traced, then compiled."""
+        if shape in self.programs:
             return
         name = search_name(self.args, shape)
-        found = self.setup and self.setup.load_search(name, self.in_tree, self.out_tree)
-        if not found:
-            found = self._compile(shape)
+        exported = self.setup.load_search(name) if self.setup is not None else None
+        if exported is None:
+            exported = self._export(shape)
             if self.setup is not None:
-                self.setup.save_search(name, found)
-        self.compiled[shape] = found
+                self.setup.save_search(name, exported)
+        spec = jax.ShapeDtypeStruct(shape, np.int32)
+        self.programs[shape] = jax.jit(exported.call).lower(self.leaves, spec).compile()
 
-    def _compile(self, shape: tuple[int, int]):
+    def _export(self, shape: tuple[int, int]):
         graphdefs, params = self.load_model()
         treedef = jax.tree.structure(params)
         if treedef.num_leaves != len(self.leaves):
@@ -299,11 +296,11 @@ class SavedSearches:
             return search(graphdefs, jax.tree.unflatten(treedef, leaves), src, *args)
 
         spec = jax.ShapeDtypeStruct(shape, np.int32)
-        return jax.jit(run).lower(self.leaves, spec).compile()
+        return jax.export.export(jax.jit(run))(self.leaves, spec)
 
     def __call__(self, src: np.ndarray):
         self.compile(src.shape)
-        return self.compiled[src.shape](self.leaves, src)
+        return self.programs[src.shape](self.leaves, src)
 
 
 def said_lines() -> tuple[list[str], Callable[[str], None]]:

@@ -1,0 +1,152 @@
+"""Searches kept compiled on disk with their parameters (translate/decoding/programs.py)."""
+
+import json
+import logging
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+from conftest import copy_of_tiny_run
+
+from translate import compilation
+from translate.data.batching import source_batches
+from translate.decoding import programs
+from translate.decoding.sentences import Searches, search_args
+from translate.workdir import load_ensemble
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+LINES = ["the small dog sees the cat .", "a man reads .", "the cat sleeps ."]
+
+# Runs the text command in a fresh process, then says on its last stderr line which of the
+# heavy libraries the process imported.
+COMMAND = """
+import atexit, sys
+from translate import translate_text
+atexit.register(lambda: sys.stderr.write(
+    "imported: " + " ".join(m for m in ("flax", "orbax.checkpoint") if m in sys.modules) + "\\n"
+))
+translate_text.console_main()
+"""
+
+
+@pytest.fixture(scope="module")
+def workdir(tiny_run, tmp_path_factory):
+    return copy_of_tiny_run(tiny_run, tmp_path_factory)
+
+
+def translate(workdir, cache, *flags) -> tuple[str, str]:
+    environment = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}
+    environment.pop(compilation.ENV, None)
+    done = subprocess.run(
+        [sys.executable, "-c", COMMAND, f"--workdir={workdir}", f"--compilation_cache={cache}"]
+        + list(flags),
+        input="\n".join(LINES) + "\n",
+        capture_output=True,
+        text=True,
+        env=environment,
+        cwd=ROOT,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout, done.stderr
+
+
+def setups(cache) -> list[pathlib.Path]:
+    root = pathlib.Path(cache) / programs.SUBDIR
+    return sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
+
+
+def test_a_second_command_decodes_from_the_first_ones_programs_without_flax(workdir, tmp_path):
+    cache = tmp_path / "cache"
+    first, said = translate(workdir, cache)
+    assert "imported: flax orbax.checkpoint" in said  # the first loads the model
+    (setup,) = setups(cache)
+    names = sorted(p.name for p in setup.iterdir())
+    assert "params.npz" in names and "setup.json" in names
+    assert any(name.endswith(".bin") for name in names), names
+    second, said = translate(workdir, cache)
+    assert second == first
+    assert said.splitlines()[-1] == "imported: ", said  # neither Flax nor Orbax
+    assert "decoding with the checkpoint of step 6" in said
+
+
+def test_the_programs_decode_as_the_search_traced_here(workdir):
+    """`SavedSearches`, compiled here or loaded from a setup, gives `Searches`' outputs."""
+    graphdefs, params, tokenizer, config, steps = load_ensemble([workdir])
+    decode = config.decode
+    args = search_args(decode, nbest=2)
+    batches = [src for _, src in source_batches(tokenizer, LINES, 2, config.data.max_len)]
+    traced = Searches(graphdefs, params, args)
+    leaves = jax.tree.leaves(params)
+    setup = programs.Setup(workdir / "unused-cache", "a-setup")
+    setup.save(leaves, steps, [])
+    made = programs.SavedSearches(setup, leaves, lambda: (graphdefs, params), args)
+
+    def model_not_needed():
+        raise AssertionError("the program was saved: no model should be loaded")
+
+    loaded_leaves, _, _ = setup.load()
+    loaded = programs.SavedSearches(setup, loaded_leaves, model_not_needed, args)
+    for src in batches:
+        expected = jax.device_get(traced(src))
+        for searches in (made, loaded):
+            found = jax.device_get(searches(src))
+            for a, b in zip(expected, found, strict=True):
+                np.testing.assert_array_equal(a, b)
+
+
+def test_a_new_checkpoint_or_another_choice_is_another_setup(workdir, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(workdir, run)
+    name = programs.setup_name([str(run)], None, 0)
+    assert programs.setup_name([str(run)], None, 0) == name
+    assert programs.setup_name([str(run)], 3, 0) != name
+    assert programs.setup_name([str(run)], None, 2) != name
+    (run / "checkpoints" / "6" / "added").write_text("x")
+    assert programs.setup_name([str(run)], None, 0) != name
+
+
+def test_a_damaged_program_or_parameters_file_is_made_again_and_said_once(
+    workdir, tmp_path, caplog
+):
+    cache = tmp_path / "cache"
+    expected, _ = translate(workdir, cache)
+    (setup,) = setups(cache)
+    (program,) = [p for p in setup.iterdir() if p.name.endswith(".bin")]
+    program.write_bytes(program.read_bytes()[:-100])  # cut short, as a full disk would
+    found, said = translate(workdir, cache)
+    assert found == expected
+    assert said.count("could not be used") == 1, said
+    assert "imported: flax" in said  # the model was loaded to compile it again
+    found, said = translate(workdir, cache)  # and it was kept whole this time
+    assert found == expected and said.splitlines()[-1] == "imported: "
+    (setup / "params.npz").write_bytes(b"not an archive")
+    found, said = translate(workdir, cache)
+    assert found == expected
+    assert said.count("could not be used") == 1, said
+    json.loads((setup / "setup.json").read_text())  # written again, whole
+
+
+def test_with_the_cache_off_nothing_is_kept(workdir, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    found, _ = translate(workdir, "off")
+    assert found.count("\n") == len(LINES)
+    assert not any(tmp_path.rglob(programs.SUBDIR))
+
+
+def test_the_least_recently_used_setups_go_past_the_bound(tmp_path, monkeypatch, caplog):
+    leaves = [np.zeros(1000, np.float32)]
+    old, new = programs.Setup(tmp_path, "old"), programs.Setup(tmp_path, "new")
+    old.save(leaves, [[1]], [])
+    os.utime(old.record, (1, 1))  # used long ago
+    monkeypatch.setattr(programs, "MAX_BYTES", 6000)
+    with caplog.at_level(logging.WARNING):
+        new.save(leaves, [[1]], [])
+    assert not old.directory.exists()
+    assert new.load() is not None
