@@ -135,3 +135,10 @@ def test_packing_fills_gaps_with_short_pairs():
     for row in rows:
         assert sum(len(src[i]) + 1 for i in row) <= 64
     assert len(rows) == 10  # each long pair with two short ones: 41 + 11 + 11 = 63
+
+
+def test_fewer_sentences_than_a_batch_are_padded_to_a_power_of_two_rows(tokenizer):
+    for count, rows in ((1, 1), (3, 4), (5, 8), (8, 8), (9, 8)):
+        batches = list(source_batches(tokenizer, ["a man reads ."] * count, batch_size=8))
+        assert [tokens.shape[0] for _, tokens in batches][0] == rows
+        assert sum(int(np.sum(indices >= 0)) for indices, _ in batches) == count

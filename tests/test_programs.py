@@ -58,8 +58,11 @@ def translate(workdir, cache, *flags) -> tuple[str, str]:
 
 
 def setups(cache) -> list[pathlib.Path]:
+    """The setups in `cache` (the folder of shared executables left out)."""
     root = pathlib.Path(cache) / programs.SUBDIR
-    return sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.iterdir() if p.is_dir() and p.name != programs.EXECUTABLES)
 
 
 def test_a_second_command_decodes_from_the_first_ones_programs_without_flax(workdir, tmp_path):
@@ -69,7 +72,9 @@ def test_a_second_command_decodes_from_the_first_ones_programs_without_flax(work
     (setup,) = setups(cache)
     names = sorted(p.name for p in setup.iterdir())
     assert "params.npz" in names and "setup.json" in names
-    assert any(name.endswith(".bin") for name in names), names
+    assert any(name.endswith(programs.EXPORTED) for name in names), names
+    executables = cache / programs.SUBDIR / programs.EXECUTABLES
+    assert [p.suffix for p in executables.iterdir()] == [programs.EXECUTABLE]
     second, said = translate(workdir, cache)
     assert second == first
     assert said.splitlines()[-1] == "imported: ", said  # neither Flax nor Orbax
@@ -112,20 +117,25 @@ def test_a_new_checkpoint_or_another_choice_is_another_setup(workdir, tmp_path):
     assert programs.setup_name([str(run)], None, 0) != name
 
 
-def test_a_damaged_program_or_parameters_file_is_made_again_and_said_once(
-    workdir, tmp_path, caplog
+def test_a_damaged_search_executable_or_parameters_file_is_made_again_and_said_once(
+    workdir, tmp_path
 ):
     cache = tmp_path / "cache"
     expected, _ = translate(workdir, cache)
     (setup,) = setups(cache)
-    (program,) = [p for p in setup.iterdir() if p.name.endswith(".bin")]
-    program.write_bytes(program.read_bytes()[:-100])  # cut short, as a full disk would
+    (search,) = setup.glob("*" + programs.EXPORTED)
+    search.write_bytes(search.read_bytes()[:-100])  # cut short, as a full disk would
     found, said = translate(workdir, cache)
     assert found == expected
     assert said.count("could not be used") == 1, said
-    assert "imported: flax" in said  # the model was loaded to compile it again
+    assert "imported: flax" in said  # the model was loaded to trace it again
     found, said = translate(workdir, cache)  # and it was kept whole this time
     assert found == expected and said.splitlines()[-1] == "imported: "
+    (executable,) = (cache / programs.SUBDIR / programs.EXECUTABLES).iterdir()
+    executable.write_bytes(b"garbage")
+    found, said = translate(workdir, cache)
+    assert found == expected
+    assert said.count("could not be used") == 1, said
     (setup / "params.npz").write_bytes(b"not an archive")
     found, said = translate(workdir, cache)
     assert found == expected

@@ -239,17 +239,20 @@ def source_batches(
     """Source sentences for decoding, sorted by length: yields (indices, tokens [B, S]).
 
     S is one of a few widths (`decode_width`) and the last batch is padded to `batch_size` rows
-    (with index -1), so a handful of shapes is compiled. Sentences longer than `max_len` tokens
-    are truncated to it.
+    (with index -1), so a handful of shapes is compiled; fewer sentences than `batch_size` in
+    all (a line typed at the text command) are padded to the next power of two rows only, since
+    a search's steps cost in proportion to its rows. Sentences longer than `max_len` tokens are
+    truncated to it.
     """
     encoded = [ids[: max_len - 1] if max_len else ids for ids in tokenizer.encode(sentences)]
     order = np.argsort([len(ids) for ids in encoded], kind="stable")
+    rows = min(batch_size, 1 << max(len(order) - 1, 0).bit_length())
     for start in range(0, len(order), batch_size):
         chunk = order[start : start + batch_size]
         width = decode_width(max(len(encoded[i]) for i in chunk) + 1, max_len)
-        tokens = np.zeros((batch_size, width), np.int32)
+        tokens = np.zeros((rows, width), np.int32)
         for r, i in enumerate(chunk):
             tokens[r, : len(encoded[i]) + 1] = list(encoded[i]) + [EOS_ID]
-        indices = np.full(batch_size, -1, np.int64)
+        indices = np.full(rows, -1, np.int64)
         indices[: len(chunk)] = chunk
         yield indices, tokens

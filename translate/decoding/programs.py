@@ -8,32 +8,36 @@ inputs (one "setup"):
 
   <cache>/searches/<setup>/params.npz   the parameters: every model's leaves, in order
   <cache>/searches/<setup>/setup.json   the steps they are and what loading them said
-  <cache>/searches/<setup>/<search>.bin one search per decoding settings and batch shape, traced
-                                        and lowered (a serialized `jax.export.Exported`)
+  <cache>/searches/<setup>/<search>.exported   one search per decoding settings and batch
+                                        shape, traced and lowered (`jax.export`)
+  <cache>/searches/<setup>/<search>.xla its executable, as XLA compiled it
 
 A setup is named by a hash of everything its files depend on: each workdir's path, config.json
 and vocab.model, and the name, size and modification time of every file under its checkpoints/
 (a checkpoint saved, deleted or changed is another setup); the checkpoint choice (--step,
---average); this package's source code; the JAX version, the devices, the JAX settings that
-change a program and XLA_FLAGS. A later command that finds its setup complete reads the
-parameters and the searches and hands them to XLA, whose persistent cache holds the compiled
-programs: no Flax, no Orbax, no tracing. A batch shape not yet there loads the model then,
-traces that shape and keeps it. (Why not keep XLA's compiled executables themselves: on the CPU
-an executable that JAX read from its cache serializes without its code, JAX 0.10; the lowered
-program is what JAX's cache is keyed by, and the cache stays the one place for executables.)
+--average); this package's source code; the JAX version, the devices and the host's instruction
+set, the JAX settings that change a program and XLA_FLAGS. A later command that finds its setup
+complete reads the parameters and loads the executables: no Flax, no Orbax, no tracing, no
+compiling. A search without its executable is compiled from the saved search (XLA's persistent
+cache may hold it); a batch shape not yet there loads the model, traces that shape and keeps
+it. Only an executable compiled in the process is kept: on the CPU one that JAX read from its
+own cache serializes without its code (JAX 0.10) and would fail when run, so such a search is
+kept traced alone, and the next command compiles it from there through JAX's cache.
 
 `<cache>` is the compilation cache's directory, and the searches go with it: the flag and the
 environment variable that move the cache or turn it off do the same here. The setups are kept
 under `MAX_BYTES` together, the least recently used deleted first. Files are written whole
-(a temporary file renamed into place), so processes may share the directory; a saved search is
-checked against its digest before it is read, and anything unreadable is made again as if it
-were not there, said once.
+(a temporary file renamed into place), so processes may share the directory; a saved search or
+executable is checked against its digest before it is read, and anything unreadable is made
+again as if it were not there, said once. Like JAX's own cache, an executable is code that runs
+when loaded: the directory must be the user's own.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import hashlib
 import importlib.metadata
 import json
@@ -61,6 +65,20 @@ MAX_BYTES = 2 * 2**30
 MAGIC = b"translate saved search 1\n"
 # What a saved search is made from: the package's own source files.
 PACKAGE = pathlib.Path(__file__).resolve().parents[1]
+# The suffixes of a saved search (traced and lowered) and of its executable (compiled).
+EXPORTED, EXECUTABLE = ".exported", ".xla"
+# The folder, beside the setups, of the executables they share (named by program and machine).
+EXECUTABLES = "executables"
+# How many programs this process found in JAX's persistent cache, counted by the listener below.
+CACHE_HITS = [0]
+
+
+def _count_cache_hits(event: str, **kwargs: Any) -> None:
+    if event == "/jax/compilation_cache/cache_hits":
+        CACHE_HITS[0] += 1
+
+
+jax.monitoring.register_event_listener(_count_cache_hits)
 
 
 def code_digest() -> str:
@@ -71,6 +89,7 @@ def code_digest() -> str:
     return digest.hexdigest()
 
 
+@functools.cache
 def machine() -> dict[str, Any]:
     """What makes a program compiled here differ from one compiled elsewhere, or run wrong."""
     device = jax.local_devices()[0]
@@ -121,11 +140,12 @@ def setup_name(workdirs: Sequence[str], step: int | None, average: int) -> str:
 
 
 def search_name(args: tuple, shape: tuple[int, int]) -> str:
-    """The file name of a saved search: its settings (`search`'s arguments) and shape."""
+    """The file name (less its suffix) of a saved search: its settings (`search`'s arguments)
+    and shape."""
     beam_size, alpha, max_extra_len, nbest, stop = args
     return (
         f"beam{beam_size}-alpha{alpha!r}-extra{max_extra_len}-{stop}"
-        f"{'-nbest' if nbest else ''}-{shape[0]}x{shape[1]}.bin"
+        f"{'-nbest' if nbest else ''}-{shape[0]}x{shape[1]}"
     )
 
 
@@ -137,6 +157,8 @@ class Setup:
         self.directory = self.root / name
         self.params = self.directory / "params.npz"
         self.record = self.directory / "setup.json"
+        # Executables depend on the program alone, not on the parameters: setups share them.
+        self.executables = self.root / EXECUTABLES
         self._said = False
 
     @classmethod
@@ -190,57 +212,107 @@ class Setup:
         except OSError as e:
             self.say_once("the directory for saved searches", e)
 
-    def load_search(self, name: str):
-        """The search saved under `name` (a `jax.export.Exported`), or None."""
-        path = self.directory / name
+    def read(self, path: pathlib.Path, what: str) -> bytes | None:
+        """The payload of the file `path` if it is there and whole, else None."""
         try:
             data = path.read_bytes()
         except FileNotFoundError:
             return None
         except OSError as e:
-            self.say_once("a saved search", e)
+            self.say_once(what, e)
             return None
         head, digest = data[: len(MAGIC)], data[len(MAGIC) : len(MAGIC) + 65]
         payload = data[len(MAGIC) + 65 :]
         if head != MAGIC or digest != hashlib.sha256(payload).hexdigest().encode() + b"\n":
-            self.say_once("a saved search", ValueError(f"{name} is not whole"))
+            self.say_once(what, ValueError(f"{path.name} is not whole"))
             return None
+        return payload
+
+    def write(self, path: pathlib.Path, payload: bytes) -> None:
+        """Keeps `payload` as the file `path`, with the digest `read` checks; never raises."""
+        digest = hashlib.sha256(payload).hexdigest().encode() + b"\n"
         try:
-            return jax.export.deserialize(bytearray(payload))
+            path.parent.mkdir(parents=True, exist_ok=True)
+            atomic.write_bytes(path, MAGIC + digest + payload)
+        except OSError as e:
+            self.say_once("the directory for saved searches", e)
+
+    def load_search(self, name: str):
+        """(the search saved under `name`, a `jax.export.Exported`, and its bytes), or None."""
+        payload = self.read(self.directory / name, "a saved search")
+        try:
+            return None if payload is None else (jax.export.deserialize(payload), payload)
         except Exception as e:  # noqa: BLE001 - whatever the reader says, trace it again
             self.say_once("a saved search", e)
             return None
 
-    def save_search(self, name: str, exported) -> None:
-        """Keeps a search (`jax.export.Exported`); never raises."""
+    def save_search(self, name: str, exported) -> bytes | None:
+        """Keeps a search (`jax.export.Exported`) and returns its bytes; never raises."""
         try:
             payload = bytes(exported.serialize())
         except Exception as e:  # noqa: BLE001 - cannot be serialized here: not kept
             log.debug("a search cannot be kept: %s", e)
-            return
-        digest = hashlib.sha256(payload).hexdigest().encode() + b"\n"
+            return None
+        self.write(self.directory / name, payload)
+        return payload
+
+    def load_executable(self, key: str, in_tree, out_tree):
+        """The executable kept under `key`, loaded for the first local device, or None."""
+        path = self.executables / f"{key}{EXECUTABLE}"
+        payload = self.read(path, "a saved executable")
+        if payload is None:
+            return None
+        from jax.experimental import serialize_executable
+
         try:
-            atomic.write_bytes(self.directory / name, MAGIC + digest + payload)
-        except OSError as e:
-            self.say_once("the directory for saved searches", e)
+            loaded = serialize_executable.deserialize_and_load(
+                payload, in_tree, out_tree, execution_devices=jax.local_devices()[:1]
+            )
+        except Exception as e:  # noqa: BLE001 - whatever the loader says, compile it again
+            self.say_once("a saved executable", e)
+            return None
+        with contextlib.suppress(OSError):
+            os.utime(path)  # recently used: evicted last
+        return loaded
+
+    def save_executable(self, key: str, compiled) -> None:
+        """Keeps a compiled search (`jax.stages.Compiled`) under `key`; never raises."""
+        from jax.experimental import serialize_executable
+
+        try:
+            payload, _, _ = serialize_executable.serialize(compiled)
+        except Exception as e:  # noqa: BLE001 - a backend that cannot serialize: not kept
+            log.debug("an executable cannot be kept: %s", e)
+            return
+        self.write(self.executables / f"{key}{EXECUTABLE}", payload)
 
     def evict(self) -> None:
-        """Deletes the least recently used setups until all fit in `MAX_BYTES`."""
+        """Deletes the least recently used setups and executables until all fit in
+        `MAX_BYTES`; never this setup."""
         self.root.mkdir(parents=True, exist_ok=True)
         with open(self.root / ".lock", "a+b") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
-            setups = []
-            for directory in self.root.iterdir():
-                if directory.is_dir() and not directory.name.startswith("."):
-                    record = directory / "setup.json"
-                    used = record.stat().st_mtime if record.exists() else 0.0
-                    size = sum(p.stat().st_size for p in directory.iterdir() if p.is_file())
-                    setups.append((used, size, directory))
-            total = sum(size for _, size, _ in setups)
-            for _, size, directory in sorted(setups, key=lambda s: s[0]):
-                if total <= MAX_BYTES or directory == self.directory:
+            entries = []  # (last used, bytes, path)
+            for path in self.root.iterdir():
+                if path.name.startswith(".") or not path.is_dir():
                     continue
-                shutil.rmtree(directory, ignore_errors=True)
+                if path.name == EXECUTABLES:
+                    for file in path.iterdir():
+                        status = file.stat()
+                        entries.append((status.st_mtime, status.st_size, file))
+                    continue
+                record = path / "setup.json"
+                used = record.stat().st_mtime if record.exists() else 0.0
+                size = sum(p.stat().st_size for p in path.iterdir() if p.is_file())
+                entries.append((used, size, path))
+            total = sum(size for _, size, _ in entries)
+            for _, size, path in sorted(entries, key=lambda entry: entry[0]):
+                if total <= MAX_BYTES or path == self.directory:
+                    continue
+                if path.is_dir():
+                    shutil.rmtree(path, ignore_errors=True)
+                else:
+                    path.unlink(missing_ok=True)
                 total -= size
 
 
@@ -249,9 +321,9 @@ class SavedSearches:
 
     Each shape's search is read from the setup when an earlier command saved it there, else it
     is traced here (the model is loaded then, once, through `load_model`) and saved. Either way
-    the search runs as that saved program (`jax.export`), which XLA compiles or finds in the
-    persistent compilation cache, so a warm command runs what the cold one ran. Calls take
-    source batches [B, S] and give what `search` gives.
+    the search runs as that saved program (`jax.export`): its executable kept beside the setups,
+    or compiled from it (XLA's persistent cache may hold it), so a warm command runs what the
+    cold one ran. Calls take source batches [B, S] and give what `search` gives.
 
     Args:
       setup: where the searches are kept; None keeps nothing (traced in this process only).
@@ -273,17 +345,33 @@ class SavedSearches:
         self.programs: dict[tuple[int, int], Callable] = {}
 
     def compile(self, shape: tuple[int, int]) -> None:
-        """Makes the program for batches of `shape` ready: read or traced, then compiled."""
+        """Makes the program for batches of `shape` ready: its executable loaded, or compiled
+        from the saved or newly traced search (XLA's persistent cache may hold it)."""
         if shape in self.programs:
             return
-        name = search_name(self.args, shape)
-        exported = self.setup.load_search(name) if self.setup is not None else None
-        if exported is None:
+        name = search_name(self.args, shape) + EXPORTED
+        found = self.setup.load_search(name) if self.setup is not None else None
+        if found is not None:
+            exported, payload = found
+        else:
             exported = self._export(shape)
-            if self.setup is not None:
-                self.setup.save_search(name, exported)
+            payload = self.setup.save_search(name, exported) if self.setup is not None else None
+        key = None
+        if payload is not None:
+            key = hashlib.sha256(payload + json.dumps(machine()).encode()).hexdigest()[:32]
+            in_tree = jax.tree.structure(((list(range(len(self.leaves))), 0), {}))
+            loaded = self.setup.load_executable(key, in_tree, jax.tree.structure((0, 0)))
+            if loaded is not None:
+                self.programs[shape] = loaded
+                return
         spec = jax.ShapeDtypeStruct(shape, np.int32)
-        self.programs[shape] = jax.jit(exported.call).lower(self.leaves, spec).compile()
+        hits = CACHE_HITS[0]
+        compiled = jax.jit(exported.call).lower(self.leaves, spec).compile()
+        # Only an executable compiled here is kept: on the CPU one that JAX read from its
+        # cache serializes without its code (JAX 0.10), and would fail when run.
+        if key is not None and CACHE_HITS[0] == hits:
+            self.setup.save_executable(key, compiled)
+        self.programs[shape] = compiled
 
     def _export(self, shape: tuple[int, int]):
         graphdefs, params = self.load_model()
