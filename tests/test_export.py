@@ -5,6 +5,7 @@ import dataclasses
 import functools
 import importlib.util
 import json
+import logging
 import pathlib
 import shutil
 
@@ -534,3 +535,49 @@ def test_the_partial_copy_of_a_killed_export_is_removed_by_the_next(workdir, tmp
     monkeypatch.setattr(atomic, "STALE_SECONDS", 0.0)
     exporter.export(str(workdir), str(output), "ctranslate2")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ct2"]
+
+
+def test_a_re_export_keeps_what_a_user_added_to_the_export(workdir, tmp_path, capsys, caplog):
+    out = tmp_path / "ct2"
+    argv = [f"--workdir={workdir}", "--format=ctranslate2", f"--output={out}"]
+    assert run_command(argv, capsys)[0] == 0
+    (out / "README.md").write_text("how we serve this model\n")
+    (out / "scripts").mkdir()
+    (out / "scripts" / "serve.py").write_text("print('serve')\n")
+    with caplog.at_level(logging.WARNING, logger="translate"):
+        code, err = run_command([*argv, "--quantization=int8"], capsys)
+    assert code == 0, err
+    assert (out / "README.md").read_text() == "how we serve this model\n"
+    assert (out / "scripts" / "serve.py").read_text() == "print('serve')\n"
+    assert "kept what the earlier export did not write: README.md, scripts" in caplog.text
+    marker = json.loads((out / exporter.MARKER).read_text())
+    assert marker["quantization"] == "int8" and "README.md" not in marker["files"]
+    assert {"model.bin", "vocab.model", exporter.MARKER} <= set(marker["files"])
+
+
+def test_an_export_that_a_run_has_trained_into_is_not_replaced(workdir, tmp_path, capsys):
+    out = tmp_path / "ct2"
+    argv = [f"--workdir={workdir}", "--format=ctranslate2", f"--output={out}"]
+    assert run_command(argv, capsys)[0] == 0
+    (out / "checkpoints").mkdir()
+    (out / "metrics.jsonl").write_text("{}\n")
+    before = files_under(out)
+    code, err = run_command(argv, capsys)
+    assert code == 2
+    assert "a training run has written into since (checkpoints, metrics.jsonl)" in err, err
+    assert files_under(out) == before and (out / "checkpoints").is_dir()
+
+
+@pytest.mark.parametrize("force", [False, True])
+def test_training_into_an_export_is_refused_and_changes_nothing(workdir, tmp_path, capsys, force):
+    from translate.training.trainer import train_and_evaluate
+
+    out = tmp_path / "ct2"
+    assert (
+        run_command([f"--workdir={workdir}", "--format=ctranslate2", f"--output={out}"], capsys)[0]
+        == 0
+    )
+    before = sorted(out.iterdir()), files_under(out)
+    with pytest.raises(ValueError, match="is an export that translate-export wrote"):
+        train_and_evaluate(tiny_config(), out, force=force)
+    assert (sorted(out.iterdir()), files_under(out)) == before

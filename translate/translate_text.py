@@ -57,7 +57,7 @@ from translate.cli import Flag, parse_flags
 from translate.config import DecodeConfig, field_descriptions
 from translate.data.tokenizer import Tokenizer
 from translate.decoding import programs
-from translate.decoding.sentences import search_args, translate_sentences
+from translate.decoding.sentences import Searches, search_args, translate_sentences
 from translate.workdir import Workdir, load_ensemble, read_config
 
 # Most lines decoded and written at a time: bounds memory on arbitrarily long input.
@@ -396,9 +396,11 @@ def main(argv: Sequence[str]) -> None:
     sys.stderr.write(describe_models(flags["workdir"], steps, chosen, config) + "\n")
     decode = config.decode
     apply_decoding_flags(flags, decode)
-    searches = programs.SavedSearches(
-        setup, leaves, load_model, search_args(decode, flags["nbest"])
-    )
+    args = search_args(decode, flags["nbest"])
+    if setup is None:  # nothing kept: the search traced as evaluation traces it
+        searches = Searches(*load_model(), args)
+    else:
+        searches = programs.SavedSearches(setup, leaves, load_model, args)
 
     source = open(flags["input"], "rb") if flags["input"] else sys.stdin.buffer
     target, atomic = sys.stdout.buffer, False

@@ -47,6 +47,9 @@ from translate import atomic, sharding
 from translate.config import Config, config_from_dict, split_init_from
 from translate.data.tokenizer import Tokenizer
 
+# The file that marks a directory as written by translate-export (translate/engines/writer.py).
+EXPORT_MARKER = "translate-export.json"
+
 
 class Workdir:
     """The paths inside one run directory."""
@@ -119,6 +122,16 @@ class Workdir:
     def report_files(self) -> list[pathlib.Path]:
         """The three files of a report (translate/decoding/report.py writes them)."""
         return [self.report_json, self.report_txt, self.hypotheses]
+
+    def is_export(self) -> bool:
+        """Whether translate-export wrote this directory (its marker is there)."""
+        return (self.path / EXPORT_MARKER).is_file()
+
+    def holds_training_files(self) -> list[str]:
+        """The names of the entries here that only training writes (its checkpoints, tokens,
+        logs, lock, report; not config.json or vocab.model, which an export holds too)."""
+        own = [*self.training_directories(), self.metrics, self.lock, *self.report_files()]
+        return sorted(p.name for p in own + [self.previous_run] if p.exists())
 
     def is_training_run(self) -> bool:
         """Whether a training run has written here (its config or checkpoints)."""
@@ -213,6 +226,12 @@ def check_layout(workdir: Workdir) -> None:
     Raises:
       ValueError: naming --workdir and the path in the way.
     """
+    if workdir.is_export():
+        raise ValueError(
+            f"--workdir={workdir.path} is an export that translate-export wrote "
+            f"({EXPORT_MARKER}); training there would replace the exported model's files, "
+            "with --force or without: give a new directory (nothing in it was changed)"
+        )
     for path in (workdir.path, *workdir.path.parents):
         if path.exists() and not path.is_dir():
             raise ValueError(

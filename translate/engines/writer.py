@@ -2,10 +2,13 @@
 
 An export directory holds the format's own files (ctranslate2.py, huggingface.py),
 our `vocab.model` (the engines take SentencePiece pieces or ids; neither tokenizes), and
-`translate-export.json`, which marks the directory as an export of ours: a later export may
-replace such a directory, and nothing else. Everything is checked before the parameters are
-read, and the directory is written beside its place and renamed into it once whole
-(atomic.directory), so a failed export leaves what was there.
+`translate-export.json`, which marks the directory as an export of ours and lists the files
+the export wrote: a later export may replace such a directory, and nothing else. Files a user
+added to it since (a README, a script) are carried into the new export, said in one line; an
+export directory that a training run has written into since is refused (training refuses an
+export as its workdir, too). Everything is checked before the parameters are read, and the
+directory is written beside its place and renamed into it once whole (atomic.directory), so a
+failed export leaves what was there.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from flax import nnx
 from translate import atomic, provenance
 from translate.config import Config
 from translate.engines import ctranslate2, huggingface
-from translate.workdir import Workdir, load_ensemble, read_config
+from translate.workdir import EXPORT_MARKER, Workdir, load_ensemble, read_config
 
 # --format's names and their modules. Each module gives the same interface: PACKAGE and
 # INSTALL (the package its writer needs), QUANTIZATIONS and QUANTIZATION_PACKAGES (what a
@@ -37,7 +40,7 @@ from translate.workdir import Workdir, load_ensemble, read_config
 FORMATS: dict[str, ModuleType] = {"ctranslate2": ctranslate2, "huggingface": huggingface}
 log = logging.getLogger("translate")
 
-MARKER = "translate-export.json"
+MARKER = EXPORT_MARKER
 VOCAB = "vocab.model"
 
 
@@ -84,6 +87,12 @@ def check_output(output: str | os.PathLike, workdir: str | os.PathLike) -> None:
         raise ValueError(
             f"--output={output} holds files that no translate-export wrote (no {MARKER}); "
             "nothing was overwritten: give a new or empty directory"
+        )
+    if out.is_dir() and (trained := Workdir(out).holds_training_files()):
+        raise ValueError(
+            f"--output={output} is an earlier export that a training run has written into "
+            f"since ({', '.join(trained)}); replacing it would delete that run: move the run "
+            "away or give a new directory (nothing was overwritten)"
         )
 
 
@@ -135,7 +144,30 @@ def export(
     for left in atomic.remove_stale(output, "new"):
         log.warning("removed %s, the partial copy that a killed export left beside it", left)
     with writing(output) as tmp:
-        return write_export(workdir, fmt, step, average, quantization, tmp)
+        record = write_export(workdir, fmt, step, average, quantization, tmp)
+        carry_added_files(pathlib.Path(output), tmp)
+        return record
+
+
+def carry_added_files(output: pathlib.Path, tmp: pathlib.Path) -> None:
+    """Copies into the new export `tmp` what a user added to the earlier one at `output`:
+    every entry that neither the earlier export (its marker's list) nor the new one wrote."""
+    if not (output / MARKER).is_file():
+        return
+    try:
+        written = set(json.loads((output / MARKER).read_text(encoding="utf-8"))["files"])
+    except (OSError, ValueError, KeyError, TypeError):
+        written = set()  # an export older than the list: keep all it holds that is not new
+    added = sorted(
+        p.name for p in output.iterdir() if p.name not in written and not (tmp / p.name).exists()
+    )
+    for name in added:
+        if (output / name).is_dir() and not (output / name).is_symlink():
+            shutil.copytree(output / name, tmp / name, symlinks=True)
+        else:
+            shutil.copy2(output / name, tmp / name, follow_symlinks=False)
+    if added:
+        log.warning("kept what the earlier export did not write: %s", ", ".join(added))
 
 
 @contextlib.contextmanager
@@ -174,5 +206,6 @@ def write_export(
     record.update(FORMATS[fmt].record_fields(config.model))
     FORMATS[fmt].write(model, config.model, tokenizer, tmp, quantization)
     shutil.copyfile(tokenizer.path, tmp / VOCAB)
+    record["files"] = sorted([p.name for p in tmp.iterdir()] + [MARKER])
     (tmp / MARKER).write_text(json.dumps(record, indent=2) + "\n")
     return record
