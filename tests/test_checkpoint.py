@@ -227,6 +227,29 @@ def test_average_retries_when_the_trainer_deletes_a_step_meanwhile(run, monkeypa
     assert_params_equal_base_plus(params, base, 4.5)
 
 
+def test_the_newest_is_chosen_again_when_the_trainer_deletes_it_meanwhile(run, monkeypatch):
+    """Issue 40: a reader of the newest checkpoint of a workdir still training, whose trainer
+    (keeping one checkpoint) saves a new step and deletes every older one while it is read."""
+    workdir, base = run
+    restore = checkpoint.restore
+    calls, said = [], []
+
+    def trainer_moves_on(manager, step, *args, **kwargs):
+        calls.append(step)
+        if len(calls) == 1:  # while step 4 is read, the trainer saves 5 and deletes 1-4
+            writer = checkpoint.make_manager(Workdir(workdir).checkpoints, keep=1)
+            save_steps(writer, [5], base)
+            writer.close()
+            assert checkpoint.make_manager(manager.directory, read_only=True).all_steps() == [5]
+        return restore(manager, step, *args, **kwargs)
+
+    monkeypatch.setattr(checkpoint, "restore", trainer_moves_on)
+    _, params, _, _, steps = load_model(workdir, log=said.append)
+    assert calls[0] == 4 and steps == [5]
+    assert_params_equal_base_plus(params, base, 5)
+    assert not said, "a deleted step is not called unreadable"
+
+
 def test_averaging_in_a_read_only_workdir_says_where_to_write_before_reading(run, monkeypatch):
     workdir, _ = run
     script = importlib.import_module("scripts.average_checkpoints")

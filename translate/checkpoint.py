@@ -119,6 +119,20 @@ def read_meta(manager: ocp.CheckpointManager, step: int) -> dict[str, Any]:
     return manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
 
 
+class StepDeleted(Exception):
+    """A step's directory went away while it was read: a run still training there deleted it
+    (it keeps its newest `keep_checkpoints`). Not a damaged checkpoint: choose again."""
+
+    def __init__(self, step: int):
+        super().__init__(f"the checkpoint of step {step} was deleted while it was read")
+        self.step = step
+
+
+def step_exists(manager: ocp.CheckpointManager, step: int) -> bool:
+    """Whether `step`'s directory is still there."""
+    return (pathlib.Path(manager.directory) / str(step)).exists()
+
+
 def restore_latest(
     manager: ocp.CheckpointManager,
     abstract_params: Any,
@@ -142,11 +156,14 @@ def restore_latest(
 
     Raises:
       RuntimeError: if there are steps but none of them can be read.
+      StepDeleted: a step went away while it was read (the caller may reload and choose again).
     """
     steps = sorted(manager.all_steps(), reverse=True)
     errors, unreadable = [], []
 
     def fall_back(step: int, e: Exception) -> None:
+        if not step_exists(manager, step):
+            raise StepDeleted(step) from e
         errors.append(f"step {step}: {type(e).__name__}: {str(e)[:200]}")
         unreadable.append(step)
         log(

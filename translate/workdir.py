@@ -638,11 +638,24 @@ def load_model(
         meta = checkpoint.read_meta(manager, step)
         check(meta)
         params, _, _ = checkpoint.restore(manager, step, abstract)
-    else:
-        step, params, _, meta = checkpoint.restore_latest(
-            manager, abstract, check_meta=check, log=log
-        )
-    return graphdef, params, tokenizer, config, meta.get("averaged_steps", [step])
+        return graphdef, params, tokenizer, config, meta.get("averaged_steps", [step])
+    # A run still training there may delete the newest step while it is read: then the newest
+    # is chosen again (a few times), as for --average.
+    for _ in range(READ_ATTEMPTS):
+        try:
+            found = checkpoint.restore_latest(manager, abstract, check_meta=check, log=log)
+        except checkpoint.StepDeleted:
+            manager.reload()
+            continue
+        if found is None:  # every step was deleted meanwhile
+            break
+        step, params, _, meta = found
+        return graphdef, params, tokenizer, config, meta.get("averaged_steps", [step])
+    raise ValueError(
+        f"the newest checkpoint in {manager.directory} was deleted while it was read, "
+        f"{READ_ATTEMPTS} times (a run training there keeps only its newest "
+        f"{config.train.keep_checkpoints}): try again"
+    )
 
 
 def write_average(
