@@ -365,3 +365,14 @@ def test_a_platform_jax_cannot_start_is_one_line_naming_jax_platforms(platforms)
     assert done.returncode == 2, done.stderr
     assert done.stderr.count("\n") == 1 and f"JAX_PLATFORMS={platforms}:" in done.stderr
     assert "lowercase" in done.stderr
+
+
+def test_text_the_console_cannot_spell_is_escaped_not_an_error():
+    """Issue 40: PYTHONIOENCODING=ascii ended a command with an encoding error after its work."""
+    program = "from translate import cli; cli.run(lambda argv: print('Größe → Maß'))"
+    env = {**os.environ, "PYTHONIOENCODING": "ascii"}
+    done = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, env=env, cwd=ROOT
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "Gr\\xf6\\xdfe \\u2192 Ma\\xdf\n"

@@ -1,8 +1,11 @@
 """Parallel text read and checked: translate/data/text.py."""
 
+import os
+import threading
+
 import pytest
 
-from translate.data.text import ParallelText, read_parallel, sample_sentences
+from translate.data.text import ParallelText, read_lines, read_parallel, sample_sentences
 
 
 def test_mismatched_parallel_files_name_both_files(tmp_path):
@@ -42,3 +45,18 @@ def test_nul_byte_is_an_error_naming_file_and_line(tmp_path):
     (tmp_path / "a.de").write_bytes(b"eins\nzwei\n")
     with pytest.raises(ValueError, match=r"a\.en:2: NUL byte"):
         read_parallel(tmp_path / "a.en", tmp_path / "a.de")
+
+
+def test_sentences_are_read_from_a_pipe_as_from_a_file(tmp_path):
+    """Issue 40: `translate-evaluate --src=<(zcat test.en.gz)` reads a pipe, not a file."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+
+    def write():
+        with open(fifo, "w", encoding="utf-8") as f:
+            f.write("ein Satz .\nzwei Sätze .\n")
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    assert read_lines(fifo) == ["ein Satz .", "zwei Sätze ."]
+    writer.join()

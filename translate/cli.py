@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import io
 import logging
 import os
 import pathlib
@@ -111,6 +112,15 @@ def exit_at_once(status: int) -> NoReturn:
     os._exit(status)
 
 
+def readable_in_any_encoding() -> None:
+    """Makes text the console's encoding cannot spell (German in a report line, under
+    PYTHONIOENCODING=ascii or a C locale) come out escaped, not end the command with an
+    encoding error after its work is done. Files are written as UTF-8 regardless."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(AttributeError, ValueError, io.UnsupportedOperation):
+            stream.reconfigure(errors="backslashreplace")
+
+
 def run(main: Callable[[list[str]], Any], argv: Sequence[str] | None = None) -> None:
     """Calls `main(argv)` and exits: 0, main's own int status, 2 with one line on a user's
     mistake, or 128 + the signal with one line on SIGINT or SIGTERM (after main's cleanup).
@@ -126,6 +136,7 @@ def run(main: Callable[[list[str]], Any], argv: Sequence[str] | None = None) -> 
         program = f"python -m {spec.name}"  # run as python -m translate.train
     # Before XLA's threads allocate: one arena is chosen at a first malloc.
     devices.keep_freed_memory()
+    readable_in_any_encoding()
     previous = None
     if threading.current_thread() is threading.main_thread():
         previous = signal.signal(signal.SIGTERM, raise_terminated)

@@ -23,8 +23,9 @@ def read_lines(path: str | pathlib.Path, allow_empty: bool = False) -> list[str]
     path = pathlib.Path(path)
     if path.is_dir():
         raise IsADirectoryError(f"{path}: a directory, not a file of sentences")
-    if not path.is_file():
+    if not path.exists():
         raise FileNotFoundError(f"{path}: no such file")
+    # Not only a regular file: a pipe (`--src=<(zcat test.en.gz)`, a FIFO) is read once, whole.
     lines = []
     with open(path, "rb") as f:
         for number, raw in enumerate(f, start=1):
