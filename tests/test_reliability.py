@@ -24,7 +24,7 @@ from translate.data import sources as data
 from translate.data import synthetic
 from translate.data.tokenizer import train_tokenizer
 from translate.training import monitor, trainer
-from translate.workdir import Workdir, WorkdirBusy, load_model, lock
+from translate.workdir import Workdir, WorkdirBusy, load_model, lock, read_config
 
 ROOT = pathlib.Path(__file__).parent.parent
 
@@ -733,3 +733,13 @@ def test_a_workdir_that_cannot_be_made_is_a_one_line_error(config, tmp_path):
     with read_only(parent), pytest.raises(ValueError, match=r"--workdir=.*cannot write") as error:
         trainer.train_and_evaluate(config, parent / "run")
     assert cli.user_error_message(error.value) is not None
+
+
+def test_a_reader_of_an_interrupted_force_run_is_told_to_train_again(tmp_path):
+    """Issue 40: after kill -9 of a --force run while its data loaded, config.json is set aside
+    in previous_run/; a reader said "holds no config.json"."""
+    run = Workdir(tmp_path / "run")
+    run.previous_run.mkdir(parents=True)
+    (run.previous_run / "config.json").write_text("{}")
+    with pytest.raises(FileNotFoundError, match="interrupted --force run.*run translate-train"):
+        read_config(run)

@@ -350,3 +350,24 @@ def test_a_checkpoint_past_the_configs_last_step_warns_that_nothing_is_trained(
     assert "is step 8, past config.train.num_train_steps 6: nothing is trained" in text
     config.train.num_train_steps = 8  # a finished run run again: nothing to say
     assert "WARNING" not in resume_warnings(config, saved, 8, tmp_path, monkeypatch, caplog)
+
+
+def test_keep_best_turned_on_by_a_resume_keeps_the_best_from_then_on(text_dir, tmp_path):
+    """Issue 40: keep_best_by added on resume, after a better dev BLEU had been logged, left
+    best/ empty (the history's best was never kept)."""
+    scores = iter([3.0, 1.0, 2.0, 2.5, 1.0])
+    monkeypatch = pytest.MonkeyPatch()
+    monkeypatch.setattr(trainer, "dev_bleu", lambda *args, **kwargs: {"eval/bleu": next(scores)})
+    config = files_config(text_dir, dev=True)
+    config.train.num_train_steps = 4
+    config.train.eval_every_steps = 2
+    config.train.checkpoint_every_steps = 2
+    try:
+        trainer.train_and_evaluate(config, tmp_path / "run")  # dev BLEU 3 at step 2, 1 at 4
+        config.train.num_train_steps = 10
+        config.train.keep_best_by = "dev_bleu"
+        trainer.train_and_evaluate(config, tmp_path / "run")  # 2 at 6, 2.5 at 8, 1 at 10
+    finally:
+        monkeypatch.undo()
+    _, _, _, _, steps = load_model(Workdir(tmp_path / "run").best)
+    assert steps == [8]

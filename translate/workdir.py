@@ -523,6 +523,12 @@ def write_config(config: Config, workdir: Workdir) -> None:
 def read_config(workdir: Workdir) -> Config:
     """The config a workdir was trained with."""
     if not workdir.config.is_file():
+        if workdir.previous_run.is_dir():
+            raise FileNotFoundError(
+                f"--workdir: {workdir.path} holds an interrupted --force run (its earlier run is "
+                f"set aside in {workdir.previous_run.name}/): run translate-train there again to "
+                "put the earlier run back, or to finish the new one"
+            )
         raise FileNotFoundError(
             f"--workdir: {workdir.path} holds no {workdir.config.name}; is it a translate.train "
             "workdir?"

@@ -225,6 +225,7 @@ class Trainer:
         self.window: ThroughputWindow | None = None
         self.dev_history: DevBleuHistory | None = None  # dev BLEU logged up to the step
         self.best: Any = None  # the best checkpoint's manager, with train.keep_best_by
+        self.kept_bleu: float | None = None  # the dev BLEU of the checkpoint in best/
         self.profiler: StepProfiler | None = None
         self.compiled = False  # whether the train step has been traced and compiled
 
@@ -286,6 +287,9 @@ class Trainer:
         if t.keep_best_by:
             self.best = checkpoint.make_manager(Workdir(self.workdir.best).checkpoints, keep=1)
             self.on_exit.enter_context(self.best)
+            # The dev BLEU that best/ holds. None while it holds nothing, also when a resume
+            # turned keep_best_by on after dev evaluations: the next one is kept, then better.
+            self.kept_bleu = self.dev_history.best if self.best.all_steps() else None
         self.profiler = StepProfiler(split_profile_steps(t.profile_steps), self.workdir.profile)
         self.on_exit.callback(self.profiler.close)
 
@@ -421,17 +425,13 @@ class Trainer:
             raise self.stop_after_evaluation(self.stop.signum) from None
         if "eval/bleu" not in metrics_eval:  # a language model has no BLEU
             return False
-        improved = self.dev_history.add(step, metrics_eval["eval/bleu"])
-        if improved and self.best is not None:
+        bleu = metrics_eval["eval/bleu"]
+        self.dev_history.add(step, bleu)
+        if self.best is not None and (self.kept_bleu is None or bleu > self.kept_bleu):
             save_best(
-                self.best,
-                self.config,
-                self.workdir,
-                self.data,
-                self.state.params,
-                step,
-                metrics_eval["eval/bleu"],
+                self.best, self.config, self.workdir, self.data, self.state.params, step, bleu
             )
+            self.kept_bleu = bleu
         if not self.dev_history.exhausted(t.early_stopping_patience) or step == t.num_train_steps:
             return False
         history = self.dev_history
