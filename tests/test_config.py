@@ -257,3 +257,55 @@ def test_a_language_model_refuses_what_needs_dev_bleu(field, value):
     }
     with pytest.raises(ValueError, match=re.escape(f"--config.{field}={value}: needs dev BLEU")):
         load_config(CONFIGS[0].parent / "tiny.py", overrides)
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        (
+            "from translate.config import Config\ndef get_config(size):\n    return Config()\n",
+            r"get_config\(\) must take no arguments \(it needs size\)",
+        ),
+        ("import runpy\nrunpy.run_path(__file__)\n", "loads itself, without end"),
+        (
+            "from translate.config import load_config\ndef get_config():\n"
+            "    return load_config(__file__)\n",
+            "loads itself, without end",
+        ),
+        (
+            "from translate.config import Config\ndef get_config():\n    c = Config()\n"
+            "    c.model = {'d_model': 3}\n    return c\n",
+            "config.model is a dict, not a ModelConfig",
+        ),
+        (
+            "from translate.configs.tiny import get_config\n",
+            r"cfg.py:1: ModuleNotFoundError.*call translate.config.load_config\('tiny'\)",
+        ),
+    ],
+)
+def test_a_config_file_that_cannot_give_a_config_is_one_line_naming_it(tmp_path, text, expected):
+    """Issue 40: these were tracebacks."""
+    path = tmp_path / "cfg.py"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=expected) as error:
+        load_config(str(path))
+    assert str(path) in str(error.value) and "\n" not in str(error.value)
+
+
+def test_a_binary_config_file_is_not_a_python_file(tmp_path):
+    path = tmp_path / "cfg.py"
+    path.write_bytes(b"\x00\x89PNG\r\n" * 20)
+    with pytest.raises(ValueError, match=r"cfg.py: not a Python file"):
+        load_config(str(path))
+
+
+def test_a_config_file_builds_on_a_shipped_config_through_load_config(tmp_path):
+    path = tmp_path / "mine.py"
+    path.write_text(
+        "from translate.config import load_config\n\n\ndef get_config():\n"
+        "    config = load_config('tiny')\n    config.train.num_train_steps = 3\n"
+        "    return config\n"
+    )
+    config = load_config(str(path))
+    assert config.train.num_train_steps == 3
+    assert config.model.d_model == load_config("tiny").model.d_model

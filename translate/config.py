@@ -467,8 +467,14 @@ def unknown_field(config: Config) -> str | None:
     for name in vars(config):
         if name not in sections:
             return f"config.{name} is not a section of the config{_did_you_mean(name, sections)}"
-    for section in sections:
-        values = getattr(config, section)
+    for field in dataclasses.fields(config):
+        section, values = field.name, getattr(config, field.name)
+        kind = type(getattr(Config(), section))
+        if not isinstance(values, kind):
+            return (
+                f"config.{section} is a {type(values).__name__}, not a {kind.__name__}: set its "
+                f"fields one by one (config.{section}.name = value)"
+            )
         names = [f.name for f in dataclasses.fields(values)]
         for name in vars(values):
             if name not in names:
@@ -569,9 +575,25 @@ def load_config(path: str | pathlib.Path, overrides: dict[str, str] | None = Non
     spec = importlib.util.spec_from_file_location(f"_config_{path.stem}", path)
     module = importlib.util.module_from_spec(spec)
     with _errors_named_by_line(path):
-        spec.loader.exec_module(module)
+        try:
+            spec.loader.exec_module(module)
+        except ValueError as e:  # NUL bytes or not UTF-8, raised reading it: not Python
+            innermost = traceback.extract_tb(e.__traceback__)[-1].filename
+            if pathlib.Path(innermost).resolve() == path.resolve():
+                raise  # the file's own code raised it: named by line below
+            raise ValueError(f"--config={path}: not a Python file ({e})") from None
         if not hasattr(module, "get_config"):
             raise ValueError(f"--config: {path} defines no get_config()")
+        required = [
+            p.name
+            for p in inspect.signature(module.get_config).parameters.values()
+            if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+        ]
+        if required:
+            raise ValueError(
+                f"--config={path}: get_config() must take no arguments (it needs "
+                f"{', '.join(required)}); change a field with --config.section.field=value"
+            )
         config = module.get_config()
     if not isinstance(config, Config):
         raise ValueError(f"--config: get_config() in {path} must return translate.config.Config")
@@ -592,8 +614,12 @@ def _errors_named_by_line(path: pathlib.Path):
     """
     try:
         yield
+    except RecursionError:
+        raise ValueError(f"--config={path}: loads itself, without end") from None
     except SyntaxError as e:
-        if e.filename is None or pathlib.Path(e.filename).resolve() != path.resolve():
+        if e.filename is None:  # raised before a line was read: NUL bytes, say
+            raise ValueError(f"--config={path}: not a Python file ({e.msg})") from None
+        if pathlib.Path(e.filename).resolve() != path.resolve():
             raise
         raise ValueError(
             f"--config={path}:{e.lineno}: {e.msg} ({(e.text or '').strip()})"
@@ -602,7 +628,15 @@ def _errors_named_by_line(path: pathlib.Path):
         frames = traceback.extract_tb(e.__traceback__)
         if not frames or pathlib.Path(frames[-1].filename).resolve() != path.resolve():
             raise
-        raise ValueError(f"--config={path}:{frames[-1].lineno}: {type(e).__name__}: {e}") from None
+        hint = ""
+        if isinstance(e, ModuleNotFoundError) and "configs" in str(e):
+            hint = (
+                "; to build on a shipped config, call translate.config.load_config('tiny') "
+                "(a name or a path) in get_config() and change what you need"
+            )
+        raise ValueError(
+            f"--config={path}:{frames[-1].lineno}: {type(e).__name__}: {e}{hint}"
+        ) from None
 
 
 def config_from_dict(values: dict[str, Any]) -> Config:
