@@ -1,14 +1,22 @@
 """Tokenize once into a memory-mapped cache: translate/data/corpus.py."""
 
 import json
+import os
+import pathlib
+import subprocess
+import sys
+import time
 
 import numpy as np
+import pytest
 
 from translate.data import corpus, synthetic
 from translate.data.batching import BatchLayout, make_batch, plan_epoch
 from translate.data.corpus import tokenize_once, tokenize_parallel
 from translate.data.text import ParallelText
 from translate.data.tokenizer import train_tokenizer
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
 def test_pairs_longer_than_max_len_are_dropped_and_counted(tokenizer):
@@ -87,3 +95,43 @@ def test_memmapped_corpus_batches_equal_in_memory_ones(tokenizer, tmp_path):
         expected, got = make_batch(in_memory, rows, layout), make_batch(mapped, rows, layout)
         for key in expected._fields:
             np.testing.assert_array_equal(getattr(got, key), getattr(expected, key), err_msg=key)
+
+
+# A parent that starts two workers as `encode_in_order` does, gives each a long job, and waits.
+PARENT = """
+import concurrent.futures, multiprocessing, os, time
+from translate.data.corpus import end_with_parent
+context = multiprocessing.get_context("spawn")
+pool = concurrent.futures.ProcessPoolExecutor(
+    2, mp_context=context, initializer=end_with_parent, initargs=(os.getpid(),)
+)
+started = [pool.submit(os.getpid).result() for _ in range(2)]
+jobs = [pool.submit(time.sleep, 600) for _ in range(2)]
+print(*pool._processes, flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal")
+def test_tokenizing_workers_end_when_their_parent_is_killed():
+    """Issue 40: a kill -9 while the corpus was tokenized left two workers alive 25 minutes."""
+    parent = subprocess.Popen(
+        [sys.executable, "-c", PARENT], stdout=subprocess.PIPE, text=True, cwd=ROOT
+    )
+    workers = [int(pid) for pid in parent.stdout.readline().split()]
+    assert len(workers) == 2 and all(alive(pid) for pid in workers)
+    parent.kill()  # SIGKILL: nothing of the parent's runs
+    parent.wait()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and any(alive(pid) for pid in workers):
+        time.sleep(0.1)
+    assert not any(alive(pid) for pid in workers)
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:  # a zombie has ended; its parent reaps it
+        return f.read().split(")")[-1].split()[0] != "Z"

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import contextlib
+import ctypes
 import dataclasses
 import functools
 import itertools
@@ -17,6 +19,8 @@ import json
 import multiprocessing
 import os
 import pathlib
+import signal
+import sys
 from collections.abc import Iterator, Sequence
 
 import numpy as np
@@ -156,6 +160,22 @@ def encode_job(job: tuple[str, list[str], list[str], str]) -> tuple[np.ndarray, 
     return tuple(out)
 
 
+# prctl(2): the signal a process gets when its parent dies.
+PR_SET_PDEATHSIG = 1
+
+
+def end_with_parent(parent: int) -> None:
+    """A worker's initializer: the worker ends when the process that started it ends, however
+    it ends. A `kill -9` of the trainer runs no cleanup, and left its tokenizing workers alive
+    (and their memory held) for as long as their jobs took; on Linux the kernel now sends them
+    SIGKILL (the parent-death signal), and a worker whose parent is gone already exits."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:  # died before the signal was asked for
+        os._exit(1)
+
+
 def encode_in_order(jobs: Iterator[tuple], num_workers: int) -> Iterator[tuple[np.ndarray, ...]]:
     """`encode_job` over `jobs`, in order, on `num_workers` processes.
 
@@ -166,7 +186,9 @@ def encode_in_order(jobs: Iterator[tuple], num_workers: int) -> Iterator[tuple[n
         return
     # "spawn": forking a process that has started JAX's threads can deadlock.
     context = multiprocessing.get_context("spawn")
-    with concurrent.futures.ProcessPoolExecutor(num_workers, mp_context=context) as pool:
+    with concurrent.futures.ProcessPoolExecutor(
+        num_workers, mp_context=context, initializer=end_with_parent, initargs=(os.getpid(),)
+    ) as pool:
         pending = collections.deque()
         for job in jobs:
             pending.append(pool.submit(encode_job, job))
