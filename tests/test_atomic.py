@@ -218,3 +218,27 @@ def test_remove_stale_keeps_a_temporary_younger_than_a_writer_needs_to_lock_it(t
     young = tmp_path / ".out.0123abcd.tmp"
     young.write_text("just created; its writer is about to lock it")
     assert atomic.remove_stale(target, "tmp") == [] and young.exists()
+
+
+def test_a_write_that_the_disk_refuses_names_the_file(tmp_path):
+    """Issue 40: a full disk while the synthetic corpus or a report was written said "No space
+    left on device" without naming the file."""
+    import errno
+
+    target = tmp_path / "report.json"
+    target.write_text("earlier")
+
+    class FullDisk:
+        def write(self, data):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        flush = close = lambda self: None
+
+    with pytest.raises(OSError) as error, atomic.AtomicFile(target) as out:
+        out.file.close()
+        out.file = FullDisk()
+        out.write(b"new")
+    assert error.value.filename == str(target.resolve())
+    assert error.value.errno == errno.ENOSPC
+    assert target.read_text() == "earlier"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["report.json"]

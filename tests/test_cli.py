@@ -376,3 +376,30 @@ def test_text_the_console_cannot_spell_is_escaped_not_an_error():
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout == "Gr\\xf6\\xdfe \\u2192 Ma\\xdf\n"
+
+
+def test_orbax_thread_tracebacks_of_a_failed_write_are_dropped():
+    """Issue 40: a full disk during an asynchronous save printed hundreds of lines of Orbax's
+    thread tracebacks before the command's one line."""
+    import logging
+
+    cli.quiet_libraries()
+    absl = logging.getLogger("absl")
+
+    def record(error):
+        try:
+            raise error
+        except Exception:
+            info = sys.exc_info()
+        return logging.LogRecord("absl", logging.ERROR, __file__, 1, "save failed", None, info)
+
+    try:
+        try:
+            raise OSError(28, "No space left on device")
+        except OSError as e:
+            raise ValueError("commit failed") from e
+    except ValueError as e:
+        chained = e
+    assert not absl.filter(record(OSError(28, "No space left on device")))
+    assert not absl.filter(record(chained))
+    assert absl.filter(record(ValueError("something else")))

@@ -581,3 +581,28 @@ def test_training_into_an_export_is_refused_and_changes_nothing(workdir, tmp_pat
     with pytest.raises(ValueError, match="is an export that translate-export wrote"):
         train_and_evaluate(tiny_config(), out, force=force)
     assert (sorted(out.iterdir()), files_under(out)) == before
+
+
+def test_a_full_disk_while_exporting_is_one_line_and_keeps_the_earlier_export(
+    workdir, tmp_path, capsys, monkeypatch
+):
+    """Issue 40: a raw traceback from inside the engine's converter."""
+    import errno
+
+    out = tmp_path / "ct2"
+    argv = [f"--workdir={workdir}", "--format=ctranslate2", f"--output={out}"]
+    assert run_command(argv, capsys)[0] == 0
+    before = files_under(out)
+
+    def full_disk(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(exporter.FORMATS["ctranslate2"], "write", full_disk)
+    code, err = run_command([*argv, "--quantization=int8"], capsys)
+    assert code == 2
+    assert err.strip().endswith(
+        f"--output={out}: could not write the export (No space left on device); nothing at "
+        "--output changed"
+    ), err
+    assert files_under(out) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ct2"]

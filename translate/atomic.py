@@ -55,24 +55,38 @@ class AtomicFile:
             with contextlib.suppress(OSError):
                 shutil.copymode(self.path, self.tmp)
 
+    @contextlib.contextmanager
+    def _named(self) -> Iterator[None]:
+        """Names `path` in an error that names no file (a full disk fails a write so)."""
+        try:
+            yield
+        except OSError as e:
+            if e.filename is not None or e.errno is None:
+                raise
+            raise OSError(e.errno, e.strerror, str(self.path)) from None
+
     def write(self, data: bytes) -> None:
-        self.file.write(data)
+        with self._named():
+            self.file.write(data)
 
     def flush(self) -> None:
-        self.file.flush()
+        with self._named():
+            self.file.flush()
 
     def commit(self) -> None:
         """Renames the temporary file to `path`, after flushing it (to disk, with `fsync`)."""
-        self.file.flush()
-        if self.fsync:
-            os.fsync(self.file.fileno())
-        self.file.close()
+        with self._named():
+            self.file.flush()
+            if self.fsync:
+                os.fsync(self.file.fileno())
+            self.file.close()
         os.replace(self.tmp, self.path)
         self.committed = True
 
     def discard(self) -> None:
         """Removes the temporary file unless `commit` has renamed it into place."""
-        self.file.close()
+        with contextlib.suppress(OSError):  # data that a full disk could not take: discarded
+            self.file.close()
         if not self.committed:
             self.tmp.unlink(missing_ok=True)
 

@@ -358,6 +358,27 @@ def check_writable(directory: str | os.PathLike, flag: str) -> None:
                 made.rmdir()
 
 
+class WriteFailuresSaidOnce(logging.Filter):
+    """Drops the log records of a failed write (a full disk) that Orbax's background save
+    threads write with their tracebacks, several times over (hundreds of lines), before the
+    save's error reaches the command, which says it in one line naming the checkpoint
+    (checkpoint.write_error)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        seen = set()
+        while error is not None and id(error) not in seen:
+            if isinstance(error, OSError):
+                return False
+            seen.add(id(error))
+            error = error.__cause__ or error.__context__
+        return "os_error_code=" not in record.getMessage()
+
+
 def quiet_libraries() -> None:
-    """Keeps Orbax's per-save INFO lines and read-only manager warnings off the console."""
+    """Keeps Orbax's per-save INFO lines and read-only manager warnings off the console, and
+    the tracebacks of its save threads for a failed write (the command says it once)."""
     absl_logging.set_verbosity(absl_logging.ERROR)
+    absl = logging.getLogger("absl")
+    if not any(isinstance(f, WriteFailuresSaidOnce) for f in absl.filters):
+        absl.addFilter(WriteFailuresSaidOnce())

@@ -144,8 +144,16 @@ def export(
     for left in atomic.remove_stale(output, "new"):
         log.warning("removed %s, the partial copy that a killed export left beside it", left)
     with writing(output) as tmp:
-        record = write_export(workdir, fmt, step, average, quantization, tmp)
-        carry_added_files(pathlib.Path(output), tmp)
+        record = write_export(workdir, fmt, step, average, quantization, tmp, output)
+        try:
+            carry_added_files(pathlib.Path(output), tmp)
+        except OSError as e:
+            raise OSError(
+                e.errno,
+                f"could not copy the files added to the earlier export ({e.strerror or e}); "
+                "nothing at --output changed",
+                f"--output={output}",
+            ) from None
         return record
 
 
@@ -186,9 +194,16 @@ def writing(output: str) -> Iterator[pathlib.Path]:
 
 
 def write_export(
-    workdir: str, fmt: str, step: int | None, average: int, quantization: str, tmp: pathlib.Path
+    workdir: str,
+    fmt: str,
+    step: int | None,
+    average: int,
+    quantization: str,
+    tmp: pathlib.Path,
+    output: str = "",
 ) -> dict[str, Any]:
-    """Loads the model and writes the export's files into the empty directory `tmp`."""
+    """Loads the model and writes the export's files into the empty directory `tmp`, which
+    will become `output` (named in an error)."""
     graphdefs, params, tokenizer, config, steps = load_ensemble([workdir], step, average)
     model = nnx.merge(graphdefs[0], params[0])
     found = provenance.git_commit()
@@ -204,8 +219,15 @@ def write_export(
         "commit": found["commit"] if found else None,
     }
     record.update(FORMATS[fmt].record_fields(config.model))
-    FORMATS[fmt].write(model, config.model, tokenizer, tmp, quantization)
-    shutil.copyfile(tokenizer.path, tmp / VOCAB)
-    record["files"] = sorted([p.name for p in tmp.iterdir()] + [MARKER])
-    (tmp / MARKER).write_text(json.dumps(record, indent=2) + "\n")
+    try:
+        FORMATS[fmt].write(model, config.model, tokenizer, tmp, quantization)
+        shutil.copyfile(tokenizer.path, tmp / VOCAB)
+        record["files"] = sorted([p.name for p in tmp.iterdir()] + [MARKER])
+        (tmp / MARKER).write_text(json.dumps(record, indent=2) + "\n")
+    except OSError as e:  # a full disk, say, inside the engine's converter
+        raise OSError(
+            e.errno,
+            f"could not write the export ({e.strerror or e}); nothing at --output changed",
+            f"--output={output}",
+        ) from None
     return record
