@@ -687,3 +687,34 @@ def test_beam_stop_flag_sets_the_stopping_rule_and_the_default_keeps_the_workdir
     assert config.decode.beam_stop == "exact"  # the workdir's own
     translate_text.apply_decoding_flags(flags | {"beam_stop": "finished"}, config.decode)
     assert config.decode.beam_stop == "finished"
+
+
+@pytest.mark.slow  # a fresh process compiles the search for one row: 45 s on 2 cores
+def test_at_a_terminal_the_command_says_it_waits_for_a_sentence(workdir):
+    """Issue 40: interactive mode showed no sign that it waited for a sentence."""
+    import pty
+
+    user, terminal = pty.openpty()
+    command = subprocess.Popen(
+        [sys.executable, "-m", "translate.translate_text", f"--workdir={workdir}"],
+        stdin=terminal,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=ROOT,
+    )
+    os.close(terminal)
+    try:
+        said = b""
+        while b"Ctrl-D ends" not in said:
+            ready, _, _ = select.select([command.stderr], [], [], 300)
+            assert ready, f"no prompt within 300 s: {said!r}"
+            data = os.read(command.stderr.fileno(), 4096)  # not readline: no buffer ahead
+            assert data, f"the command ended first: {said!r}"
+            said += data
+        assert said.endswith(b"type a sentence and press Enter to translate it; Ctrl-D ends\n")
+        os.write(user, b"the cat sleeps .\n\x04")
+        out, _ = command.communicate(timeout=300)
+    finally:
+        command.kill()
+        os.close(user)
+    assert command.returncode == 0 and out.count(b"\n") == 1

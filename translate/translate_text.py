@@ -394,6 +394,8 @@ def main(argv: Sequence[str]) -> None:
     )
     chosen = step is not None or average > 0
     sys.stderr.write(describe_models(flags["workdir"], steps, chosen, config) + "\n")
+    if not flags["input"] and sys.stdin.isatty():  # a person at a terminal: say it waits
+        sys.stderr.write("type a sentence and press Enter to translate it; Ctrl-D ends\n")
     decode = config.decode
     apply_decoding_flags(flags, decode)
     args = search_args(decode, flags["nbest"])

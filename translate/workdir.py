@@ -647,11 +647,18 @@ def load_model(
         return graphdef, params, tokenizer, config, meta.get("averaged_steps", [step])
     # A run still training there may delete the newest step while it is read: then the newest
     # is chosen again (a few times), as for --average.
+    said = False
     for _ in range(READ_ATTEMPTS):
         try:
             found = checkpoint.restore_latest(manager, abstract, check_meta=check, log=log)
-        except checkpoint.StepDeleted:
+        except checkpoint.StepDeleted as deleted:
             manager.reload()
+            if not said:
+                said = True
+                log(
+                    f"the checkpoint of step {deleted.step} in {manager.directory} was deleted "
+                    "while it was read (a run is training there): reading the newest again"
+                )
             continue
         if found is None:  # every step was deleted meanwhile
             break
