@@ -403,3 +403,29 @@ def test_orbax_thread_tracebacks_of_a_failed_write_are_dropped():
     assert not absl.filter(record(OSError(28, "No space left on device")))
     assert not absl.filter(record(chained))
     assert absl.filter(record(ValueError("something else")))
+
+
+@pytest.mark.parametrize(
+    "value, ok",
+    [
+        ("", True),
+        ("--xla_force_host_platform_device_count=8", True),
+        ("--xla_cpu_enable_fast_math=false --xla_dump_to=/tmp/x", True),
+        ("foo", False),
+        ("xla_force_host_platform_device_count=8", False),
+        ("--xla_cpu_enable_fast_math=false xla_dump_to", False),
+    ],
+)
+def test_xla_flags_that_xla_would_abort_on_are_named(value, ok):
+    assert (cli.xla_flags_error(value) is None) == ok
+
+
+def test_a_malformed_xla_flags_is_one_line_not_an_abort():
+    """Issue 40: XLA ended the process in C++ on a malformed XLA_FLAGS."""
+    program = "import jax; from translate import cli; cli.run(lambda argv: print(jax.devices()))"
+    env = {**os.environ, "XLA_FLAGS": "force_host_platform_device_count=8"}
+    done = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, env=env, cwd=ROOT
+    )
+    assert done.returncode == 2
+    assert done.stderr.count("\n") == 1 and "XLA_FLAGS=force_host_platform" in done.stderr

@@ -112,6 +112,31 @@ def exit_at_once(status: int) -> NoReturn:
     os._exit(status)
 
 
+def xla_flags_error(value: str) -> str | None:
+    """One line naming XLA_FLAGS when XLA would abort the process on its first word, or None.
+
+    XLA takes `--name=value` words, or a first word that names a file of them; any other word
+    ends the process in C++ when the first device starts, with no way to say which variable.
+    (An unknown `--name` XLA names itself in one line; a value of the wrong type it answers
+    with its whole list of flags.)
+    """
+    words = value.split()
+    if not words or words[0].startswith("-") or os.path.isfile(words[0]):
+        rest = words[1:]
+    else:
+        return (
+            f"XLA_FLAGS={value}: {words[0]!r} is neither a flag (--xla_name=value) nor a file "
+            "of flags; fix or unset XLA_FLAGS"
+        )
+    for word in rest:
+        if not word.startswith("-"):
+            return (
+                f"XLA_FLAGS={value}: {word!r} is not a flag (--xla_name=value); fix or unset "
+                "XLA_FLAGS"
+            )
+    return None
+
+
 def readable_in_any_encoding() -> None:
     """Makes text the console's encoding cannot spell (German in a report line, under
     PYTHONIOENCODING=ascii or a C locale) come out escaped, not end the command with an
@@ -137,6 +162,9 @@ def run(main: Callable[[list[str]], Any], argv: Sequence[str] | None = None) -> 
     # Before XLA's threads allocate: one arena is chosen at a first malloc.
     devices.keep_freed_memory()
     readable_in_any_encoding()
+    if message := xla_flags_error(os.environ.get("XLA_FLAGS", "")):
+        sys.stderr.write(f"{program}: error: {message}\n")
+        sys.exit(2)
     previous = None
     if threading.current_thread() is threading.main_thread():
         previous = signal.signal(signal.SIGTERM, raise_terminated)
