@@ -80,10 +80,19 @@ def platform_error_message(error: BaseException) -> str | None:
     """One line naming JAX_PLATFORMS when JAX could not start the platform it names
     (`JAX_PLATFORMS=CPU`, a misspelt or uninstalled platform); None for anything else."""
     text = str(error)
-    if not isinstance(error, RuntimeError) or "Unable to initialize backend" not in text:
-        return None
     platforms = os.environ.get("JAX_PLATFORMS", "")
     if not platforms:
+        return None
+    frames = traceback.extract_tb(error.__traceback__)
+    if isinstance(error, AssertionError) and frames and "xla_bridge" in frames[-1].filename:
+        # JAX 0.10 asserts, naming nothing, when no platform it names could start (a GPU
+        # platform without its plugin installed, say).
+        return (
+            f"JAX_PLATFORMS={platforms}: JAX could not start that platform here (is its plugin "
+            "installed, e.g. pip install -r requirements-gpu.txt for cuda?); unset it to use "
+            "the CPU"
+        )
+    if not isinstance(error, RuntimeError) or "Unable to initialize backend" not in text:
         return None
     # JAX's own message names the platform and the known ones; its advice is for JAX users.
     reason = " ".join(text.split("(set JAX_PLATFORMS")[0].split())
@@ -170,7 +179,7 @@ def run(main: Callable[[list[str]], Any], argv: Sequence[str] | None = None) -> 
         previous = signal.signal(signal.SIGTERM, raise_terminated)
     try:
         status = main(list(sys.argv[1:] if argv is None else argv))
-    except (SystemExit, RuntimeError, *USER_ERRORS) as error:
+    except (SystemExit, RuntimeError, AssertionError, *USER_ERRORS) as error:
         message = user_error_message(error)
         if message is None:
             raise
