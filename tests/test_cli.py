@@ -429,3 +429,20 @@ def test_a_malformed_xla_flags_is_one_line_not_an_abort():
     )
     assert done.returncode == 2
     assert done.stderr.count("\n") == 1 and "XLA_FLAGS=force_host_platform" in done.stderr
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("jax_cuda13_plugin") is not None
+    or importlib.util.find_spec("jax_cuda12_plugin") is not None,
+    reason="a CUDA plugin is installed here",
+)
+def test_a_platform_without_its_plugin_is_one_line_naming_jax_platforms():
+    """A new user's try in issue 40: JAX_PLATFORMS=cuda on a machine without CUDA's plugin
+    ended in JAX's bare AssertionError."""
+    program = "import jax; from translate import cli; cli.run(lambda argv: print(jax.devices()))"
+    env = {**os.environ, "JAX_PLATFORMS": "cuda"}
+    done = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, env=env, cwd=ROOT
+    )
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.count("\n") == 1 and "JAX_PLATFORMS=cuda: JAX could not start" in done.stderr

@@ -718,3 +718,23 @@ def test_at_a_terminal_the_command_says_it_waits_for_a_sentence(workdir):
         command.kill()
         os.close(user)
     assert command.returncode == 0 and out.count(b"\n") == 1
+
+
+@pytest.mark.parametrize(
+    "flag, expected",
+    [
+        ("--beam_size=0", "--beam_size=0: must be >= 1"),
+        ("--batch_size=0", "--batch_size=0: must be >= 1"),
+        ("--length_penalty=-1", "--length_penalty=-1.0: must be a finite number >= 0"),
+        ("--max_extra_len=-1", "--max_extra_len=-1: must be >= 0"),
+    ],
+)
+def test_a_decoding_flag_given_its_unset_value_is_refused_not_ignored(flag, expected):
+    """Issue 40 (a new user's try): --beam_size=0 decoded with the workdir's beam of 4."""
+    with pytest.raises(ValueError, match=re.escape(expected)):
+        translate_text.main(["--workdir=/nonexistent", flag])
+
+
+def test_a_workdir_that_does_not_exist_is_said_so(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no such directory"):
+        translate_text.main([f"--workdir={tmp_path / 'missing'}", "--input=/dev/null"])

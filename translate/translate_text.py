@@ -272,13 +272,22 @@ FLAGS = {
 }
 
 
-def given_decoding_flags(flags: dict[str, Any]) -> dict[str, Any]:
+def named_flags(argv: Sequence[str]) -> set[str]:
+    """The names of the flags on a command line (`--beam_size=0` and `--beam_size 0` alike)."""
+    return {arg[2:].partition("=")[0] for arg in argv if arg.startswith("--")}
+
+
+def given_decoding_flags(flags: dict[str, Any], named: set[str] = frozenset()) -> dict[str, Any]:
     """The decoding flags given a value of their own (not left at "unset"), checked.
 
     Raises:
       ValueError: naming a flag whose value cannot decode (before any model is loaded).
     """
-    given = {name: flags[name] for name, unset in UNSET.items() if flags[name] != unset}
+    # A flag at its "unset" value counts as given when the command line names it: an
+    # explicit --beam_size=0 is a mistake, not "the workdir's setting".
+    given = {
+        name: flags[name] for name, unset in UNSET.items() if flags[name] != unset or name in named
+    }
     rules = {
         "beam_size": (lambda v: v >= 1, "must be >= 1"),
         "batch_size": (lambda v: v >= 1, "must be >= 1"),
@@ -380,7 +389,7 @@ def load_models(
 def main(argv: Sequence[str]) -> None:
     flags, _ = parse_flags(list(argv), FLAGS, doc=__doc__, sections=())
     cli.quiet_libraries()
-    given_decoding_flags(flags)  # a value that cannot decode is refused before loading
+    given_decoding_flags(flags, named_flags(argv))  # refused before anything is loaded
     if flags["input"] and (os.path.isdir(flags["input"]) or not os.path.exists(flags["input"])):
         what = "a directory" if os.path.isdir(flags["input"]) else "no such file"
         raise ValueError(f"--input={flags['input']}: {what}; give a file of sentences")

@@ -522,6 +522,8 @@ def write_config(config: Config, workdir: Workdir) -> None:
 
 def read_config(workdir: Workdir) -> Config:
     """The config a workdir was trained with."""
+    if not workdir.path.exists():
+        raise FileNotFoundError(f"--workdir={workdir.path}: no such directory")
     if not workdir.config.is_file():
         if workdir.previous_run.is_dir():
             raise FileNotFoundError(
@@ -756,6 +758,8 @@ def check_shared_vocabulary(paths: Sequence[str | os.PathLike]) -> None:
     """
     workdirs = [Workdir(p) for p in paths]
     for workdir in workdirs:
+        if not workdir.path.exists():
+            raise FileNotFoundError(f"--workdir={workdir.path}: no such directory")
         if not workdir.vocab.is_file():
             raise FileNotFoundError(
                 f"--workdir: {workdir.vocab} is missing; is it a translate.train workdir?"
