@@ -271,10 +271,10 @@ SEARCHES = [(1, False, "exact"), (4, False, "exact"), (4, False, "finished"), (1
     # The mixed ensemble runs both architectures' caches in one search; each alone (20-35 s on
     # 2 busy cores) runs with the slow tests.
     [
-        "ensemble",
+        "encoder_decoder",
         *(
             pytest.param(name, marks=pytest.mark.slow)
-            for name in ("encoder_decoder", "decoder_only_causal", "decoder_only_prefix_lm")
+            for name in ("ensemble", "decoder_only_causal", "decoder_only_prefix_lm")
         ),
     ],
 )

@@ -183,6 +183,7 @@ def as_decoder_only(config):
     return config
 
 
+@pytest.mark.slow  # the encoder-decoder's twin (test_trainer.py) runs by default
 def test_eight_device_train_step_matches_one_device(config):
     as_decoder_only(config).train.grad_accum_steps = 2
     assert jax.device_count() == 8

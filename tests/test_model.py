@@ -66,6 +66,7 @@ def test_padding_does_not_change_outputs_on_real_tokens():
     np.testing.assert_allclose(plain, padded[:, :9], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow  # 15 s on 2 cores; the decoder-only twin runs by default
 def test_packed_rows_match_separate_rows():
     model = make_model()
     src, tgt = random_tokens(0, (2, 6)), random_tokens(1, (2, 5))

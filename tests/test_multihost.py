@@ -254,6 +254,7 @@ def test_train_and_evaluate_on_two_processes_shares_one_workdir(config, tmp_path
     assert logged_steps == sorted(set(logged_steps))  # written by process 0 alone
 
 
+@pytest.mark.slow  # two processes train: 25 s on 2 cores
 def test_sigterm_to_one_process_stops_every_process_at_the_same_step(tmp_path):
     """SLURM signals each task on its own: the one signalled and the one not must still stop
     together (a host saving while another enters the next step's collectives hangs both)."""

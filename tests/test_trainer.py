@@ -124,6 +124,7 @@ def test_stopped_and_resumed_run_matches_uninterrupted_run(config, tmp_path):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
+@pytest.mark.slow  # trains and averages: 17 s on 2 cores
 def test_final_report_decodes_the_average_that_average_checkpoints_writes(config, tmp_path):
     config.decode.average_last = 3
     config.train.checkpoint_every_steps = 2  # steps 2, 4 and 6

@@ -352,6 +352,7 @@ def test_a_checkpoint_past_the_configs_last_step_warns_that_nothing_is_trained(
     assert "WARNING" not in resume_warnings(config, saved, 8, tmp_path, monkeypatch, caplog)
 
 
+@pytest.mark.slow  # trains twice: 26 s on 2 cores
 def test_keep_best_turned_on_by_a_resume_keeps_the_best_from_then_on(text_dir, tmp_path):
     """Issue 40: keep_best_by added on resume, after a better dev BLEU had been logged, left
     best/ empty (the history's best was never kept)."""

@@ -572,6 +572,20 @@ def load_config(path: str | pathlib.Path, overrides: dict[str, str] | None = Non
       overrides: `section.field -> text`, as `--config.section.field=text` flags give them.
     """
     path = find_config(path)
+    if path.resolve() in _LOADING:  # get_config() loads its own file
+        raise ValueError(f"--config={path}: loads itself, without end")
+    _LOADING.add(path.resolve())
+    try:
+        return _load_config_file(path, overrides)
+    finally:
+        _LOADING.discard(path.resolve())
+
+
+# The config files being loaded now (one builds on another through load_config).
+_LOADING: set[pathlib.Path] = set()
+
+
+def _load_config_file(path: pathlib.Path, overrides: dict[str, str] | None) -> Config:
     spec = importlib.util.spec_from_file_location(f"_config_{path.stem}", path)
     module = importlib.util.module_from_spec(spec)
     with _errors_named_by_line(path):
