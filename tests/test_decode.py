@@ -192,6 +192,7 @@ def test_bfloat16_decoding_forms_attention_scores_and_logits_in_float32():
     assert log_probs.dtype == jnp.float32
 
 
+@pytest.mark.slow  # 10 s on 2 cores
 def test_bfloat16_beam_search_picks_the_hypotheses_of_a_float32_projected_reference(monkeypatch):
     """The reference multiplies the same bfloat16-rounded operands after casting them to float32."""
     import translate.models.layers as layers_module
@@ -270,12 +271,9 @@ SEARCHES = [(1, False, "exact"), (4, False, "exact"), (4, False, "finished"), (1
     "name",
     # The mixed ensemble runs both architectures' caches in one search; each alone (20-35 s on
     # 2 busy cores) runs with the slow tests.
-    [
-        "encoder_decoder",
-        *(
-            pytest.param(name, marks=pytest.mark.slow)
-            for name in ("ensemble", "decoder_only_causal", "decoder_only_prefix_lm")
-        ),
+    [  # 35 s each on 2 cores: all in the slow set
+        pytest.param(name, marks=pytest.mark.slow)
+        for name in ("encoder_decoder", "ensemble", "decoder_only_causal", "decoder_only_prefix_lm")
     ],
 )
 def test_fast_search_gives_the_hypotheses_and_scores_of_the_plain_search(name, monkeypatch):

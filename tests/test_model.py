@@ -97,6 +97,7 @@ def test_cached_decode_matches_full_forward(norm_position):
         np.testing.assert_allclose(logits, full[:, t], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow  # 13 s on 2 cores
 def test_dropout_is_active_only_with_a_key():
     model = make_model()
     batch = unpacked_batch(random_tokens(0, (2, 6)), random_tokens(1, (2, 5)))

@@ -34,6 +34,7 @@ def workdir(tiny_run, tmp_path_factory):
     return copy_of_tiny_run(tiny_run, tmp_path_factory)
 
 
+@pytest.mark.slow  # 13 s on 2 cores
 def test_attention_weights_are_distributions_and_leave_the_model_unchanged():
     config = ModelConfig(num_layers=2, d_model=32, num_heads=4, d_ff=64, compute_dtype="float32")
     model = Transformer(config, 24, rngs=nnx.Rngs(0))
@@ -64,6 +65,7 @@ def test_attention_weights_are_distributions_and_leave_the_model_unchanged():
     assert not any(m.keep_weights for _, m in nnx.iter_modules(model) if hasattr(m, "keep_weights"))
 
 
+@pytest.mark.slow  # 14 s on 2 cores
 def test_explicit_attention_weights_give_the_fused_attention_output():
     config = ModelConfig(num_layers=2, d_model=32, num_heads=4, d_ff=64, compute_dtype="float32")
     model = Transformer(config, 24, rngs=nnx.Rngs(1))

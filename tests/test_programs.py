@@ -117,6 +117,7 @@ def test_a_new_checkpoint_or_another_choice_is_another_setup(workdir, tmp_path):
     assert programs.setup_name([str(run)], None, 0) != name
 
 
+@pytest.mark.slow  # 22 s on 2 cores: five fresh commands
 def test_a_damaged_search_executable_or_parameters_file_is_made_again_and_said_once(
     workdir, tmp_path
 ):

@@ -233,6 +233,7 @@ def test_evaluate_without_a_checkpoint_is_a_clear_error(config, tmp_path):
         load_model(tmp_path)
 
 
+@pytest.mark.slow  # 15 s on 2 cores: trains twice
 def test_corrupt_newest_checkpoint_is_set_aside_and_training_saves_that_step_again(config, trained):
     checkpoints = Workdir(trained).checkpoints
     for path in (checkpoints / "6").rglob("*"):
@@ -307,6 +308,7 @@ def test_a_killed_trainers_lock_is_free_at_once(tmp_path):
         pass
 
 
+@pytest.mark.slow  # 16 s on 2 cores
 def test_an_error_after_a_save_waits_for_that_save_to_finish(config, tmp_path, monkeypatch):
     """A non-finite stop right after a save: the run's checkpoint manager is closed (which
     finishes its background write) before the error propagates."""
@@ -392,6 +394,7 @@ def eval_steps(workdir: pathlib.Path) -> list[int]:
     return [x["step"] for x in lines if "eval/loss" in x]
 
 
+@pytest.mark.slow  # 20 s on 2 cores: trains, stops, trains again
 def test_sigterm_during_dev_evaluation_stops_at_once_and_the_restart_redoes_it(
     config, tmp_path, monkeypatch
 ):

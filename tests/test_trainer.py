@@ -50,6 +50,7 @@ def tiny_batches(config, num_devices, count=3):
     return [make_batch(corpus, rows, layout) for rows in plan[:count]]
 
 
+@pytest.mark.slow  # 27 s on 2 cores
 def test_eight_device_train_step_matches_one_device(config):
     config.train.grad_accum_steps = 2
     assert jax.device_count() == 8
@@ -80,6 +81,7 @@ def test_gradient_accumulation_matches_one_large_batch(config):
         np.testing.assert_allclose(np.asarray(p0 - x), np.asarray(p0 - y), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow  # 13 s on 2 cores
 def test_train_step_is_traced_once_over_several_steps(config):
     _, _, step_fn = run_steps(config, sharding.make_mesh(), tiny_batches(config, 8, count=4))
     assert step_fn._cache_size() == 1

@@ -80,6 +80,7 @@ def run(tmp_path, lines, *flags, name="out.txt"):
     return target.read_text(encoding="utf-8").split("\n")[:-1]
 
 
+@pytest.mark.slow  # 18 s on 2 cores
 def test_translate_keeps_input_order_and_line_count(workdir, tmp_path, monkeypatch, varied_outputs):
     # Chunks of 3 lines: the order must survive chunking as well as length-sorted batches.
     monkeypatch.setattr(translate_text, "LINES_PER_CHUNK", 3)
@@ -177,6 +178,7 @@ def test_checkpoint_flags_reject_what_they_cannot_read(workdir):
             main(argv)
 
 
+@pytest.mark.slow  # 12 s on 2 cores
 def test_decoding_many_lengths_compiles_a_handful_of_shapes_and_times_them_apart(workdir):
     graphdef, params, tokenizer, config, _ = load_model(workdir)
     words = "the small dog sees the old cat in the red house".split()
@@ -198,6 +200,7 @@ def test_decoding_many_lengths_compiles_a_handful_of_shapes_and_times_them_apart
     assert times.compile_seconds > 0 and times.decode_seconds > 0
 
 
+@pytest.mark.slow  # 13 s on 2 cores
 def test_batches_searched_at_once_give_what_one_at_a_time_gives(workdir, varied_outputs):
     graphdef, params, tokenizer, config, _ = workdir_module.load_model(workdir)
     words = "the small dog sees the old cat in the red house".split()
