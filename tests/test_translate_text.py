@@ -741,3 +741,13 @@ def test_a_decoding_flag_given_its_unset_value_is_refused_not_ignored(flag, expe
 def test_a_workdir_that_does_not_exist_is_said_so(tmp_path):
     with pytest.raises(FileNotFoundError, match="no such directory"):
         translate_text.main([f"--workdir={tmp_path / 'missing'}", "--input=/dev/null"])
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="Linux's always-full device")
+def test_an_output_device_that_is_full_is_named(workdir, tmp_path, varied_outputs):
+    """A new user's try in issue 40: --output=/dev/full said "No space left on device" alone."""
+    source = tmp_path / "in.txt"
+    source.write_text("the cat sleeps .\n", encoding="utf-8")
+    with pytest.raises(OSError) as error:
+        translate_text.main([f"--workdir={workdir}", f"--input={source}", "--output=/dev/full"])
+    assert error.value.filename == "/dev/full" and error.value.errno == 28

@@ -415,7 +415,7 @@ def main(argv: Sequence[str]) -> None:
 
     source = open(flags["input"], "rb") if flags["input"] else sys.stdin.buffer
     target, atomic = sys.stdout.buffer, False
-    progress = None
+    progress, done = None, False
     try:
         if flags["output"]:
             remove_stale(flags["output"], "tmp")  # what a killed translation left there
@@ -441,11 +441,17 @@ def main(argv: Sequence[str]) -> None:
                 on_batch=progress.update if progress else None,
                 searches=searches,
             )
-            target.write(format_lines(first, results, flags["nbest"]).encode("utf-8"))
-            target.flush()
+            try:
+                target.write(format_lines(first, results, flags["nbest"]).encode("utf-8"))
+                target.flush()
+            except OSError as e:  # a full disk or device: name where the lines were going
+                if e.filename is not None or e.errno is None:
+                    raise
+                raise OSError(e.errno, e.strerror, flags["output"] or "<stdout>") from None
             first += len(chunk)
         if atomic:
             target.commit()
+        done = True
     finally:
         if progress:
             progress.close()
@@ -454,7 +460,9 @@ def main(argv: Sequence[str]) -> None:
         if atomic:
             target.discard()  # after a commit: nothing to do
         elif target is not sys.stdout.buffer:
-            target.close()
+            # After an error, what the close would flush is lost with it: that error says why.
+            with contextlib.suppress(OSError) if not done else contextlib.nullcontext():
+                target.close()
 
 
 def console_main() -> None:
