@@ -85,18 +85,23 @@ def write_error(
 
 
 def save(
-    manager: ocp.CheckpointManager, step: int, params: Any, opt_state: Any, meta: dict[str, Any]
+    manager: ocp.CheckpointManager,
+    step: int,
+    params: Any,
+    opt_state: Any,
+    meta: dict[str, Any],
+    ema: Any | None = None,
 ) -> None:
-    """Saves parameters, optimizer state and JSON metadata (data position, config) at `step`."""
-    manager.save(
-        step,
-        args=ocp.args.Composite(
-            params=ocp.args.StandardSave(params),
-            opt_state=ocp.args.StandardSave(opt_state),
-            meta=ocp.args.JsonSave(meta),
-        ),
-        force=True,
-    )
+    """Saves parameters, optimizer state and JSON metadata (data position, config) at `step`,
+    and the moving average of the parameters (`train.ema_decay`) when given, as item "ema"."""
+    items = {
+        "params": ocp.args.StandardSave(params),
+        "opt_state": ocp.args.StandardSave(opt_state),
+        "meta": ocp.args.JsonSave(meta),
+    }
+    if ema is not None:
+        items["ema"] = ocp.args.StandardSave(ema)
+    manager.save(step, args=ocp.args.Composite(**items), force=True)
 
 
 def restore(
@@ -104,14 +109,48 @@ def restore(
     step: int,
     abstract_params: Any,
     abstract_opt_state: Any | None = None,
+    item: str = "params",
 ) -> tuple[Any, Any, dict[str, Any]]:
-    """Restores (params, opt_state or None, meta) of `step` into the given shapes and shardings."""
-    items = {"params": ocp.args.StandardRestore(abstract_params), "meta": ocp.args.JsonRestore()}
+    """Restores (params, opt_state or None, meta) of `step` into the given shapes and shardings.
+
+    `item` is where the parameters are read from: "params", or "ema" (their moving average).
+    """
+    items = {item: ocp.args.StandardRestore(abstract_params), "meta": ocp.args.JsonRestore()}
     if abstract_opt_state is not None:
         items["opt_state"] = ocp.args.StandardRestore(abstract_opt_state)
     restored = manager.restore(step, args=ocp.args.Composite(**items))
     opt_state = restored["opt_state"] if abstract_opt_state is not None else None
-    return restored["params"], opt_state, restored["meta"]
+    return restored[item], opt_state, restored["meta"]
+
+
+# --params: which parameters a decoding command reads from a checkpoint.
+PARAMS_CHOICES = ("auto", "ema", "raw")
+
+
+def holds_ema(directory: str | pathlib.Path, step: int) -> bool:
+    """Whether the checkpoint of `step` holds a moving average of the parameters."""
+    return (pathlib.Path(directory) / str(step) / "ema").is_dir()
+
+
+def params_item(directory: str | pathlib.Path, step: int, choice: str = "auto") -> str:
+    """The item a decoding command reads as the parameters of `step`: "ema" when the checkpoint
+    holds a moving average (`train.ema_decay`) and `choice` is "auto" or "ema", else "params".
+
+    Raises:
+      ValueError: `choice` "ema" for a checkpoint without one, or an unknown choice.
+    """
+    if choice not in PARAMS_CHOICES:
+        raise ValueError(f"--params={choice}: must be one of {', '.join(PARAMS_CHOICES)}")
+    if choice == "raw":
+        return "params"
+    if holds_ema(directory, step):
+        return "ema"
+    if choice == "ema":
+        raise ValueError(
+            f"--params=ema: the checkpoint of step {step} in {directory} holds no moving "
+            "average of the parameters (trained without train.ema_decay)"
+        )
+    return "params"
 
 
 def read_meta(manager: ocp.CheckpointManager, step: int) -> dict[str, Any]:
@@ -140,6 +179,7 @@ def restore_latest(
     check_meta: Callable[[dict[str, Any]], None] = lambda meta: None,
     log: Callable[[str], None] = print,
     set_aside: bool = False,
+    item: Callable[[int], str] = lambda step: "params",
 ) -> tuple[int, Any, Any, dict[str, Any]] | None:
     """Restores the newest readable step, falling back past unreadable ones.
 
@@ -150,6 +190,7 @@ def restore_latest(
         (never delete it), so training can save that step again; for the trainer, which
         restores and then writes. Process 0 moves them; nothing is moved when no step can be
         read.
+      item: a step -> the item its parameters are read from (`params_item`).
 
     Returns:
       (step, params, opt_state, meta), or None when the manager holds no step at all.
@@ -178,8 +219,9 @@ def restore_latest(
             fall_back(step, e)
             continue
         check_meta(meta)
+        name = item(step)  # what it raises (--params=ema without one) is the caller's error
         try:
-            restored = (step, *restore(manager, step, abstract_params, abstract_opt_state))
+            restored = (step, *restore(manager, step, abstract_params, abstract_opt_state, name))
         except Exception as e:  # noqa: BLE001
             fall_back(step, e)
             continue
@@ -284,7 +326,12 @@ def steps_to_average(
     return steps[-num:]
 
 
-def average_params(manager: ocp.CheckpointManager, steps: list[int], abstract_params: Any) -> Any:
+def average_params(
+    manager: ocp.CheckpointManager,
+    steps: list[int],
+    abstract_params: Any,
+    item: Callable[[int], str] = lambda step: "params",
+) -> Any:
     """The float32 mean of the parameters saved at `steps` (Sec. 6.1's checkpoint averaging).
 
     Checkpoints are read one at a time into a running sum, so memory holds about two copies
@@ -295,12 +342,14 @@ def average_params(manager: ocp.CheckpointManager, steps: list[int], abstract_pa
       manager: the checkpoint manager to read from.
       steps: the saved steps to average.
       abstract_params: shapes, dtypes and shardings to restore into (see `abstract_like`).
+      item: a step -> the item its parameters are read from (`params_item`): the mean of the
+        moving averages when the checkpoints hold them.
     """
     if not steps:
         raise ValueError("no steps to average")
     total = None
     for step in steps:
-        params, _, _ = restore(manager, step, abstract_params)
+        params, _, _ = restore(manager, step, abstract_params, item=item(step))
         params = jax.tree.map(lambda x: x.astype(jnp.float32), params)
         total = params if total is None else jax.tree.map(jnp.add, total, params)
         del params

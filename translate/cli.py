@@ -364,6 +364,11 @@ def checkpoint_flags(use: str) -> dict[str, Flag]:
         "average": Flag(
             0, f"{use[0].upper()}{use[1:]} the mean parameters of the newest N checkpoints."
         ),
+        "params": Flag(
+            "auto",
+            "Which parameters to read: 'auto' (a run's moving average when it kept one, "
+            "train.ema_decay; else the parameters), 'ema' or 'raw' (the parameters themselves).",
+        ),
     }
 
 

@@ -99,6 +99,11 @@ class DataConfig:
     synthetic_num_train: int = 20_000
     synthetic_num_dev: int = 500
     synthetic_num_test: int = 1_000
+    # Subword regularisation (BPE-dropout; Kudo 2018, Provilkov et al. 2020): each epoch the
+    # training pairs are segmented anew, every merge dropped with this probability, sampled
+    # from train.seed and the epoch (a resumed run sees the pieces an uninterrupted one saw);
+    # 0 = off (the pieces tokenized once). Dev and test keep the deterministic segmentation.
+    subword_alpha: float = 0.0
 
 
 @dataclasses.dataclass
@@ -118,6 +123,11 @@ class TrainConfig:
     adam_eps: float = 1e-9
     # Label smoothing epsilon (Sec. 5.4).
     label_smoothing: float = 0.1
+    # An exponential moving average of the parameters, kept beside them and saved in the
+    # checkpoints: ema = d * ema + (1 - d) * params after every applied step, with
+    # d = min(ema_decay, (1 + step) / (10 + step)); the dev and final evaluations and the
+    # decoding commands use it (their --params=raw the parameters themselves). 0 = off.
+    ema_decay: float = 0.0
     # Micro-batches accumulated per optimizer step; the batch is split evenly among them.
     grad_accum_steps: int = 1
     # Seed for parameters, data order and dropout.
@@ -323,6 +333,7 @@ class Config:
             ("data.synthetic_num_train", lambda v: v >= 1, "must be >= 1"),
             ("data.synthetic_num_dev", lambda v: v >= 1, "must be >= 1"),
             ("data.synthetic_num_test", lambda v: v >= 1, "must be >= 1"),
+            ("data.subword_alpha", lambda v: 0.0 <= v < 1.0, "must be in [0, 1) (0 = off)"),
         ]
 
     def _train_rules(self) -> list[Rule]:
@@ -349,6 +360,7 @@ class Config:
             ("train.adam_beta2", lambda v: 0.0 <= v < 1.0, "must be in [0, 1)"),
             ("train.adam_eps", lambda v: v > 0.0, "must be > 0"),
             ("train.label_smoothing", lambda v: 0.0 <= v < 1.0, "must be in [0, 1)"),
+            ("train.ema_decay", lambda v: 0.0 <= v < 1.0, "must be in [0, 1) (0 = off)"),
             ("train.grad_accum_steps", lambda v: v >= 1, "must be >= 1"),
             # Each micro-batch needs a row (and on several devices a row per device).
             (

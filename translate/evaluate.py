@@ -207,7 +207,9 @@ def main(argv: Sequence[str]) -> None:
     cli.quiet_libraries()
     step, average = cli.checkpoint_choice(flags)
     compilation.use_persistent_cache(flags["compilation_cache"])
-    graphdef, params, tokenizer, config, members = load_ensemble(workdirs, step, average)
+    graphdef, params, tokenizer, config, members = load_ensemble(
+        workdirs, step, average, params=flags["params"]
+    )
     steps = members[0]
     for dotted, text in overrides.items():
         apply_override(config, dotted, text)

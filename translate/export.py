@@ -46,7 +46,13 @@ def main(argv: Sequence[str]) -> None:
         raise SystemExit(f"--average={flags['average']}: must be >= 0 (0: no averaging)")
     step, average = cli.checkpoint_choice(flags)
     record = export(
-        flags["workdir"], flags["output"], flags["format"], step, average, flags["quantization"]
+        flags["workdir"],
+        flags["output"],
+        flags["format"],
+        step,
+        average,
+        flags["quantization"],
+        flags["params"],
     )
     steps = record["steps"]
     which = f"step {steps[0]}" if len(steps) == 1 else f"the mean of steps {steps}"

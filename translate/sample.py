@@ -57,7 +57,9 @@ def main(argv: Sequence[str]) -> None:
             raise SystemExit(f"--{name}={flags[name]}: must be {rule}")
     step, average = cli.checkpoint_choice(flags)
     compilation.use_persistent_cache(flags["compilation_cache"])
-    graphdefs, params, tokenizer, _, _ = load_ensemble([flags["workdir"]], step, average)
+    graphdefs, params, tokenizer, _, _ = load_ensemble(
+        [flags["workdir"]], step, average, params=flags["params"]
+    )
     if flags["top_k"] > tokenizer.vocab_size:
         raise SystemExit(
             f"--top_k={flags['top_k']}: the vocabulary has only {tokenizer.vocab_size} pieces"

@@ -352,7 +352,11 @@ def warn_of_long_lines(
 
 
 def load_models(
-    workdirs: Sequence[str], step: int | None, average: int, setup: programs.Setup | None
+    workdirs: Sequence[str],
+    step: int | None,
+    average: int,
+    setup: programs.Setup | None,
+    params: str = "auto",
 ):
     """(parameter leaves, a loader of the models, tokenizer, config, steps) for decoding.
 
@@ -371,7 +375,7 @@ def load_models(
         tokenizer, config, models = Tokenizer(first.vocab), read_config(first), None
     else:
         said, say = programs.said_lines()
-        ensemble = load_ensemble(workdirs, step, average, log=say)
+        ensemble = load_ensemble(workdirs, step, average, log=say, params=params)
         leaves, steps = jax.tree.leaves(ensemble.params), ensemble.steps
         tokenizer, config, models = ensemble.tokenizer, ensemble.config, ensemble[:2]
         if setup is not None:
@@ -380,7 +384,9 @@ def load_models(
     def load_model():
         nonlocal models
         if models is None:
-            models = load_ensemble(workdirs, step, average, log=lambda line: None)[:2]
+            models = load_ensemble(workdirs, step, average, log=lambda line: None, params=params)[
+                :2
+            ]
         return models
 
     return leaves, load_model, tokenizer, config, steps
@@ -397,9 +403,9 @@ def main(argv: Sequence[str]) -> None:
         check_output(flags["output"], flags["input"], flags["workdir"])
     step, average = cli.checkpoint_choice(flags)
     cache = compilation.use_persistent_cache(flags["compilation_cache"])
-    setup = programs.Setup.find(cache, flags["workdir"], step, average)
+    setup = programs.Setup.find(cache, flags["workdir"], step, average, flags["params"])
     leaves, load_model, tokenizer, config, steps = load_models(
-        flags["workdir"], step, average, setup
+        flags["workdir"], step, average, setup, flags["params"]
     )
     chosen = step is not None or average > 0
     sys.stderr.write(describe_models(flags["workdir"], steps, chosen, config) + "\n")

@@ -569,6 +569,7 @@ def load_model(
     step: int | None = None,
     average: int | Sequence[int] = 0,
     log: Callable[[str], None] = say,
+    params: str = "auto",
 ):
     """Loads (graphdef, params, tokenizer, config, steps) from a training workdir.
 
@@ -577,6 +578,9 @@ def load_model(
       step: the checkpoint to load; None for the newest.
       average: if > 0, the parameters are the mean of the newest `average` checkpoints instead;
         a list of steps: the mean of the checkpoints at those steps.
+      params: "auto" reads a checkpoint's moving average of the parameters (`train.ema_decay`)
+        when it holds one, else the parameters; "ema" requires the average; "raw" reads the
+        parameters themselves (--params).
 
     Returns:
       The model's graph and parameters (on the first local device: decoding runs there), the
@@ -601,6 +605,20 @@ def load_model(
     graphdef, shapes = abstract_model(config, tokenizer.vocab_size)
     device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
     abstract = checkpoint.abstract_like(shapes, device)
+    said_ema = False
+
+    def item(step: int) -> str:
+        nonlocal said_ema
+        chosen = checkpoint.params_item(workdir.checkpoints, step, params)
+        if chosen == "ema" and params == "auto" and not said_ema:
+            said_ema = True
+            log(
+                f"{workdir.path}: decoding the moving average of the parameters "
+                f"(train.ema_decay={config.train.ema_decay}); --params=raw decodes the "
+                "parameters themselves"
+            )
+        return chosen
+
     if not isinstance(average, int) or average > 0:
         if step is not None:
             raise ValueError("give a step or a number of checkpoints to average, not both")
@@ -619,13 +637,13 @@ def load_model(
                         f"{manager.all_steps()})"
                     )
             try:
-                params = checkpoint.average_params(manager, steps, abstract)
+                mean = checkpoint.average_params(manager, steps, abstract, item)
             except Exception:
                 manager.reload()
                 if set(steps) <= set(manager.all_steps()):
                     raise
                 continue
-            return graphdef, params, tokenizer, config, steps
+            return graphdef, mean, tokenizer, config, steps
         raise ValueError(
             f"the checkpoints in {manager.directory} were deleted while they were read, "
             f"{READ_ATTEMPTS} times (a run training there keeps only its newest {keep}): "
@@ -645,14 +663,16 @@ def load_model(
     if requested:
         meta = checkpoint.read_meta(manager, step)
         check(meta)
-        params, _, _ = checkpoint.restore(manager, step, abstract)
-        return graphdef, params, tokenizer, config, meta.get("averaged_steps", [step])
+        restored, _, _ = checkpoint.restore(manager, step, abstract, item=item(step))
+        return graphdef, restored, tokenizer, config, meta.get("averaged_steps", [step])
     # A run still training there may delete the newest step while it is read: then the newest
     # is chosen again (a few times), as for --average.
     said = False
     for _ in range(READ_ATTEMPTS):
         try:
-            found = checkpoint.restore_latest(manager, abstract, check_meta=check, log=log)
+            found = checkpoint.restore_latest(
+                manager, abstract, check_meta=check, log=log, item=item
+            )
         except checkpoint.StepDeleted as deleted:
             manager.reload()
             if not said:
@@ -664,8 +684,8 @@ def load_model(
             continue
         if found is None:  # every step was deleted meanwhile
             break
-        step, params, _, meta = found
-        return graphdef, params, tokenizer, config, meta.get("averaged_steps", [step])
+        step, restored, _, meta = found
+        return graphdef, restored, tokenizer, config, meta.get("averaged_steps", [step])
     raise ValueError(
         f"the newest checkpoint in {manager.directory} was deleted while it was read, "
         f"{READ_ATTEMPTS} times (a run training there keeps only its newest "
@@ -715,6 +735,7 @@ def load_ensemble(
     step: int | None = None,
     average: int = 0,
     log: Callable[[str], None] = say,
+    params: str = "auto",
 ) -> Ensemble:
     """The models of one or more workdirs, each at `step` (None: the newest) or the mean of
     its newest `average` checkpoints: how every command picks its checkpoints (--step and
@@ -734,11 +755,15 @@ def load_ensemble(
             f"--step={step} and --average={average}: give a step or a number of checkpoints "
             "to average, not both"
         )
+    from translate.checkpoint import PARAMS_CHOICES
+
+    if params not in PARAMS_CHOICES:
+        raise ValueError(f"--params={params}: must be one of {', '.join(PARAMS_CHOICES)}")
     check_shared_vocabulary(paths)
     members = []
     for path in paths:
         try:
-            members.append(load_model(path, step, average, log))
+            members.append(load_model(path, step, average, log, params))
         except ValueError as e:
             raise ValueError(f"--workdir={path} --average={average}: {e}") from None
     return Ensemble(

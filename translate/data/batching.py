@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -201,19 +201,24 @@ class DataPosition:
 
 
 def iterate_batches(
-    corpus: TokenizedCorpus,
+    corpus: TokenizedCorpus | Callable[[int], TokenizedCorpus],
     layout: BatchLayout,
     seed: int,
     start: DataPosition,
     row_slice: slice = slice(None),
 ) -> Iterator[tuple[Batch, DataPosition]]:
-    """Yields (batch, position after it) forever, starting at `start`."""
+    """Yields (batch, position after it) forever, starting at `start`.
+
+    `corpus` is the training pairs, or a function of the epoch that returns them (a
+    segmentation sampled anew each epoch: translate/data/sampling.py).
+    """
     epoch, index = start.epoch, start.index
     while True:
-        plan = plan_epoch(corpus, layout, seed, epoch)
+        corpus_of_epoch = corpus(epoch) if callable(corpus) else corpus
+        plan = plan_epoch(corpus_of_epoch, layout, seed, epoch)
         for i in range(index, len(plan)):
             after = DataPosition(epoch, i + 1) if i + 1 < len(plan) else DataPosition(epoch + 1)
-            yield make_batch(corpus, plan[i], layout, row_slice), after
+            yield make_batch(corpus_of_epoch, plan[i], layout, row_slice), after
         epoch, index = epoch + 1, 0
 
 

@@ -127,12 +127,15 @@ def files_digest(workdir: Workdir) -> dict[str, Any]:
     }
 
 
-def setup_name(workdirs: Sequence[str], step: int | None, average: int) -> str:
+def setup_name(
+    workdirs: Sequence[str], step: int | None, average: int, params: str = "auto"
+) -> str:
     """The hash that names a setup (module docstring); raises OSError if a file is missing."""
     facts = {
         "workdirs": [files_digest(Workdir(path)) for path in workdirs],
         "step": step,
         "average": average,
+        "params": params,
         "code": code_digest(),
         "machine": machine(),
     }
@@ -163,13 +166,18 @@ class Setup:
 
     @classmethod
     def find(
-        cls, cache: str | None, workdirs: Sequence[str], step: int | None, average: int
+        cls,
+        cache: str | None,
+        workdirs: Sequence[str],
+        step: int | None,
+        average: int,
+        params: str = "auto",
     ) -> Setup | None:
         """The setup of these workdirs and choice, or None with the cache off or unusable."""
         if cache is None:
             return None
         try:
-            return cls(cache, setup_name(workdirs, step, average))
+            return cls(cache, setup_name(workdirs, step, average, params))
         except OSError as e:  # a file of a workdir is missing: loading says which
             log.debug("no saved searches: %s", e)
             return None

@@ -124,9 +124,11 @@ def export(
     step: int | None = None,
     average: int = 0,
     quantization: str = "",
+    params: str = "auto",
 ) -> dict[str, Any]:
     """Writes the model of `workdir` (at `step`, or the mean of its newest `average`
-    checkpoints) in format `fmt` to the directory `output`; returns what the marker records.
+    checkpoints; `params` as workdir.load_model's) in format `fmt` to the directory `output`;
+    returns what the marker records.
 
     Raises:
       ValueError, OSError: a user's mistake, in one line naming the flag (see the checks above
@@ -144,7 +146,7 @@ def export(
     for left in atomic.remove_stale(output, "new"):
         log.warning("removed %s, the partial copy that a killed export left beside it", left)
     with writing(output) as tmp:
-        record = write_export(workdir, fmt, step, average, quantization, tmp, output)
+        record = write_export(workdir, fmt, step, average, quantization, tmp, output, params)
         try:
             carry_added_files(pathlib.Path(output), tmp)
         except OSError as e:
@@ -201,11 +203,14 @@ def write_export(
     quantization: str,
     tmp: pathlib.Path,
     output: str = "",
+    params: str = "auto",
 ) -> dict[str, Any]:
     """Loads the model and writes the export's files into the empty directory `tmp`, which
     will become `output` (named in an error)."""
-    graphdefs, params, tokenizer, config, steps = load_ensemble([workdir], step, average)
-    model = nnx.merge(graphdefs[0], params[0])
+    graphdefs, loaded, tokenizer, config, steps = load_ensemble(
+        [workdir], step, average, params=params
+    )
+    model = nnx.merge(graphdefs[0], loaded[0])
     found = provenance.git_commit()
     record = {
         "format": fmt,

@@ -99,6 +99,32 @@ def make_train_step(graphdef, optimizer, label_smoothing: float, mesh):
     )
 
 
+def ema_decay_at(decay: float, step):
+    """The moving average's decay after update `step` (0 the first): `decay`, less while few
+    updates have been averaged, so the random initialisation fades fast."""
+    return jnp.minimum(decay, (1.0 + step) / (10.0 + step))
+
+
+def make_ema_update(decay: float, mesh):
+    """The jitted (ema, params, step, nonfinite) -> ema of `train.ema_decay`:
+    ema = d * ema + (1 - d) * params with d = `ema_decay_at(decay, step)`, the parameters
+    being those after update `step`; a step that was not applied (`nonfinite`, the train
+    step's metric) leaves the average as it was. The average is float32, like the parameters."""
+    replicated = sharding.replicated(mesh)
+
+    def update(ema, params, step, nonfinite):
+        d = ema_decay_at(decay, jnp.asarray(step, jnp.float32))
+        new = jax.tree.map(lambda e, p: d * e + (1.0 - d) * p, ema, params)
+        return jax.tree.map(lambda n, e: jnp.where(nonfinite > 0, e, n), new, ema)
+
+    return jax.jit(
+        update,
+        in_shardings=(replicated, replicated, None, replicated),
+        out_shardings=replicated,
+        donate_argnums=(0,),
+    )
+
+
 def make_eval_step(graphdef, label_smoothing: float, mesh):
     def eval_step(params, batch):
         model = nnx.merge(graphdef, params)
@@ -133,6 +159,8 @@ class Steps(NamedTuple):
     eval: Callable
     # step -> learning rate.
     schedule: optax.Schedule
+    # (ema, params, step, nonfinite) -> ema with train.ema_decay; None without.
+    ema: Callable | None = None
 
 
 def make_steps(config: Config, vocab_size: int, mesh, optimizer=None) -> Steps:
@@ -151,6 +179,7 @@ def make_steps(config: Config, vocab_size: int, mesh, optimizer=None) -> Steps:
         make_train_step(graphdef, optimizer, smoothing, mesh),
         make_eval_step(graphdef, smoothing, mesh),
         schedule,
+        make_ema_update(config.train.ema_decay, mesh) if config.train.ema_decay else None,
     )
 
 

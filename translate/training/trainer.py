@@ -32,6 +32,7 @@ from translate import checkpoint, sharding
 from translate.atomic import remove_stale
 from translate.config import Config, split_profile_steps
 from translate.data.batching import Batch, BatchLayout, DataPosition, iterate_batches
+from translate.data.sampling import SampledEpochs
 from translate.data.sources import Data, load_data
 from translate.decoding.report import translate_and_score, write_report
 from translate.devices import DeviceFacts, cpu_warning, published_peak
@@ -89,12 +90,19 @@ class Run(NamedTuple):
 
 @dataclasses.dataclass
 class TrainState:
-    """What each step changes: the steps done, the parameters, Adam's state, the data position."""
+    """What each step changes: the steps done, the parameters, Adam's state, the data position,
+    and the parameters' moving average (`train.ema_decay`; None without)."""
 
     step: int
     params: Any
     opt_state: Any
     position: DataPosition
+    ema: Any = None
+
+    @property
+    def evaluated(self) -> Any:
+        """The parameters that evaluations decode: the moving average when there is one."""
+        return self.params if self.ema is None else self.ema
 
 
 def train_and_evaluate(
@@ -261,6 +269,8 @@ class Trainer:
             )
         else:
             self.state = TrainState(0, *self.steps.init(self.keys["params"]), DataPosition())
+        if self.steps.ema is not None:
+            self.state.ema = self.restore_ema()
         layout = self.run.layout
         log.info(
             "model: %d parameters; batch %d micro x %d rows x %d tokens",
@@ -270,6 +280,21 @@ class Trainer:
             layout.row_len,
         )
 
+    def restore_ema(self) -> Any:
+        """The moving average of the restored step's checkpoint; else (a fresh run, or a
+        checkpoint saved without one) the parameters themselves, from which it starts."""
+        step, directory = self.state.step, self.workdir.checkpoints
+        if self.resumed and checkpoint.holds_ema(directory, step):
+            return checkpoint.restore(self.manager, step, self.abstract[0], item="ema")[0]
+        if step > 0:
+            log.info(
+                "the checkpoint of step %d holds no moving average of the parameters: "
+                "train.ema_decay=%g starts it from that step's parameters",
+                step,
+                self.config.train.ema_decay,
+            )
+        return jax.tree.map(jnp.copy, self.state.params)  # its own buffers: params are donated
+
     # Phase: the loop.
 
     def open_loop(self) -> None:
@@ -277,7 +302,11 @@ class Trainer:
         t, step = self.config.train, self.state.step
         self.writer = MetricWriter(self.workdir)
         self.batches = iterate_batches(
-            self.data.train, self.run.layout, t.seed, self.state.position, self.run.row_slice
+            training_pairs(self.config, self.data),
+            self.run.layout,
+            t.seed,
+            self.state.position,
+            self.run.row_slice,
         )
         # Model FLOPs of this host's rows over its devices' published peak.
         peak = published_peak(self.run.facts.kind, jnp.dtype(self.run.dtype).name)
@@ -355,6 +384,8 @@ class Trainer:
             compile_seconds = time.perf_counter() - call_start
             log.info("compiled the train step in %.1f s", compile_seconds)
             self.window.exclude(compile_seconds)
+        if self.steps.ema is not None:
+            s.ema = self.steps.ema(s.ema, s.params, s.step, metrics["nonfinite"])
         vocab_size = self.data.tokenizer.vocab_size
         self.window.add(metrics, train_flops(self.config.model, vocab_size, *batch_lengths(batch)))
         s.step += 1
@@ -381,7 +412,7 @@ class Trainer:
         self.finish_saves()  # Orbax would wait for it in save(); here a failure names its step
         self.saving = s.step
         try:
-            checkpoint.save(self.manager, s.step, s.params, s.opt_state, meta)
+            checkpoint.save(self.manager, s.step, s.params, s.opt_state, meta, s.ema)
         except Exception as e:
             if (error := self.save_failed(e)) is None:
                 raise
@@ -429,7 +460,7 @@ class Trainer:
         self.dev_history.add(step, bleu)
         if self.best is not None and (self.kept_bleu is None or bleu > self.kept_bleu):
             save_best(
-                self.best, self.config, self.workdir, self.data, self.state.params, step, bleu
+                self.best, self.config, self.workdir, self.data, self.state.evaluated, step, bleu
             )
             self.kept_bleu = bleu
         if not self.dev_history.exhausted(t.early_stopping_patience) or step == t.num_train_steps:
@@ -454,14 +485,14 @@ class Trainer:
         with self.stop.abandonable():
             metrics_eval = dev_loss(
                 self.steps.eval,
-                self.state.params,
+                self.state.evaluated,
                 self.data.dev,
                 run.layout,
                 run.mesh,
                 run.row_slice,
             )
             metrics_eval.update(
-                dev_bleu(self.steps.graphdef, self.state.params, self.data, self.config, step)
+                dev_bleu(self.steps.graphdef, self.state.evaluated, self.data, self.config, step)
             )
         log.info(
             "eval at step %d: %s", step, "  ".join(f"{k} {v:.3f}" for k, v in metrics_eval.items())
@@ -486,12 +517,14 @@ class Trainer:
         step = self.state.step
         # Sec. 6.1: the final evaluation decodes the mean of the newest checkpoints.
         params, checkpoint_steps = final_params(
-            self.config, self.manager, self.state.params, step, self.abstract[0], self.grid
+            self.config, self.manager, self.state.evaluated, step, self.abstract[0], self.grid
         )
         try:
             with self.stop.abandonable():
                 if len(checkpoint_steps) > 1 and self.data.dev is not None:
                     self.evaluate_average(params, checkpoint_steps)
+                if self.state.ema is not None and self.data.dev is not None:
+                    self.evaluate_raw()
                 self.writer.close()
                 if jax.process_index() == 0:
                     draw_training_curves(self.workdir)
@@ -513,20 +546,37 @@ class Trainer:
             raise Interrupted(self.stop.signum, step) from None
         return report, sources, references, hypotheses
 
+    def evaluate_raw(self) -> None:
+        """With a moving average: dev loss and BLEU of the last step's parameters themselves,
+        logged as eval/raw_*, beside the average's eval/* (what the average is worth)."""
+        self.evaluate_other(
+            self.state.params, "raw", "the parameters themselves (not their moving average)"
+        )
+
     def evaluate_average(self, params, checkpoint_steps: list[int]) -> None:
         """Dev loss and BLEU of averaged parameters, logged as eval/averaged_*."""
+        self.evaluate_other(params, "averaged", f"the mean of steps {checkpoint_steps}")
+
+    def evaluate_other(self, params, name: str, what: str) -> None:
+        """Dev loss and BLEU of parameters other than the run's evaluated ones, logged and
+        written as eval/<name>_* at this step; `what` names them in the log."""
         run, step = self.run, self.state.step
         metrics_eval = dev_loss(
             self.steps.eval, params, self.data.dev, run.layout, run.mesh, run.row_slice
         )
         metrics_eval.update(dev_bleu(self.steps.graphdef, params, self.data, self.config, step))
-        averaged = {k.replace("eval/", "eval/averaged_"): v for k, v in metrics_eval.items()}
-        log.info(
-            "eval of the mean of steps %s: %s",
-            checkpoint_steps,
-            "  ".join(f"{k} {v:.3f}" for k, v in averaged.items()),
-        )
-        self.writer.write(step, averaged)
+        named = {k.replace("eval/", f"eval/{name}_"): v for k, v in metrics_eval.items()}
+        log.info("eval of %s: %s", what, "  ".join(f"{k} {v:.3f}" for k, v in named.items()))
+        self.writer.write(step, named)
+
+
+def training_pairs(config: Config, data: Data):
+    """The training pairs the batcher reads: the cached tokens, or with `data.subword_alpha` a
+    segmentation sampled anew for each epoch (translate/data/sampling.py)."""
+    d = config.data
+    if not d.subword_alpha:
+        return data.train
+    return SampledEpochs(data.train, data.tokenizer, d.subword_alpha, d.max_len, config.train.seed)
 
 
 def write_test_report(
@@ -627,7 +677,17 @@ def final_params(
         )
         num = len(saved)
     steps = checkpoint.steps_to_average(manager, num, config.train.keep_checkpoints, among)
-    return checkpoint.average_params(manager, steps, abstract_params), steps
+    if config.train.ema_decay:  # the mean of the moving averages (of those that hold one)
+
+        def item(saved_step: int) -> str:
+            return checkpoint.params_item(manager.directory, saved_step)
+
+    else:
+
+        def item(saved_step: int) -> str:
+            return "params"
+
+    return checkpoint.average_params(manager, steps, abstract_params, item), steps
 
 
 def warn_of_schedule_change(config: Config, workdir: Workdir) -> None:

@@ -1,0 +1,178 @@
+"""The regularisers: the parameters' moving average (train.ema_decay) and subword sampling
+(data.subword_alpha, translate/data/sampling.py)."""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import copy_of_tiny_run
+from jax.sharding import Mesh
+
+from translate import checkpoint, sharding
+from translate.data.corpus import tokenize_parallel
+from translate.data.sampling import SampledEpochs
+from translate.training.steps import make_ema_update
+from translate.training.trainer import train_and_evaluate
+from translate.workdir import Workdir, load_ensemble, load_model
+
+
+def test_ema_update_matches_a_hand_computed_average():
+    mesh = Mesh(np.array(jax.devices()[:1]), (sharding.DATA_AXIS,))
+    update = make_ema_update(0.9, mesh)
+    rng = np.random.default_rng(0)
+    params = [{"w": rng.normal(size=(3, 4)).astype(np.float32)} for _ in range(5)]
+    ema = jax.tree.map(jnp.asarray, params[0])
+    expected = params[0]["w"].copy()
+    nonfinite = [0.0, 0.0, 1.0, 0.0]  # the third step was not applied: the average stays
+    for step, (p, bad) in enumerate(zip(params[1:], nonfinite)):
+        ema = update(ema, jax.tree.map(jnp.asarray, p), step, jnp.float32(bad))
+        if not bad:
+            d = np.float32(min(0.9, (1 + step) / (10 + step)))
+            expected = d * expected + (np.float32(1) - d) * p["w"]
+        np.testing.assert_allclose(np.asarray(ema["w"]), expected, rtol=1e-6, atol=1e-7)
+
+
+def regularised(config, steps):
+    config.train.ema_decay = 0.9
+    config.data.subword_alpha = 0.2
+    config.train.num_train_steps = steps
+    config.train.checkpoint_every_steps = 4
+    config.data.synthetic_num_train = 100  # about two steps an epoch
+    return config
+
+
+def arrays(workdir, params="auto"):
+    return [np.asarray(x) for x in jax.tree.leaves(load_model(workdir, params=params)[1])]
+
+
+def test_a_resumed_run_continues_the_average_and_the_sampled_pieces_bit_for_bit(config, tmp_path):
+    """Straight to step 8 (two epochs of sampled pieces), against stopped at 7 (in the second
+    epoch, so the resumed process samples it afresh) and resumed."""
+    train_and_evaluate(regularised(config, 8), tmp_path / "straight")
+    train_and_evaluate(regularised(config, 7), tmp_path / "resumed")
+    train_and_evaluate(regularised(config, 8), tmp_path / "resumed")
+    for params in ("ema", "raw"):
+        for a, b in zip(
+            arrays(tmp_path / "straight", params), arrays(tmp_path / "resumed", params)
+        ):
+            np.testing.assert_array_equal(a, b)
+    # The average is not the parameters, and evaluations decode it.
+    assert any(
+        not np.array_equal(a, b)
+        for a, b in zip(arrays(tmp_path / "straight", "ema"), arrays(tmp_path / "straight", "raw"))
+    )
+    lines = [
+        json.loads(x)
+        for x in (tmp_path / "straight" / "metrics.jsonl").read_text().split("\n")
+        if x
+    ]
+    assert any("eval/raw_bleu" in line for line in lines) and any(
+        "eval/bleu" in line for line in lines
+    )
+    # The data position crossed into the second epoch, whose pieces were sampled.
+    meta = checkpoint.read_meta(
+        checkpoint.make_manager(Workdir(tmp_path / "straight").checkpoints, read_only=True), 8
+    )
+    assert meta["data_position"]["epoch"] >= 1
+
+
+def test_a_run_without_an_average_resumes_with_one_and_evaluates(
+    tiny_run, tmp_path_factory, config, caplog
+):
+    workdir = copy_of_tiny_run(tiny_run, tmp_path_factory)  # 6 steps, no average
+    assert not checkpoint.holds_ema(Workdir(workdir).checkpoints, 6)
+    with pytest.raises(ValueError, match="--params=ema: the checkpoint of step 6 .* holds no"):
+        load_ensemble([workdir], params="ema")
+    config.train.ema_decay = 0.9
+    config.train.num_train_steps = 7
+    with caplog.at_level("INFO", logger="translate"):
+        report = train_and_evaluate(config, workdir)
+    assert "step 6 holds no moving average" in caplog.text
+    assert report["step"] == 7
+    assert checkpoint.holds_ema(Workdir(workdir).checkpoints, 7)
+    # One update from the step-6 parameters p6 with d = min(0.9, 7/16): ema = d p6 + (1-d) p7.
+    manager = checkpoint.make_manager(Workdir(workdir).checkpoints, read_only=True)
+    p6 = arrays_at(manager, 6, "params")
+    p7, e7 = arrays_at(manager, 7, "params"), arrays_at(manager, 7, "ema")
+    d = np.float32(7 / 16)
+    for a, b, e in zip(p6, p7, e7):
+        np.testing.assert_allclose(e, d * a + (np.float32(1) - d) * b, rtol=1e-5, atol=1e-6)
+
+
+def arrays_at(manager, step, item):
+    from translate.data.tokenizer import Tokenizer
+    from translate.models.factory import abstract_model
+    from translate.workdir import read_config
+
+    path = manager.directory.parent
+    config = read_config(Workdir(path))
+    _, shapes = abstract_model(config, Tokenizer(Workdir(path).vocab).vocab_size)
+    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    params = checkpoint.restore(manager, step, checkpoint.abstract_like(shapes, device), item=item)[
+        0
+    ]
+    return [np.asarray(x) for x in jax.tree.leaves(params)]
+
+
+def sentences(n=60, seed=3):
+    from translate.data import synthetic
+
+    return synthetic.generate_pairs(n, seed=seed)
+
+
+def test_sampled_segmentations_differ_by_epoch_repeat_by_seed_and_decode_back(tokenizer):
+    pairs = sentences()
+    src, tgt = [p[0] for p in pairs], [p[1] for p in pairs]
+    corpus, dropped = tokenize_parallel(tokenizer, src, tgt, max_len=1000)
+    assert dropped == 0
+    sampled = SampledEpochs(corpus, tokenizer, alpha=0.3, max_len=1000, seed=5)
+    first, second = sampled(1), sampled(2)
+
+    def pieces(c):
+        return [(c.src(i).tolist(), c.tgt(i).tolist()) for i in range(len(c))]
+
+    assert pieces(first) != pieces(second)
+    # The same seed and epoch in a sampler made afresh (as a resumed run makes it), after
+    # another epoch was sampled in this process: the same pieces.
+    again = SampledEpochs(corpus, tokenizer, alpha=0.3, max_len=1000, seed=5)
+    again(2)
+    assert pieces(again(1)) == pieces(first)
+    assert pieces(SampledEpochs(corpus, tokenizer, 0.3, 1000, seed=6)(1)) != pieces(first)
+    # Every sampled pair decodes to its sentence (SentencePiece's normalized text).
+    for i in range(len(corpus)):
+        assert tokenizer.decode(first.src(i)) == tokenizer.decode(corpus.src(i))
+        assert tokenizer.decode(first.tgt(i)) == tokenizer.decode(corpus.tgt(i))
+    # More pieces than the deterministic segmentation (merges were dropped).
+    assert len(first.src_tokens) > len(corpus.src_tokens)
+
+
+def test_a_sampled_pair_too_long_keeps_its_deterministic_pieces(tokenizer):
+    pairs = sentences()
+    corpus, _ = tokenize_parallel(tokenizer, [p[0] for p in pairs], [p[1] for p in pairs], 1000)
+    longest = max(max(len(corpus.src(i)), len(corpus.tgt(i))) for i in range(len(corpus))) + 1
+    free = SampledEpochs(corpus, tokenizer, alpha=0.5, max_len=10**6, seed=0)(0)
+    bounded = SampledEpochs(corpus, tokenizer, alpha=0.5, max_len=longest, seed=0)(0)
+    assert len(bounded) == len(corpus)
+    too_long = 0
+    for i in range(len(corpus)):
+        fits = max(len(free.src(i)), len(free.tgt(i))) + 1 <= longest
+        expected = free if fits else corpus
+        too_long += not fits
+        assert bounded.src(i).tolist() == expected.src(i).tolist()
+        assert bounded.tgt(i).tolist() == expected.tgt(i).tolist()
+    assert too_long >= 1
+
+
+def test_the_choices_are_config_errors_out_of_range(config):
+    for name, value in (
+        ("train.ema_decay", 1.0),
+        ("train.ema_decay", -0.1),
+        ("data.subword_alpha", 1.0),
+    ):
+        section, field = name.split(".")
+        bad = type(config)()
+        setattr(getattr(bad, section), field, value)
+        with pytest.raises(ValueError, match=name):
+            bad.validate()
