@@ -34,8 +34,12 @@ def average_workdir(
     num: int = 5,
     steps: list[int] | None = None,
     output_step: int | None = None,
+    params: str = "auto",
 ) -> list[int]:
     """Writes the mean parameters of `workdir`'s newest `num` checkpoints (or `steps`) to `output`.
+
+    `params` as workdir.load_model's: by default the mean of the checkpoints' moving averages
+    when they hold them (train.ema_decay), else of their parameters.
 
     Returns:
       The averaged steps, oldest first.
@@ -51,13 +55,13 @@ def average_workdir(
     # Before any checkpoint is read: the new average is written beside --output.
     cli.check_writable(output.parent, f"--output={output}")
     atomic.remove_stale(output, "new")  # what an average killed while it wrote left there
-    _, params, _, _, steps = load_model(workdir, average=steps or num)
+    _, mean, _, _, steps = load_model(workdir, average=steps or num, params=params)
     out_step = steps[-1] if output_step is None else output_step
     # Written whole beside --output, then swapped in: a failure leaves --output as it was, and
     # a process killed between the two renames leaves an earlier average under a hidden
     # `.NAME.*.old` name beside --output, and no --output.
     with atomic.directory(output) as new:
-        write_average(run, Workdir(new), params, steps, out_step)
+        write_average(run, Workdir(new), mean, steps, out_step)
         check_output(output, run)  # still true: nothing else began writing there meanwhile
     return steps
 
@@ -123,6 +127,7 @@ def main(argv: list[str]) -> None:
             "steps": Flag([], "Average these steps instead of the newest --num (repeat it)."),
             "output": Flag("", "The new workdir; default WORKDIR/average_N."),
             "output_step": Flag(-1, "The step to save the average at; -1: the newest averaged."),
+            "params": cli.checkpoint_flags("average")["params"],
         },
         doc=__doc__,
         sections=(),
@@ -138,6 +143,7 @@ def main(argv: list[str]) -> None:
             flags["num"],
             [parse_value(s, int, "--steps") for s in flags["steps"]],
             None if flags["output_step"] < 0 else flags["output_step"],
+            flags["params"],
         )
     except (ValueError, FileNotFoundError) as e:
         raise SystemExit(str(e)) from None

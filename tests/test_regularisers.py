@@ -10,7 +10,7 @@ import pytest
 from conftest import copy_of_tiny_run
 from jax.sharding import Mesh
 
-from translate import checkpoint, sharding
+from translate import checkpoint, evaluate, sharding
 from translate.data.corpus import tokenize_parallel
 from translate.data.sampling import SampledEpochs
 from translate.training.steps import make_ema_update
@@ -99,6 +99,22 @@ def test_a_run_without_an_average_resumes_with_one_and_evaluates(
     d = np.float32(7 / 16)
     for a, b, e in zip(p6, p7, e7):
         np.testing.assert_allclose(e, d * a + (np.float32(1) - d) * b, rtol=1e-5, atol=1e-6)
+    # translate-evaluate decodes the average by default and says which in its report and name.
+    data = workdir / "data"
+    for choice, suffix in (("auto", "ema"), ("raw", "raw")):
+        evaluate.main(
+            [
+                "--workdir",
+                str(workdir),
+                "--src",
+                str(data / "test.en"),
+                "--ref",
+                str(data / "test.de"),
+            ]
+            + ["--params", choice]
+        )
+        out = workdir / "evaluations" / f"test.en.step7.{suffix}"
+        assert json.loads((out / "report.json").read_text())["parameters"] == suffix
 
 
 def arrays_at(manager, step, item):

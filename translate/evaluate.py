@@ -43,12 +43,16 @@ from translate.decoding.report import sha256_of_file, translate_and_score, write
 from translate.workdir import Workdir, load_ensemble
 
 
-def default_output(workdir: str, source: str, steps: Sequence[int], num_models: int) -> Workdir:
+def default_output(
+    workdir: str, source: str, steps: Sequence[int], num_models: int, parameters: str = ""
+) -> Workdir:
     """A new directory under the first workdir's evaluations/ named by the test set and model,
     made here, so that no other evaluation takes it.
 
-    `evaluations/newstest2014.en.step100000`, `...average5.step100000` or `...ensemble2.step..`;
-    `.2`, `.3`, ... are added while a directory of that name exists, so nothing is overwritten.
+    `evaluations/newstest2014.en.step100000`, `...average5.step100000` or `...ensemble2.step..`,
+    with `.raw` or `.ema` after the step when `parameters` says which a run's moving average
+    made a choice of (`parameters_decoded`); `.2`, `.3`, ... are added while a directory of
+    that name exists, so nothing is overwritten.
 
     Raises:
       ValueError: naming --workdir when nothing can be created there.
@@ -59,6 +63,8 @@ def default_output(workdir: str, source: str, steps: Sequence[int], num_models: 
     if len(steps) > 1:
         name += f".average{len(steps)}"
     name += f".step{steps[-1]}"
+    if parameters:
+        name += f".{parameters}"
     evaluations = Workdir(workdir).evaluations
     candidate, number = evaluations / name, 1
     while True:
@@ -215,10 +221,13 @@ def main(argv: Sequence[str]) -> None:
         apply_override(config, dotted, text)
     config.validate()
     sources, references, other = read_test_set(flags)
+    parameters = parameters_decoded(workdirs, members, flags["params"])
     if flags["output"]:
         output = claim_output(flags["output"])
     else:
-        output = removed_if_empty(default_output(workdirs[0], flags["src"], steps, len(members)))
+        output = removed_if_empty(
+            default_output(workdirs[0], flags["src"], steps, len(members), parameters)
+        )
     with output as out:
         report, hypotheses = translate_and_score(
             graphdef,
@@ -237,6 +246,8 @@ def main(argv: Sequence[str]) -> None:
             "reference": str(pathlib.Path(flags["ref"]).resolve()),
             "reference_sha256": sha256_of_file(flags["ref"]),
         }
+        if parameters:
+            report["parameters"] = parameters
         if len(members) > 1:
             report["ensemble"] = [f"{w} step {s}" for w, s in zip(workdirs, members)]
         if other is not None:
@@ -248,6 +259,20 @@ def main(argv: Sequence[str]) -> None:
         write_report(out.path, report, sources, references, hypotheses, plots_dir=workdirs[0])
     print(out.report_txt.read_text(), end="")
     print(f"(written to {out.path})")
+
+
+def parameters_decoded(workdirs: Sequence[str], members, choice: str) -> str:
+    """ "ema" or "raw" when a decoded checkpoint holds a moving average of its parameters
+    (train.ema_decay), so which of the two was decoded is worth saying; else ""."""
+    from translate import checkpoint
+
+    held = [
+        checkpoint.holds_ema(Workdir(w).checkpoints, steps[-1])
+        for w, steps in zip(workdirs, members)
+    ]
+    if not any(held):
+        return ""
+    return "raw" if choice == "raw" else "ema" if all(held) else "mixed"
 
 
 def console_main() -> None:
