@@ -159,15 +159,23 @@ def compare(reference: pathlib.Path, faulty: pathlib.Path) -> list[tuple[str, bo
     """(what, equal) for the parameters, the report's scores and the hypotheses."""
     import jax
 
-    from translate.workdir import load_model
+    from translate import checkpoint
+    from translate.workdir import Workdir, load_model
 
     results = []
-    _, ref_params, _, _, ref_step = load_model(reference)
-    _, got_params, _, _, got_step = load_model(faulty)
-    leaves = list(zip(jax.tree.leaves(ref_params), jax.tree.leaves(got_params)))
-    same = all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in leaves)
-    results.append((f"final step ({ref_step} and {got_step})", ref_step == got_step))
-    results.append((f"{len(leaves)} parameter arrays, bit for bit", same))
+    # The parameters, and their moving average when the run keeps one (train.ema_decay).
+    choices = {"raw": "parameter arrays"}
+    ref_step = checkpoint.latest_step(Workdir(reference).checkpoints)
+    if ref_step is not None and checkpoint.holds_ema(Workdir(reference).checkpoints, ref_step):
+        choices["ema"] = "moving-average arrays"
+    for choice, what in choices.items():
+        _, ref_params, _, _, ref_step = load_model(reference, params=choice)
+        _, got_params, _, _, got_step = load_model(faulty, params=choice)
+        leaves = list(zip(jax.tree.leaves(ref_params), jax.tree.leaves(got_params)))
+        same = all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in leaves)
+        if choice == "raw":
+            results.append((f"final step ({ref_step} and {got_step})", ref_step == got_step))
+        results.append((f"{len(leaves)} {what}, bit for bit", same))
     ref_report = json.loads((reference / "report.json").read_text())
     got_report = json.loads((faulty / "report.json").read_text())
     for key in ("bleu", "chrf", "num_sentences", "step"):

@@ -1,5 +1,5 @@
 """The regularisers: the parameters' moving average (train.ema_decay) and subword sampling
-(data.subword_alpha, translate/data/sampling.py)."""
+(data.src_subword_alpha and tgt_subword_alpha, translate/data/sampling.py)."""
 
 import json
 
@@ -36,7 +36,8 @@ def test_ema_update_matches_a_hand_computed_average():
 
 def regularised(config, steps):
     config.train.ema_decay = 0.9
-    config.data.subword_alpha = 0.2
+    config.data.src_subword_alpha = 0.2
+    config.data.tgt_subword_alpha = 0.1
     config.train.num_train_steps = steps
     config.train.checkpoint_every_steps = 4
     config.data.synthetic_num_train = 100  # about two steps an epoch
@@ -71,6 +72,12 @@ def test_a_resumed_run_continues_the_average_and_the_sampled_pieces_bit_for_bit(
     assert any("eval/raw_bleu" in line for line in lines) and any(
         "eval/bleu" in line for line in lines
     )
+    # Checkpoint averaging composes: the mean of the newest two checkpoints' moving averages.
+    manager = checkpoint.make_manager(Workdir(tmp_path / "straight").checkpoints, read_only=True)
+    mean = [np.asarray(x) for x in jax.tree.leaves(load_model(tmp_path / "straight", average=2)[1])]
+    e4, e8 = arrays_at(manager, 4, "ema"), arrays_at(manager, 8, "ema")
+    for m, a, b in zip(mean, e4, e8):
+        np.testing.assert_allclose(m, (a + b) / 2, rtol=1e-6, atol=1e-7)
     # The data position crossed into the second epoch, whose pieces were sampled.
     meta = checkpoint.read_meta(
         checkpoint.make_manager(Workdir(tmp_path / "straight").checkpoints, read_only=True), 8
@@ -143,7 +150,7 @@ def test_sampled_segmentations_differ_by_epoch_repeat_by_seed_and_decode_back(to
     src, tgt = [p[0] for p in pairs], [p[1] for p in pairs]
     corpus, dropped = tokenize_parallel(tokenizer, src, tgt, max_len=1000)
     assert dropped == 0
-    sampled = SampledEpochs(corpus, tokenizer, alpha=0.3, max_len=1000, seed=5)
+    sampled = SampledEpochs(corpus, tokenizer, alphas=(0.3, 0.3), max_len=1000, seed=5)
     first, second = sampled(1), sampled(2)
 
     def pieces(c):
@@ -152,14 +159,20 @@ def test_sampled_segmentations_differ_by_epoch_repeat_by_seed_and_decode_back(to
     assert pieces(first) != pieces(second)
     # The same seed and epoch in a sampler made afresh (as a resumed run makes it), after
     # another epoch was sampled in this process: the same pieces.
-    again = SampledEpochs(corpus, tokenizer, alpha=0.3, max_len=1000, seed=5)
+    again = SampledEpochs(corpus, tokenizer, alphas=(0.3, 0.3), max_len=1000, seed=5)
     again(2)
     assert pieces(again(1)) == pieces(first)
-    assert pieces(SampledEpochs(corpus, tokenizer, 0.3, 1000, seed=6)(1)) != pieces(first)
+    assert pieces(SampledEpochs(corpus, tokenizer, (0.3, 0.3), 1000, seed=6)(1)) != pieces(first)
     # Every sampled pair decodes to its sentence (SentencePiece's normalized text).
     for i in range(len(corpus)):
         assert tokenizer.decode(first.src(i)) == tokenizer.decode(corpus.src(i))
         assert tokenizer.decode(first.tgt(i)) == tokenizer.decode(corpus.tgt(i))
+    # One side alone: the other keeps its deterministic pieces, and the sampled side is what
+    # it is with both sampled (each side's draw is its own).
+    sources_only = SampledEpochs(corpus, tokenizer, alphas=(0.3, 0.0), max_len=1000, seed=5)(1)
+    for i in range(len(corpus)):
+        assert sources_only.src(i).tolist() == first.src(i).tolist()
+        assert sources_only.tgt(i).tolist() == corpus.tgt(i).tolist()
     # More pieces than the deterministic segmentation (merges were dropped).
     assert len(first.src_tokens) > len(corpus.src_tokens)
 
@@ -168,8 +181,8 @@ def test_a_sampled_pair_too_long_keeps_its_deterministic_pieces(tokenizer):
     pairs = sentences()
     corpus, _ = tokenize_parallel(tokenizer, [p[0] for p in pairs], [p[1] for p in pairs], 1000)
     longest = max(max(len(corpus.src(i)), len(corpus.tgt(i))) for i in range(len(corpus))) + 1
-    free = SampledEpochs(corpus, tokenizer, alpha=0.5, max_len=10**6, seed=0)(0)
-    bounded = SampledEpochs(corpus, tokenizer, alpha=0.5, max_len=longest, seed=0)(0)
+    free = SampledEpochs(corpus, tokenizer, alphas=(0.5, 0.5), max_len=10**6, seed=0)(0)
+    bounded = SampledEpochs(corpus, tokenizer, alphas=(0.5, 0.5), max_len=longest, seed=0)(0)
     assert len(bounded) == len(corpus)
     too_long = 0
     for i in range(len(corpus)):
@@ -185,7 +198,8 @@ def test_the_choices_are_config_errors_out_of_range(config):
     for name, value in (
         ("train.ema_decay", 1.0),
         ("train.ema_decay", -0.1),
-        ("data.subword_alpha", 1.0),
+        ("data.src_subword_alpha", 1.0),
+        ("data.tgt_subword_alpha", -0.5),
     ):
         section, field = name.split(".")
         bad = type(config)()

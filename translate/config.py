@@ -100,10 +100,12 @@ class DataConfig:
     synthetic_num_dev: int = 500
     synthetic_num_test: int = 1_000
     # Subword regularisation (BPE-dropout; Kudo 2018, Provilkov et al. 2020): each epoch the
-    # training pairs are segmented anew, every merge dropped with this probability, sampled
-    # from train.seed and the epoch (a resumed run sees the pieces an uninterrupted one saw);
-    # 0 = off (the pieces tokenized once). Dev and test keep the deterministic segmentation.
-    subword_alpha: float = 0.0
+    # training sources (src_) and targets (tgt_) are segmented anew, every merge dropped with
+    # this probability, sampled from train.seed and the epoch (a resumed run sees the pieces an
+    # uninterrupted one saw); 0 = off (the pieces tokenized once). Dev and test keep the
+    # deterministic segmentation.
+    src_subword_alpha: float = 0.0
+    tgt_subword_alpha: float = 0.0
 
 
 @dataclasses.dataclass
@@ -333,7 +335,8 @@ class Config:
             ("data.synthetic_num_train", lambda v: v >= 1, "must be >= 1"),
             ("data.synthetic_num_dev", lambda v: v >= 1, "must be >= 1"),
             ("data.synthetic_num_test", lambda v: v >= 1, "must be >= 1"),
-            ("data.subword_alpha", lambda v: 0.0 <= v < 1.0, "must be in [0, 1) (0 = off)"),
+            ("data.src_subword_alpha", lambda v: 0.0 <= v < 1.0, "must be in [0, 1) (0 = off)"),
+            ("data.tgt_subword_alpha", lambda v: 0.0 <= v < 1.0, "must be in [0, 1) (0 = off)"),
         ]
 
     def _train_rules(self) -> list[Rule]:

@@ -1,4 +1,4 @@
-"""Subword regularisation: each epoch's training pairs segmented anew (`data.subword_alpha`).
+"""Subword regularisation: each epoch's training pairs segmented anew (`data.*_subword_alpha`).
 
 A BPE vocabulary segments a word one way; BPE-dropout (Provilkov et al. 2020, after Kudo
 2018's sampling for unigram models) drops each merge with probability alpha while encoding, so
@@ -72,35 +72,50 @@ def sample_pieces(tokenizer: Tokenizer, texts: Sequence[str], alpha: float, seed
 class SampledEpochs:
     """The training pairs of each epoch in a segmentation sampled from (seed, epoch).
 
-    Called with an epoch, returns that epoch's `TokenizedCorpus` (the pairs of `corpus`, in its
-    order); the last epoch asked for is kept, as the batcher asks once per epoch.
+    `alphas` are the sources' and the targets' merge-dropping probabilities; a side at 0 keeps
+    its deterministic pieces. Called with an epoch, returns that epoch's `TokenizedCorpus` (the
+    pairs of `corpus`, in its order); the last epoch asked for is kept, as the batcher asks
+    once per epoch.
     """
 
     def __init__(
-        self, corpus: TokenizedCorpus, tokenizer: Tokenizer, alpha: float, max_len: int, seed: int
+        self,
+        corpus: TokenizedCorpus,
+        tokenizer: Tokenizer,
+        alphas: tuple[float, float],
+        max_len: int,
+        seed: int,
     ):
         self.corpus, self.tokenizer = corpus, tokenizer
-        self.alpha, self.max_len, self.seed = alpha, max_len, seed
-        self._texts: tuple[list[str], list[str]] | None = None
+        self.alphas, self.max_len, self.seed = tuple(alphas), max_len, seed
+        self._texts: dict[int, list[str]] = {}
         self._epoch: tuple[int, TokenizedCorpus] | None = None
 
-    def texts(self) -> tuple[list[str], list[str]]:
-        """The training pairs' text, decoded once from the deterministic pieces."""
-        if self._texts is None:
-            c, decode = self.corpus, self.tokenizer.processor.decode
-            self._texts = tuple(
-                [decode(side(i).tolist()) for i in range(len(c))] for side in (c.src, c.tgt)
-            )
-        return self._texts
+    def side(self, index: int):
+        """The corpus's accessor of one side's pieces: 0 sources, 1 targets."""
+        return (self.corpus.src, self.corpus.tgt)[index]
+
+    def texts(self, index: int) -> list[str]:
+        """One side's text, decoded once from the deterministic pieces."""
+        if index not in self._texts:
+            pieces, decode = self.side(index), self.tokenizer.processor.decode
+            self._texts[index] = [decode(pieces(i).tolist()) for i in range(len(self.corpus))]
+        return self._texts[index]
+
+    def pieces(self, index: int, epoch: int) -> list[list[int]]:
+        """One side's pieces in epoch `epoch`: sampled, or the deterministic ones at alpha 0."""
+        alpha = self.alphas[index]
+        if not alpha:
+            pieces = self.side(index)
+            return [pieces(i).tolist() for i in range(len(self.corpus))]
+        seed = sample_seed(self.seed, epoch, index)
+        return sample_pieces(self.tokenizer, self.texts(index), alpha, seed)
 
     def __call__(self, epoch: int) -> TokenizedCorpus:
         if self._epoch is not None and self._epoch[0] == epoch:
             return self._epoch[1]
         start = time.perf_counter()
-        src, tgt = (
-            sample_pieces(self.tokenizer, texts, self.alpha, sample_seed(self.seed, epoch, side))
-            for side, texts in enumerate(self.texts())
-        )
+        src, tgt = self.pieces(0, epoch), self.pieces(1, epoch)
         src_len = np.fromiter(map(len, src), np.int64, len(src))
         tgt_len = np.fromiter(map(len, tgt), np.int64, len(tgt))
         for i in np.flatnonzero(~fits(src_len, tgt_len, self.max_len)).tolist():
@@ -109,11 +124,11 @@ class SampledEpochs:
         before = len(self.corpus.src_tokens) + len(self.corpus.tgt_tokens)
         after = len(sampled.src_tokens) + len(sampled.tgt_tokens)
         log.info(
-            "epoch %d: sampled the segmentation of %d pairs (data.subword_alpha=%g) in %.1f s: "
-            "%.1f%% more tokens than the deterministic one",
+            "epoch %d: sampled the segmentation of %d pairs (data.src_subword_alpha=%g, "
+            "tgt_subword_alpha=%g) in %.1f s: %.1f%% more tokens than the deterministic one",
             epoch,
             len(sampled),
-            self.alpha,
+            *self.alphas,
             time.perf_counter() - start,
             100.0 * (after / max(before, 1) - 1.0),
         )

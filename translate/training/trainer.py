@@ -571,12 +571,13 @@ class Trainer:
 
 
 def training_pairs(config: Config, data: Data):
-    """The training pairs the batcher reads: the cached tokens, or with `data.subword_alpha` a
-    segmentation sampled anew for each epoch (translate/data/sampling.py)."""
+    """The training pairs the batcher reads: the cached tokens, or with `data.src_subword_alpha`
+    or `tgt_subword_alpha` a segmentation sampled anew for each epoch (data/sampling.py)."""
     d = config.data
-    if not d.subword_alpha:
+    alphas = (d.src_subword_alpha, d.tgt_subword_alpha)
+    if not any(alphas):
         return data.train
-    return SampledEpochs(data.train, data.tokenizer, d.subword_alpha, d.max_len, config.train.seed)
+    return SampledEpochs(data.train, data.tokenizer, alphas, d.max_len, config.train.seed)
 
 
 def write_test_report(
