@@ -106,6 +106,16 @@ def test_a_run_without_an_average_resumes_with_one_and_evaluates(
     d = np.float32(7 / 16)
     for a, b, e in zip(p6, p7, e7):
         np.testing.assert_allclose(e, d * a + (np.float32(1) - d) * b, rtol=1e-5, atol=1e-6)
+    # An average that cannot be read starts again from its step's parameters; the run goes on.
+    for f in (Workdir(workdir).checkpoints / "7" / "ema").rglob("*"):
+        if f.is_file():
+            f.write_bytes(b"not an array")
+    config.train.num_train_steps = 8
+    with caplog.at_level("INFO", logger="translate"):
+        assert train_and_evaluate(config, workdir)["step"] == 8
+    assert (
+        "moving average of the parameters in the checkpoint of step 7 is unreadable" in caplog.text
+    )
     # translate-evaluate decodes the average by default and says which in its report and name.
     data = workdir / "data"
     for choice, suffix in (("auto", "ema"), ("raw", "raw")):
@@ -120,7 +130,7 @@ def test_a_run_without_an_average_resumes_with_one_and_evaluates(
             ]
             + ["--params", choice]
         )
-        out = workdir / "evaluations" / f"test.en.step7.{suffix}"
+        out = workdir / "evaluations" / f"test.en.step8.{suffix}"
         assert json.loads((out / "report.json").read_text())["parameters"] == suffix
 
 

@@ -281,11 +281,22 @@ class Trainer:
         )
 
     def restore_ema(self) -> Any:
-        """The moving average of the restored step's checkpoint; else (a fresh run, or a
-        checkpoint saved without one) the parameters themselves, from which it starts."""
+        """The moving average of the restored step's checkpoint; else (a fresh run, a
+        checkpoint saved without one, or one whose average cannot be read) the parameters
+        themselves, from which it starts again."""
         step, directory = self.state.step, self.workdir.checkpoints
         if self.resumed and checkpoint.holds_ema(directory, step):
-            return checkpoint.restore(self.manager, step, self.abstract[0], item="ema")[0]
+            try:
+                return checkpoint.restore(self.manager, step, self.abstract[0], item="ema")[0]
+            except Exception as e:  # noqa: BLE001 - the parameters are whole: go on from them
+                log.warning(
+                    "WARNING: the moving average of the parameters in the checkpoint of step %d "
+                    "is unreadable (%s: %s): it starts again from that step's parameters",
+                    step,
+                    type(e).__name__,
+                    str(e)[:200],
+                )
+                return jax.tree.map(jnp.copy, self.state.params)
         if step > 0:
             log.info(
                 "the checkpoint of step %d holds no moving average of the parameters: "
