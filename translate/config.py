@@ -101,9 +101,9 @@ class DataConfig:
     synthetic_num_test: int = 1_000
     # Subword regularisation (BPE-dropout; Kudo 2018, Provilkov et al. 2020): each epoch the
     # training sources (src_) and targets (tgt_) are segmented anew, every merge dropped with
-    # this probability, sampled from train.seed and the epoch (a resumed run sees the pieces an
-    # uninterrupted one saw); 0 = off (the pieces tokenized once). Dev and test keep the
-    # deterministic segmentation.
+    # this probability, seeded by train.seed and the epoch; 0 = off (the pieces tokenized once).
+    # Dev and test keep the deterministic segmentation. With it on, a resumed run is not bit
+    # for bit an uninterrupted one (SentencePiece's sampler differs between processes).
     src_subword_alpha: float = 0.0
     tgt_subword_alpha: float = 0.0
 

@@ -5,12 +5,17 @@ A BPE vocabulary segments a word one way; BPE-dropout (Provilkov et al. 2020, af
 the model sees a word in many segmentations and learns its pieces' composition. SentencePiece
 does the dropping (`enable_sampling=True, alpha=...` on a BPE model).
 
-What an epoch sees must not depend on how the run got there: the segmentation of epoch e is a
-function of (train.seed, e) alone, so a resumed run reads the pieces an uninterrupted one read
-and `DataPosition` (epoch, batch) still names one batch. SentencePiece samples from a
-generator per thread, seeded from a process-wide seed when that thread first samples (a later
-`set_random_generator_seed` does not reseed it); so each side of each epoch is encoded in a new
-thread started after the seed is set, one sentence after another (`num_threads=1`).
+Each side of each epoch is sampled with a seed made from (train.seed, epoch, side).
+SentencePiece samples from a generator per thread, seeded from a process-wide seed when that
+thread first samples (a later `set_random_generator_seed` does not reseed it); so each side of
+each epoch is encoded in a new thread started after the seed is set, one sentence after
+another (`num_threads=1`). Within one process that makes an epoch's pieces a function of the
+seed and the epoch. **Across processes it does not**: SentencePiece 0.2.x gives another
+segmentation for the same seed in another process (measured on 2026-11-25, cause not found),
+so a run stopped and resumed with sampling on sees other pieces from the resumed epoch on than
+an uninterrupted run, and is not bit for bit the same run (`SampledEpochs` says so once). The
+data position (epoch, batch) is still exact when the pieces are the same; a reproducible
+sampler (BPE-dropout on our own generator) is what would make the resume exact.
 
 The text sampled is the cached deterministic pieces decoded (SentencePiece's normalized text,
 which encodes back to the same pieces), so a resumed run needs no training text. A pair whose
@@ -90,6 +95,12 @@ class SampledEpochs:
         self.alphas, self.max_len, self.seed = tuple(alphas), max_len, seed
         self._texts: dict[int, list[str]] = {}
         self._epoch: tuple[int, TokenizedCorpus] | None = None
+        log.warning(
+            "WARNING: data.src_subword_alpha=%g, tgt_subword_alpha=%g: SentencePiece samples "
+            "another segmentation for the same seed in another process, so a run stopped and "
+            "resumed is not bit for bit an uninterrupted one (translate/data/sampling.py)",
+            *self.alphas,
+        )
 
     def side(self, index: int):
         """The corpus's accessor of one side's pieces: 0 sources, 1 targets."""
