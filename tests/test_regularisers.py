@@ -48,6 +48,8 @@ def arrays(workdir, params="auto"):
     return [np.asarray(x) for x in jax.tree.leaves(load_model(workdir, params=params)[1])]
 
 
+@pytest.mark.slow  # three runs: 30-70 s on 2 cores; test_trainer's resume test checks the
+# moving average bit for bit by default
 def test_a_resumed_run_continues_the_average_bit_for_bit(config, tmp_path):
     """Straight to step 8 (past an epoch's end), against stopped at 7 and resumed."""
     train_and_evaluate(regularised(config, 8), tmp_path / "straight")
@@ -84,6 +86,7 @@ def test_a_resumed_run_continues_the_average_bit_for_bit(config, tmp_path):
     assert meta["data_position"]["epoch"] >= 1
 
 
+@pytest.mark.slow  # two runs and two evaluations: 20-40 s on 2 cores
 def test_a_run_without_an_average_resumes_with_one_and_evaluates(
     tiny_run, tmp_path_factory, config, caplog
 ):

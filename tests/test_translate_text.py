@@ -61,8 +61,8 @@ def varied_outputs(monkeypatch):
     """
     load = workdir_module.load_model
 
-    def load_untrained(workdir, step=None, average=0, log=print):
-        _, _, tokenizer, config, step = load(workdir, step, average)
+    def load_untrained(workdir, step=None, average=0, log=print, params="auto"):
+        _, _, tokenizer, config, step = load(workdir, step, average, params=params)
         model = Transformer(config.model, tokenizer.vocab_size, rngs=nnx.Rngs(0))
         model.embed.embedding[...] = model.embed.embedding[...] * 8.0
         return *nnx.split(model, nnx.Param), tokenizer, config, step
