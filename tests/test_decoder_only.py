@@ -93,6 +93,7 @@ def test_padding_does_not_change_outputs_on_real_tokens(prefix_attention):
     np.testing.assert_allclose(plain, padded[:, :9], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow  # 11-20 s; the encoder-decoder's twin (test_model.py) runs by default
 @pytest.mark.parametrize("prefix_attention", PREFIX)
 def test_packed_rows_match_separate_rows(prefix_attention):
     model = make_model(prefix_attention)
