@@ -12,7 +12,7 @@ from jax.sharding import Mesh
 
 from translate import checkpoint, evaluate, sharding
 from translate.data.corpus import tokenize_parallel
-from translate.data.sampling import SampledEpochs
+from translate.data.sampling import BPEDropout, SampledEpochs
 from translate.training.steps import make_ema_update
 from translate.training.trainer import train_and_evaluate
 from translate.workdir import Workdir, load_ensemble, load_model
@@ -35,9 +35,10 @@ def test_ema_update_matches_a_hand_computed_average():
 
 
 def regularised(config, steps):
-    """The moving average on; subword sampling stays off: SentencePiece's sampler gives other
-    pieces in another process, so a resume with it on is not exact (data/sampling.py)."""
+    """The moving average and subword sampling on both sides."""
     config.train.ema_decay = 0.9
+    config.data.src_subword_alpha = 0.2
+    config.data.tgt_subword_alpha = 0.1
     config.train.num_train_steps = steps
     config.train.checkpoint_every_steps = 4
     config.data.synthetic_num_train = 100  # about two steps an epoch
@@ -169,8 +170,8 @@ def test_sampled_segmentations_differ_by_epoch_repeat_by_seed_and_decode_back(to
         return [(c.src(i).tolist(), c.tgt(i).tolist()) for i in range(len(c))]
 
     assert pieces(first) != pieces(second)
-    # The same seed and epoch in a sampler made afresh, after another epoch was sampled in this
-    # process: the same pieces (within one process only: see translate/data/sampling.py).
+    # The same seed and epoch in a sampler made afresh, after another epoch was sampled: the
+    # same pieces (in another process too: the next test).
     again = SampledEpochs(corpus, tokenizer, alphas=(0.3, 0.3), max_len=1000, seed=5)
     again(2)
     assert pieces(again(1)) == pieces(first)
@@ -187,6 +188,65 @@ def test_sampled_segmentations_differ_by_epoch_repeat_by_seed_and_decode_back(to
         assert sources_only.tgt(i).tolist() == corpus.tgt(i).tolist()
     # More pieces than the deterministic segmentation (merges were dropped).
     assert len(first.src_tokens) > len(corpus.src_tokens)
+
+
+# Sentences beyond the vocabulary's training text: other words, digits, punctuation, and
+# characters it never saw (unknown pieces, which nothing merges with).
+UNSEEN = [
+    "Zwei Männer, 3 Hunde und 1.000 Äpfel: übermäßig!",
+    "A café in Łódź serves crème brûlée at 9:45 p.m.",
+    "Ωμέγα 東京 😀 mixed with the grammar's words",
+    "x",
+    "   spaces   between    words   ",
+]
+
+
+def test_bpe_dropout_at_alpha_0_is_sentencepieces_encoding(tokenizer, tmp_path):
+    from translate.data.tokenizer import train_tokenizer
+
+    texts = [s for pair in sentences(300, seed=11) for s in pair] + UNSEEN
+    larger = train_tokenizer(texts[:400] + UNSEEN[:2], 600, tmp_path / "vocab.model")
+    for vocab in (tokenizer, larger):
+        dropout = BPEDropout(vocab)
+        unknown = 0
+        for ids in vocab.encode(texts):
+            assert dropout.encode(dropout.words(ids), 0.0, None) == ids
+            unknown += ids.count(vocab.processor.unk_id())
+        assert unknown > 0
+
+
+SAMPLE_IN_A_SUBPROCESS = """
+import json, sys
+sys.path.insert(0, {tests!r})
+from test_regularisers import sentences
+from translate.data.corpus import tokenize_parallel
+from translate.data.sampling import SampledEpochs
+from translate.data.tokenizer import Tokenizer
+
+tokenizer = Tokenizer({vocab!r})
+pairs = sentences()
+corpus, _ = tokenize_parallel(tokenizer, [p[0] for p in pairs], [p[1] for p in pairs], 1000)
+sampled = SampledEpochs(corpus, tokenizer, alphas=(0.3, 0.2), max_len=1000, seed=5)(3)
+print(json.dumps([(sampled.src(i).tolist(), sampled.tgt(i).tolist()) for i in range(len(sampled))]))
+"""
+
+
+def test_sampled_pieces_are_the_same_in_another_process(tokenizer):
+    import pathlib
+    import subprocess
+    import sys
+
+    code = SAMPLE_IN_A_SUBPROCESS.format(
+        tests=str(pathlib.Path(__file__).parent), vocab=str(tokenizer.path)
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    theirs = [tuple(pair) for pair in json.loads(out.stdout)]
+    pairs = sentences()
+    corpus, _ = tokenize_parallel(tokenizer, [p[0] for p in pairs], [p[1] for p in pairs], 1000)
+    sampled = SampledEpochs(corpus, tokenizer, alphas=(0.3, 0.2), max_len=1000, seed=5)(3)
+    mine = [(sampled.src(i).tolist(), sampled.tgt(i).tolist()) for i in range(len(sampled))]
+    assert mine == theirs
+    assert mine != [(corpus.src(i).tolist(), corpus.tgt(i).tolist()) for i in range(len(corpus))]
 
 
 def test_a_sampled_pair_too_long_keeps_its_deterministic_pieces(tokenizer):

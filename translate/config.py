@@ -102,8 +102,8 @@ class DataConfig:
     # Subword regularisation (BPE-dropout; Kudo 2018, Provilkov et al. 2020): each epoch the
     # training sources (src_) and targets (tgt_) are segmented anew, every merge dropped with
     # this probability, seeded by train.seed and the epoch; 0 = off (the pieces tokenized once).
-    # Dev and test keep the deterministic segmentation. With it on, a resumed run is not bit
-    # for bit an uninterrupted one (SentencePiece's sampler differs between processes).
+    # Dev and test keep the deterministic segmentation. A resumed run sees the pieces an
+    # uninterrupted one sees (our own sampler, translate/data/sampling.py).
     src_subword_alpha: float = 0.0
     tgt_subword_alpha: float = 0.0
 
