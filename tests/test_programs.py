@@ -144,6 +144,46 @@ def test_a_damaged_search_executable_or_parameters_file_is_made_again_and_said_o
     json.loads((setup / "setup.json").read_text())  # written again, whole
 
 
+@pytest.mark.slow  # 15 s on 2 cores: three fresh commands
+def test_a_lost_executable_is_compiled_and_kept_again_though_jaxs_cache_stays(workdir, tmp_path):
+    """Searches are compiled for real and kept as executables, never read from JAX's cache
+    (where one could not be kept again, and every later command would lower and read it)."""
+    cache = tmp_path / "cache"
+    expected, _ = translate(workdir, cache)
+    shutil.rmtree(cache / programs.SUBDIR)  # the setups and executables; JAX's entries stay
+    found, said = translate(workdir, cache)
+    assert found == expected and "imported: flax" in said
+    assert [p.suffix for p in (cache / programs.SUBDIR / programs.EXECUTABLES).iterdir()] == [
+        programs.EXECUTABLE
+    ]
+    found, said = translate(workdir, cache)
+    assert found == expected and said.splitlines()[-1] == "imported: "
+
+
+def load(path):
+    """A new function object `f` from the Python file `path`."""
+    namespace = {}
+    exec(compile(path.read_text(), str(path), "exec"), namespace)
+    return namespace["f"]
+
+
+def test_a_saved_search_is_the_same_from_any_checkout(tmp_path):
+    """Traced from two copies of the same source file, at other paths and lines, a search's
+    saved form is the same bytes, so its executable's name is too."""
+    source = "import jax.numpy as jnp\n\n\ndef f(x):\n    return jnp.cumsum(jnp.sin(x) * 2)\n"
+    payloads = []
+    for where, padding in (("a", ""), ("b", "\n\n# moved down\n")):
+        (tmp_path / where).mkdir()
+        path = tmp_path / where / f"copy_{where}.py"
+        path.write_text(padding + source)
+        spec = jax.ShapeDtypeStruct((4,), np.float32)
+        with programs.source_lines_left_out():
+            payloads.append(bytes(jax.export.export(jax.jit(load(path)))(spec).serialize()))
+        # Without it the locations name the file (a function of its own: JAX keeps traces).
+        assert str(path) in jax.export.export(jax.jit(load(path)))(spec).mlir_module()
+    assert payloads[0] == payloads[1]
+
+
 def test_with_the_cache_off_nothing_is_kept(workdir, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     found, _ = translate(workdir, "off")

@@ -81,6 +81,47 @@ def _count_cache_hits(event: str, **kwargs: Any) -> None:
 jax.monitoring.register_event_listener(_count_cache_hits)
 
 
+# A search that is kept as an executable is compiled for real, never read from JAX's persistent
+# cache: one read from there cannot be kept (`SavedSearches.compile`), so every later command
+# would lower it and read it from there again (about 1.4 s of a 3 s one-sentence command). So
+# such searches are compiled with an XLA option at its default value (the code is the same),
+# which keys them apart from the entries other commands or earlier versions left, and are not
+# written to JAX's cache (`kept_out_of_jax_cache`): the executables folder is their cache.
+SEARCH_OPTIONS = {"xla_embed_ir_in_executable": False}
+# The JAX setting below which a compile is not written to its persistent cache, in seconds.
+MIN_COMPILE_TIME = "jax_persistent_cache_min_compile_time_secs"
+# The JAX setting that writes Python source lines into a program's locations.
+LOCATIONS_LIMIT = "jax_traceback_in_locations_limit"
+
+
+@contextlib.contextmanager
+def source_lines_left_out():
+    """Programs traced within carry the operations' names but not the source files and lines
+    they came from: a saved search, and the name of its executable, are then the same for any
+    checkout of the same code and for edits that leave the program as it was. (JAX's own cache
+    keys leave the locations out too.)"""
+    if not hasattr(jax.config, LOCATIONS_LIMIT):  # a JAX without the setting: kept as it is
+        yield
+        return
+    before = getattr(jax.config, LOCATIONS_LIMIT)
+    jax.config.update(LOCATIONS_LIMIT, 0)
+    try:
+        yield
+    finally:
+        jax.config.update(LOCATIONS_LIMIT, before)
+
+
+@contextlib.contextmanager
+def kept_out_of_jax_cache():
+    """Programs compiled within are not written to JAX's persistent cache."""
+    before = getattr(jax.config, MIN_COMPILE_TIME)
+    jax.config.update(MIN_COMPILE_TIME, float("inf"))
+    try:
+        yield
+    finally:
+        jax.config.update(MIN_COMPILE_TIME, before)
+
+
 def code_digest() -> str:
     """SHA-256 over this package's Python sources: a change to any of them is a new setup."""
     digest = hashlib.sha256()
@@ -374,11 +415,16 @@ class SavedSearches:
                 return
         spec = jax.ShapeDtypeStruct(shape, np.int32)
         hits = CACHE_HITS[0]
-        compiled = jax.jit(exported.call).lower(self.leaves, spec).compile()
-        # Only an executable compiled here is kept: on the CPU one that JAX read from its
-        # cache serializes without its code (JAX 0.10), and would fail when run.
-        if key is not None and CACHE_HITS[0] == hits:
-            self.setup.save_executable(key, compiled)
+        lowered = jax.jit(exported.call).lower(self.leaves, spec)
+        if key is None:  # nothing can be kept here: JAX's cache may hold it
+            compiled = lowered.compile()
+        else:
+            with kept_out_of_jax_cache():
+                compiled = lowered.compile(SEARCH_OPTIONS)
+            # Only an executable compiled here is kept: on the CPU one that JAX read from its
+            # cache serializes without its code (JAX 0.10), and would fail when run.
+            if CACHE_HITS[0] == hits:
+                self.setup.save_executable(key, compiled)
         self.programs[shape] = compiled
 
     def _export(self, shape: tuple[int, int]):
@@ -392,7 +438,8 @@ class SavedSearches:
             return search(graphdefs, jax.tree.unflatten(treedef, leaves), src, *args)
 
         spec = jax.ShapeDtypeStruct(shape, np.int32)
-        return jax.export.export(jax.jit(run))(self.leaves, spec)
+        with source_lines_left_out():
+            return jax.export.export(jax.jit(run))(self.leaves, spec)
 
     def __call__(self, src: np.ndarray):
         self.compile(src.shape)
