@@ -18,11 +18,14 @@ and vocab.model, and the name, size and modification time of every file under it
 --average); this package's source code; the JAX version, the devices and the host's instruction
 set, the JAX settings that change a program and XLA_FLAGS. A later command that finds its setup
 complete reads the parameters and loads the executables: no Flax, no Orbax, no tracing, no
-compiling. A search without its executable is compiled from the saved search (XLA's persistent
-cache may hold it); a batch shape not yet there loads the model, traces that shape and keeps
-it. Only an executable compiled in the process is kept: on the CPU one that JAX read from its
-own cache serializes without its code (JAX 0.10) and would fail when run, so such a search is
-kept traced alone, and the next command compiles it from there through JAX's cache.
+compiling. A search without its executable is compiled from the saved search, for real, and
+its executable kept; a batch shape not yet there loads the model, traces that shape and keeps
+it. Only an executable compiled in the process can be kept (on the CPU one that JAX read from
+its own cache serializes without its code, JAX 0.10, and would fail when run), so the searches
+are kept out of JAX's persistent cache (`SEARCH_OPTIONS`); were one read from there, each later
+command would lower it and read it again. A search is traced without source lines in its
+locations, so its saved form, and the name of its executable (a hash of that form and of the
+machine), are the same for any checkout of the same code.
 
 `<cache>` is the compilation cache's directory, and the searches go with it: the flag and the
 environment variable that move the cache or turn it off do the same here. The setups are kept
@@ -371,8 +374,8 @@ class SavedSearches:
     Each shape's search is read from the setup when an earlier command saved it there, else it
     is traced here (the model is loaded then, once, through `load_model`) and saved. Either way
     the search runs as that saved program (`jax.export`): its executable kept beside the setups,
-    or compiled from it (XLA's persistent cache may hold it), so a warm command runs what the
-    cold one ran. Calls take source batches [B, S] and give what `search` gives.
+    or compiled from it and kept, so a warm command runs what the cold one ran. Calls take
+    source batches [B, S] and give what `search` gives.
 
     Args:
       setup: where the searches are kept; None keeps nothing (traced in this process only).
