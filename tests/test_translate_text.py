@@ -228,6 +228,7 @@ def test_batches_searched_at_once_give_what_one_at_a_time_gives(workdir, varied_
     assert done[3] == done[1] == [2] * 11 + [1]  # batch by batch, then the blank sentence
 
 
+@pytest.mark.slow  # 10 s on 2 cores (compiles a search of its own); out of the default run
 def test_an_error_while_batches_are_searched_waits_only_for_those_in_flight(workdir, monkeypatch):
     graphdef, params, tokenizer, config, _ = load_model(workdir)
     config.decode.beam_size, config.decode.batch_size, config.decode.parallel_batches = 1, 1, 2
