@@ -240,6 +240,7 @@ def differing_fields(a, b):
     return {k for k in flat[0] if flat[0][k] != flat[1][k]}
 
 
+@pytest.mark.slow  # 7 s on 2 cores (model summaries); out of the default run
 def test_multi30k_variants_change_only_their_variant_and_match_the_recipes_size(capsys):
     recipe = load_config(CONFIGS / "multi30k.py")
     postnorm = load_config(CONFIGS / "multi30k_postnorm.py")

@@ -90,6 +90,7 @@ def test_sampling_from_the_top_1_token_is_greedy_decoding():
     np.testing.assert_array_equal(sampled[:, 1:], greedy[:, :8])
 
 
+@pytest.mark.slow  # 8 s on 2 cores; top 1 = greedy stays in the default run
 def test_samples_keep_the_prompt_and_draw_only_from_the_top_k():
     model = make_model(dropout_rate=0.0)  # untrained: flat distributions, varied samples
     graphdef, params = nnx.split(model, nnx.Param)

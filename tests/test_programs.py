@@ -184,6 +184,7 @@ def test_a_saved_search_is_the_same_from_any_checkout(tmp_path):
     assert payloads[0] == payloads[1]
 
 
+@pytest.mark.slow  # 9.5 s on 2 cores: a fresh command; out of the default run
 def test_with_the_cache_off_nothing_is_kept(workdir, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     found, _ = translate(workdir, "off")
