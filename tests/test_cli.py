@@ -378,6 +378,55 @@ def test_text_the_console_cannot_spell_is_escaped_not_an_error():
     assert done.stdout == "Gr\\xf6\\xdfe \\u2192 Ma\\xdf\n"
 
 
+TEARDOWN_SKIPPED = """
+import atexit, logging, sys
+from translate import cli
+def main(argv):
+    atexit.register(lambda: open(argv[0], "w").write("atexit ran"))
+    logging.getLogger("translate").warning("a logged line")
+    sys.stdout.write("buffered, not flushed")
+    return int(argv[1])
+cli.run(main, teardown=False)
+"""
+
+
+@pytest.mark.parametrize("status", [0, 3])
+def test_a_command_ended_without_teardown_flushes_runs_atexit_and_keeps_its_status(
+    tmp_path, status
+):
+    marker = tmp_path / "marker"
+    done = subprocess.run(
+        [sys.executable, "-c", TEARDOWN_SKIPPED, str(marker), str(status)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    assert done.returncode == status, done.stderr
+    assert done.stdout == "buffered, not flushed"
+    assert "a logged line" in done.stderr
+    assert marker.read_text() == "atexit ran"
+
+
+def test_a_command_ended_without_teardown_fails_when_its_output_cannot_be_written(tmp_path):
+    # A pipe whose reader is gone: the buffered line fails at the flush the exit does.
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", TEARDOWN_SKIPPED, str(tmp_path / "marker"), "0"],
+            stdout=write,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
+            env=env,
+        )
+    finally:
+        os.close(write)
+    assert done.returncode == 120, done.stderr
+    assert "error: <stdout>: Broken pipe" in done.stderr
+
+
 def test_orbax_thread_tracebacks_of_a_failed_write_are_dropped():
     """Issue 40: a full disk during an asynchronous save printed hundreds of lines of Orbax's
     thread tracebacks before the command's one line."""

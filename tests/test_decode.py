@@ -256,10 +256,22 @@ def ensembles() -> dict[str, tuple[tuple, tuple]]:
 
 
 def test_cache_lengths_double_up_to_the_search_limit():
-    assert cache_lengths(99) == [16, 32, 64, 99]
-    assert cache_lengths(67) == [16, 32, 67]  # 64 would leave 3 steps for the last loop
-    assert cache_lengths(20) == [20]
-    assert cache_lengths(15) == [15]
+    assert cache_lengths(99, 64, 32) == [16, 32, 64, 99]
+    assert cache_lengths(67, 64, 32) == [16, 32, 67]  # 64 would leave 3 steps for the last loop
+    assert cache_lengths(20, 64, 32) == [20]
+    assert cache_lengths(15, 64, 32) == [15]
+    # A batch of at most min_rows rows keeps one cache of the limit.
+    assert cache_lengths(99, 32, 32) == [99]
+    assert cache_lengths(67, 4, 32) == [67]
+
+
+def test_a_one_sentence_search_is_one_loop_and_a_larger_batch_grows_its_cache():
+    graphdefs, params = ensembles()["encoder_decoder"]
+    one = jnp.zeros((1, 16), jnp.int32)
+    many = jnp.zeros((16, 16), jnp.int32)  # 64 rows at beam 4: 16, 32, then the limit 67
+    for src, loops in ((one, 1), (many, 3)):  # (a quarter of 16 sentences is too few rows)
+        text = beam_search.lower(graphdefs, params, src, 4, 0.6, 50).as_text()
+        assert text.count("stablehlo.while") == loops, (src.shape, text.count("stablehlo.while"))
 
 
 # (beam_size, nbest, stop): greedy, beam search under both stopping rules, and beam search's
@@ -282,7 +294,7 @@ def test_fast_search_gives_the_hypotheses_and_scores_of_the_plain_search(name, m
     # twice) and, with min_level_rows=1, goes on with the last live sentence of the 4 alone.
     graphdefs, params = ensembles()[name]
     src = jnp.concatenate([sources(), jnp.array([[18, EOS_ID, 0, 0, 0, 0, 0, 0]])])
-    assert cache_lengths(src.shape[1] + 6 + 1) == [15]
+    assert cache_lengths(src.shape[1] + 6 + 1, 16, 1) == [15]
     assert search_module.batch_levels(4, 4, min_rows=1) == [4, 1]
     results = {}
     for first, min_rows in ((4, 1), (10**6, 10**6)):

@@ -8,4 +8,4 @@ from translate import cli
 from translate.translate_text import main
 
 if __name__ == "__main__":
-    cli.run(main)
+    cli.run(main, teardown=False)

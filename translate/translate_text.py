@@ -472,8 +472,9 @@ def main(argv: Sequence[str]) -> None:
 
 
 def console_main() -> None:
-    """`translate-text`, the console script of pyproject.toml."""
-    cli.run(main)
+    """`translate-text`, the console script of pyproject.toml. It ends without the interpreter's
+    teardown (`cli.run`): a one-line translation is a 2-second command."""
+    cli.run(main, teardown=False)
 
 
 if __name__ == "__main__":

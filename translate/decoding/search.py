@@ -47,15 +47,20 @@ def merge_models(graphdefs: tuple, params: tuple) -> list:
 FIRST_CACHE_LENGTH = 16
 
 
-def cache_lengths(max_len: int) -> list[int]:
+def cache_lengths(max_len: int, rows: int, min_rows: int) -> list[int]:
     """The lengths a search's cache grows through: 16, 32, 64, ... then `max_len`.
 
     Each step's attention, and beam search's reordering of the cache, read every slot of the
     cache, written or not; most outputs are far shorter than the longest allowed, so a cache
     sized for the step reached costs a fraction of one sized for the limit. Each length is one
-    more loop to compile (about 1 s on 2 cores), so a doubling within 1.5x of `max_len` is
-    left out: 67 grows through 16, 32, 67.
+    more loop to compile (about 1 s on 2 cores) and to load from a saved executable, so a
+    doubling within 1.5x of `max_len` is left out: 67 grows through 16, 32, 67. A batch of at
+    most `min_rows` rows (hypotheses; `batch_levels`) keeps one cache of `max_len`: its steps
+    cost little beside their fixed costs, and one loop instead of three made a one-sentence
+    beam-4 search load in 0.19 s instead of 0.51 s and run in 39 ms instead of 31 (BENCHMARKS.md).
     """
+    if rows <= min_rows:
+        return [max_len]
     lengths = []
     length = FIRST_CACHE_LENGTH
     while 3 * length < 2 * max_len:
@@ -64,17 +69,17 @@ def cache_lengths(max_len: int) -> list[int]:
     return [*lengths, max_len]
 
 
-def _encode_for_decoding(models, src, max_extra_len, copies):
+def _encode_for_decoding(models, src, max_extra_len, copies, min_rows):
     """Reads the source once per model (`prefill`); returns caches, output limit and length L.
 
-    The caches have room for the first of `cache_lengths(L)` steps; `_loop` grows them.
+    The caches have room for the first of `cache_lengths` steps; `_loop` grows them.
     """
     src_segments = (src != PAD_ID).astype(jnp.int32)  # [B, S]
     # Output tokens before EOS may number at most (source tokens before EOS) + max_extra_len.
     limit = jnp.maximum(jnp.sum(src_segments, axis=1) - 1, 0) + max_extra_len  # [B]
     limit = jnp.where(src_segments[:, 0] > 0, limit, 0)  # batch-filler rows end at once
     max_len = src.shape[1] + max_extra_len + 1
-    first = cache_lengths(max_len)[0]
+    first = cache_lengths(max_len, src.shape[0] * copies, min_rows)[0]
     caches = [model.prefill(src, src_segments, copies, first) for model in models]
     return caches, limit, max_len
 
@@ -144,7 +149,7 @@ def _loop(models, done, step, state, max_len, width, min_rows):
     def going(s, end, floor):
         return (s["t"] < end) & (jnp.sum(~done(s)) > floor)
 
-    for length in cache_lengths(max_len):
+    for length in cache_lengths(max_len, state["limit"].shape[0] * width, min_rows):
         state["cache"] = [m.extend_cache(c, length) for m, c in zip(models, state["cache"])]
         state = jax.lax.while_loop(
             functools.partial(going, end=length, floor=floors[0]), step, state
@@ -222,7 +227,7 @@ def greedy_search(
     """
     models = merge_models(graphdefs, params)
     batch = src.shape[0]
-    cache, limit, max_len = _encode_for_decoding(models, src, max_extra_len, 1)
+    cache, limit, max_len = _encode_for_decoding(models, src, max_extra_len, 1, min_level_rows)
     state = {
         "t": jnp.array(0),
         "tokens": jnp.full((batch, max_len), PAD_ID, jnp.int32),  # [B, L]
@@ -285,7 +290,7 @@ def beam_search(
     """
     models = merge_models(graphdefs, params)
     batch, width = src.shape[0], beam_size
-    cache, limit, max_len = _encode_for_decoding(models, src, max_extra_len, width)
+    cache, limit, max_len = _encode_for_decoding(models, src, max_extra_len, width, min_level_rows)
     state = {
         "t": jnp.array(0),
         "live_tokens": jnp.full((batch, width, max_len), PAD_ID, jnp.int32),  # [B, W, L]
