@@ -38,7 +38,6 @@ when loaded: the directory must be the user's own.
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import fcntl
 import functools
@@ -185,11 +184,6 @@ def setup_name(
         "machine": machine(),
     }
     return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:32]
-
-
-def executable_key(payload: bytes) -> str:
-    """The name of a saved search's executable: its program and this machine."""
-    return hashlib.sha256(payload + json.dumps(machine()).encode()).hexdigest()[:32]
 
 
 def search_name(args: tuple, shape: tuple[int, int]) -> str:
@@ -402,36 +396,26 @@ class SavedSearches:
         self.setup, self.load_model, self.args = setup, load_model, args
         self.programs: dict[tuple[int, int], Callable] = {}
 
-    def load_saved(self, shapes: Sequence[tuple[int, int]]) -> None:
-        """Loads the kept executables of `shapes` together, one thread per core: XLA's loader
-        leaves Python's lock, so on 2 cores four loads took 1.14 s instead of 1.6 s. A shape
-        with nothing kept is left to `compile`."""
-        todo = [shape for shape in dict.fromkeys(shapes) if shape not in self.programs]
-        if self.setup is None or len(todo) < 2:
-            return
-        workers = min(len(todo), os.cpu_count() or 1)
-        with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
-            for shape, (_, _, loaded) in zip(todo, pool.map(self._saved, todo)):
-                if loaded is not None:
-                    self.programs[shape] = loaded
-
     def compile(self, shape: tuple[int, int]) -> None:
         """Makes the program for batches of `shape` ready: its executable loaded, or compiled
         from the saved or newly traced search (XLA's persistent cache may hold it)."""
         if shape in self.programs:
             return
-        exported, key, loaded = self._saved(shape)
-        if loaded is None and exported is None:
+        name = search_name(self.args, shape) + EXPORTED
+        found = self.setup.load_search(name) if self.setup is not None else None
+        if found is not None:
+            exported, payload = found
+        else:
             exported = self._export(shape)
-            payload = None
-            if self.setup is not None:
-                payload = self.setup.save_search(search_name(self.args, shape) + EXPORTED, exported)
-            if payload is not None:  # another setup may have kept the same program's executable
-                key = executable_key(payload)
-                loaded = self.setup.load_executable(key, *self._trees())
-        if loaded is not None:
-            self.programs[shape] = loaded
-            return
+            payload = self.setup.save_search(name, exported) if self.setup is not None else None
+        key = None
+        if payload is not None:
+            key = hashlib.sha256(payload + json.dumps(machine()).encode()).hexdigest()[:32]
+            in_tree = jax.tree.structure(((list(range(len(self.leaves))), 0), {}))
+            loaded = self.setup.load_executable(key, in_tree, jax.tree.structure((0, 0)))
+            if loaded is not None:
+                self.programs[shape] = loaded
+                return
         spec = jax.ShapeDtypeStruct(shape, np.int32)
         hits = CACHE_HITS[0]
         lowered = jax.jit(exported.call).lower(self.leaves, spec)
@@ -445,23 +429,6 @@ class SavedSearches:
             if CACHE_HITS[0] == hits:
                 self.setup.save_executable(key, compiled)
         self.programs[shape] = compiled
-
-    def _saved(self, shape: tuple[int, int]):
-        """(the saved search of `shape`, its executable's key, the executable loaded), each
-        None when not kept."""
-        if self.setup is None:
-            return None, None, None
-        found = self.setup.load_search(search_name(self.args, shape) + EXPORTED)
-        if found is None:
-            return None, None, None
-        exported, payload = found
-        key = executable_key(payload)
-        return exported, key, self.setup.load_executable(key, *self._trees())
-
-    def _trees(self):
-        """The input and output tree structures of a search's executable."""
-        in_tree = jax.tree.structure(((list(range(len(self.leaves))), 0), {}))
-        return in_tree, jax.tree.structure((0, 0))
 
     def _export(self, shape: tuple[int, int]):
         graphdefs, params = self.load_model()

@@ -68,12 +68,7 @@ def search_args(decode: DecodeConfig, nbest: int = 0) -> tuple:
 
 
 def compile_searches(searches, shapes: Sequence[tuple[int, int]], times: DecodeTimes) -> None:
-    """Makes `searches` ready for each batch shape not yet in `times`, adding the seconds.
-    Kept executables are loaded together first (`SavedSearches.load_saved`)."""
-    if hasattr(searches, "load_saved"):
-        start = time.perf_counter()
-        searches.load_saved([shape for shape in shapes if shape not in times.shapes])
-        times.compile_seconds += time.perf_counter() - start
+    """Makes `searches` ready for each batch shape not yet in `times`, adding the seconds."""
     for shape in shapes:
         if shape not in times.shapes:
             start = time.perf_counter()
