@@ -2,11 +2,12 @@
 
 Each model reads the source once per sentence (`prefill`: the encoder, or the decoder-only
 stack over the source prefix); each step feeds one token per hypothesis through its
-`decode_step`, which writes its keys and values into a preallocated cache. The cache starts
-short and grows (`extend_cache`, `cache_lengths`) as the outputs do, since every step reads all
-of it, and once a batch's live sentences fit in a quarter of it they go on alone
-(`batch_levels`); the outputs are those of the whole batch run with a cache allocated for the
-longest output from the start.
+`decode_step`, which writes its keys and values into a preallocated cache. The cache of a
+batch of more than `MIN_LEVEL_ROWS` hypotheses starts short and grows (`extend_cache`,
+`cache_lengths`) as the outputs do, since every step reads all of it, and once a batch's live
+sentences fit in a quarter of it they go on alone (`batch_levels`); the outputs are those of the
+whole batch run with a cache allocated for the longest output from the start, which is what a
+smaller batch runs.
 
 Every search takes an ensemble: `graphdefs` a tuple of graph definitions and `params` a tuple
 of their parameters, models that share one vocabulary; a single model is an ensemble of one.
