@@ -256,9 +256,10 @@ def ensembles() -> dict[str, tuple[tuple, tuple]]:
 
 
 def test_cache_lengths_double_up_to_the_search_limit():
-    assert cache_lengths(99, 64, 32) == [16, 32, 64, 99]
-    assert cache_lengths(67, 64, 32) == [16, 32, 67]  # 64 would leave 3 steps for the last loop
-    assert cache_lengths(20, 64, 32) == [20]
+    assert cache_lengths(200, 64, 32) == [32, 64, 128, 200]
+    assert cache_lengths(99, 64, 32) == [32, 64, 99]
+    assert cache_lengths(67, 64, 32) == [32, 67]  # 64 would leave 3 steps for the last loop
+    assert cache_lengths(40, 64, 32) == [40]
     assert cache_lengths(15, 64, 32) == [15]
     # A batch of at most min_rows rows keeps one cache of the limit.
     assert cache_lengths(99, 32, 32) == [99]
@@ -268,8 +269,8 @@ def test_cache_lengths_double_up_to_the_search_limit():
 def test_a_one_sentence_search_is_one_loop_and_a_larger_batch_grows_its_cache():
     graphdefs, params = ensembles()["encoder_decoder"]
     one = jnp.zeros((1, 16), jnp.int32)
-    many = jnp.zeros((16, 16), jnp.int32)  # 64 rows at beam 4: 16, 32, then the limit 67
-    for src, loops in ((one, 1), (many, 3)):  # (a quarter of 16 sentences is too few rows)
+    many = jnp.zeros((16, 16), jnp.int32)  # 64 rows at beam 4: 32, then the limit 67
+    for src, loops in ((one, 1), (many, 2)):  # (a quarter of 16 sentences is too few rows)
         text = beam_search.lower(graphdefs, params, src, 4, 0.6, 50).as_text()
         assert text.count("stablehlo.while") == loops, (src.shape, text.count("stablehlo.while"))
 

@@ -44,21 +44,24 @@ def merge_models(graphdefs: tuple, params: tuple) -> list:
     return [nnx.merge(g, p) for g, p in zip(graphdefs, params, strict=True)]
 
 
-# The first cache length of a search; it doubles from there (`cache_lengths`).
-FIRST_CACHE_LENGTH = 16
+# The first cache length of a search; it doubles from there (`cache_lengths`). 16 decoded
+# the recipe model's test2016 no faster than 32 (14.57-16.70 s against 14.48-16.01 s for its 32
+# batches of 32, the same tokens), for one more loop per batch shape to compile and load.
+FIRST_CACHE_LENGTH = 32
 
 
 def cache_lengths(max_len: int, rows: int, min_rows: int) -> list[int]:
-    """The lengths a search's cache grows through: 16, 32, 64, ... then `max_len`.
+    """The lengths a search's cache grows through: 32, 64, 128, ... then `max_len`.
 
     Each step's attention, and beam search's reordering of the cache, read every slot of the
     cache, written or not; most outputs are far shorter than the longest allowed, so a cache
     sized for the step reached costs a fraction of one sized for the limit. Each length is one
     more loop to compile (about 1 s on 2 cores) and to load from a saved executable, so a
-    doubling within 1.5x of `max_len` is left out: 67 grows through 16, 32, 67. A batch of at
-    most `min_rows` rows (hypotheses; `batch_levels`) keeps one cache of `max_len`: its steps
-    cost little beside their fixed costs, and one loop instead of three made a one-sentence
-    beam-4 search load in 0.19 s instead of 0.51 s and run in 39 ms instead of 31 (BENCHMARKS.md).
+    doubling within 1.5x of `max_len` is left out: 67 grows through 32, 67, and 99 through 32,
+    64, 99. A batch of at most `min_rows` rows (hypotheses; `batch_levels`) keeps one cache of
+    `max_len`: its steps cost little beside their fixed costs, and one loop instead of three
+    made a one-sentence beam-4 search load in 0.19 s instead of 0.51 s and run in 39 ms instead
+    of 31 (BENCHMARKS.md).
     """
     if rows <= min_rows:
         return [max_len]
