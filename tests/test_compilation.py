@@ -13,10 +13,15 @@ from translate import compilation
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 # A fresh process that turns the cache on as a command does, compiles one small program, and
-# prints how many programs it found in the cache.
+# prints how many programs it found in the cache. With a second argument "lean" it imports JAX
+# as translate-text does, without etils.epath (translate/startup.py).
 PROGRAM = """
 import sys
+if sys.argv[2:] == ["lean"]:
+    from translate import startup
+    startup.import_jax()
 import jax
+print("epath", jax._src.path.epath_installed)
 import jax.numpy as jnp
 from jax import monitoring
 from translate import compilation
@@ -30,12 +35,12 @@ print("hits", len(hits))
 """
 
 
-def run_program(flag: str, **env: str) -> dict[str, str]:
+def run_program(flag: str, lean: bool = False, **env: str) -> dict[str, str]:
     environment = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}
     environment.pop(compilation.ENV, None)
     environment.update(env)
     done = subprocess.run(
-        [sys.executable, "-c", PROGRAM, flag],
+        [sys.executable, "-c", PROGRAM, flag, *(["lean"] if lean else [])],
         env=environment,
         cwd=ROOT,
         capture_output=True,
@@ -53,6 +58,17 @@ def test_a_second_process_finds_the_first_ones_programs(tmp_path):
     assert any(p.name.endswith("-cache") for p in cache.iterdir())
     second = run_program(str(cache))
     assert int(second["hits"]) >= 1 and second["value"] == first["value"]
+
+
+@pytest.mark.parametrize("first_lean, second_lean", [(True, True), (True, False), (False, True)])
+def test_the_cache_is_shared_with_and_without_etils_epath(tmp_path, first_lean, second_lean):
+    # translate-text imports JAX without etils.epath (pathlib paths); the other commands with it.
+    cache = tmp_path / "cache"
+    first = run_program(str(cache), lean=first_lean)
+    second = run_program(str(cache), lean=second_lean)
+    assert (first["epath"], second["epath"]) == (str(not first_lean), str(not second_lean))
+    assert first["hits"] == "0" and int(second["hits"]) >= 1
+    assert second["value"] == first["value"]
 
 
 def test_the_environment_chooses_the_directory_and_off_turns_it_off(tmp_path):

@@ -49,6 +49,10 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any, BinaryIO
 
+from translate import startup
+
+startup.import_jax()  # before anything imports JAX: without etils.epath (translate/startup.py)
+
 import jax
 
 from translate import cli, compilation
