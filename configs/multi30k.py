@@ -30,6 +30,7 @@ def get_config() -> Config:
     config.model.d_model = 128
     config.model.num_heads = 4
     config.model.d_ff = 256
+    # 0.1 and 0.3 scored 1.2 and 1.7 lower on val (issue 39, eleventh round).
     config.model.dropout_rate = 0.2
     config.model.norm_position = "pre"  # Xiong et al. 2020; the paper's is "post"
     config.data.dir = "../shared/data/multi30k"
