@@ -9,6 +9,10 @@ temporary directory, new for each session and removed at its end, lets a program
 be loaded by every later test and subprocess that builds the same one (it cut the trainer,
 workflow, plots and text-command tests from 285 s to 211 s on 2 cores). A cache directory the
 caller sets (JAX_COMPILATION_CACHE_DIR) is used as it is.
+
+With pytest-xdist (the README's `-n 2`), this file configures the main process first, and the
+worker processes it starts inherit its environment: one cache for all of them, removed by the
+main process when they are done.
 """
 
 import contextlib
@@ -72,9 +76,9 @@ def pytest_configure(config: pytest.Config) -> None:
             "jax was imported before tests/conftest.py could force the CPU (a pytest plugin?); "
             "the tests need JAX_PLATFORMS=cpu and 8 host devices set before that"
         )
-    os.environ["XLA_FLAGS"] = (
-        os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
-    ).strip()
+    flag = "--xla_force_host_platform_device_count=8"
+    if flag not in os.environ.get("XLA_FLAGS", "").split():  # xdist workers inherit it
+        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + flag).strip()
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 
