@@ -109,6 +109,38 @@ def raise_terminated(signum, frame) -> NoReturn:
     raise Terminated()
 
 
+def stop_signal_of(error: BaseException | None) -> int | None:
+    """The signal behind a stop exception (SIGINT's KeyboardInterrupt, SIGTERM's Terminated)."""
+    if isinstance(error, KeyboardInterrupt):
+        return signal.SIGINT
+    if isinstance(error, Terminated):
+        return signal.SIGTERM
+    return None
+
+
+def deliver_lost_stops_again(previous_hook: Callable[[Any], Any]) -> Callable[[Any], None]:
+    """A `sys.unraisablehook` that sends a stop signal again when Python swallowed its exception.
+
+    Python runs a signal's handler between any two bytecodes of the main thread, also inside a
+    garbage collector's callback (JAX keeps one, `_xla_gc_callback`) or a `__del__`; an exception
+    raised there cannot propagate, so Python prints "Exception ignored" and carries on, and the
+    command would run to its end as if never stopped. The signal is sent again from a thread a
+    moment later, when the main thread has left that callback (raising from this hook would be
+    swallowed the same way). Other unraisable exceptions go to `previous_hook`.
+    """
+
+    def hook(unraisable) -> None:
+        signum = stop_signal_of(unraisable.exc_value)
+        if signum is None:
+            previous_hook(unraisable)
+            return
+        again = threading.Timer(0.05, os.kill, (os.getpid(), signum))
+        again.daemon = True
+        again.start()
+
+    return hook
+
+
 def exit_at_once(status: int) -> NoReturn:
     """Flushes the console and ends the process without tearing the interpreter down.
 
@@ -181,8 +213,10 @@ def run(
         sys.stderr.write(f"{program}: error: {message}\n")
         sys.exit(2)
     previous = None
+    previous_unraisable_hook = sys.unraisablehook
     if threading.current_thread() is threading.main_thread():
         previous = signal.signal(signal.SIGTERM, raise_terminated)
+        sys.unraisablehook = deliver_lost_stops_again(previous_unraisable_hook)
     try:
         status = main(list(sys.argv[1:] if argv is None else argv))
     except (SystemExit, RuntimeError, AssertionError, *USER_ERRORS) as error:
@@ -192,10 +226,11 @@ def run(
         sys.stderr.write(f"{program}: error: {message}\n")
         sys.exit(2)
     except (KeyboardInterrupt, Terminated) as stopped:
-        signum = signal.SIGINT if isinstance(stopped, KeyboardInterrupt) else signal.SIGTERM
+        signum = stop_signal_of(stopped)
         sys.stderr.write(f"{program}: stopped by {signum.name}\n")
         exit_at_once(128 + signum)
     finally:
+        sys.unraisablehook = previous_unraisable_hook
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
     status = status if isinstance(status, int) else 0
