@@ -40,8 +40,9 @@ def build_corpus(data_dir: pathlib.Path, num_pairs: int, workdir: pathlib.Path) 
         src, tgt = read_parallel(data_dir / "train.en", data_dir / "train.de")
         origin = str(data_dir)
     else:
+        start = time.perf_counter()
         src, tgt = map(list, zip(*synthetic.generate_pairs(20_000, seed=0)))
-        origin = "synthetic pairs"
+        origin = f"synthetic pairs (generated in {time.perf_counter() - start:.2f} s)"
     tokenizer = train_tokenizer(src + tgt, 8000, workdir / "vocab.model")
     corpus, _ = tokenize_parallel(tokenizer, src, tgt, max_len=256)
     print(f"corpus: {len(corpus)} pairs from {origin}, replicated to {num_pairs}")
