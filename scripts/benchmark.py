@@ -15,7 +15,11 @@ Training: batches of `batch_tokens` target token slots (and as many source slots
 from the given parallel files exactly as the trainer packs them (`data.row_len` slots per row),
 and the trainer's own jitted step (`translate.steps.make_steps`) runs on a mesh of every
 device. After `warmup` steps, each of `steps` steps is timed from handing its batch to the
-devices until its results are ready; the figures are medians. The model's vocabulary is the
+devices until its results are ready; the figures are medians. That synchronous loop leaves the
+devices idle while the host dispatches the next step, which the trainer does not (it reads a
+step's metrics a window later): the steady-state mode (`steady_rounds`, 3 by default) then
+dispatches the same `steps` steps without waiting and waits once, and reports the median
+round's mean step (`*_steady` keys) beside the synchronous figures. The model's vocabulary is the
 config's `data.vocab_size` even when the BPE model learned from the files came out smaller, so
 the softmax costs what it would at that size.
 
@@ -106,6 +110,11 @@ FLAGS = {
     "huggingface": Flag(False, "Also time the model exported to transformers (needs torch)."),
     "engine_threads": Flag(0, "Threads of CTranslate2 and torch; 0: one per CPU core."),
     "json": Flag("", "Write every printed figure to this JSON file."),
+    "steady_rounds": Flag(
+        3,
+        "Rounds of the steady-state mode after the timed steps: the same steps dispatched "
+        "without waiting, then waited for once (0: off).",
+    ),
     "profile": Flag(
         "",
         "After the timed steps, trace 5 more with jax.profiler into this directory and "
@@ -182,6 +191,25 @@ def benchmark_training(flags: dict, config: Config, tokenizer: Tokenizer) -> dic
             print(f"first step (compilation included): {time.perf_counter() - start:.1f} s")
 
     timed = batches[flags["warmup"] :]
+    # Steady state: the loop the trainer runs, each step dispatched while the one before still
+    # runs (the trainer reads its metrics a window of steps later), one wait per round.
+    # The host's part of each step (placing the batch, dispatching the step) is timed too: when
+    # it is as long as the step, the host bounds the speed; when the device still idles between
+    # its ops with the host ahead, launching them does.
+    rounds, put_s, dispatch_s = [], [], []
+    for _ in range(flags["steady_rounds"]):
+        start, outs = time.perf_counter(), []
+        for step, batch in enumerate(timed):
+            t0 = time.perf_counter()
+            placed = sharding.put_batch(batch, mesh)
+            t1 = time.perf_counter()
+            params, opt_state, metrics = train_step(params, opt_state, placed, step, dropout_key)
+            put_s.append(t1 - t0)
+            dispatch_s.append(time.perf_counter() - t1)
+            outs.append(metrics["nonfinite"])
+        jax.block_until_ready((params, opt_state, outs))
+        rounds.append((time.perf_counter() - start) / len(timed))
+        nonfinite += int(sum(np.asarray(x) for x in outs))
     if flags["profile"]:
         params, opt_state = profile_steps(
             flags["profile"], train_step, params, opt_state, timed[:5], mesh
@@ -210,6 +238,13 @@ def benchmark_training(flags: dict, config: Config, tokenizer: Tokenizer) -> dic
         # Steps whose loss or gradient was not finite (the step then left the state as it was).
         "nonfinite_steps": nonfinite,
         "step_seconds_median": step_s,
+        # Steady state: the mean step of each round of len(timed) steps waited for once, and the
+        # median round (null without rounds).
+        "steady_step_seconds_rounds": rounds,
+        "steady_step_seconds": statistics.median(rounds) if rounds else None,
+        # Medians over the steady rounds' steps: the host placing a batch, dispatching a step.
+        "steady_put_batch_seconds": statistics.median(put_s) if put_s else None,
+        "steady_dispatch_seconds": statistics.median(dispatch_s) if dispatch_s else None,
         "step_seconds_min": min(times),
         "step_seconds_max": max(times),
         "train_steps_per_sec": 1.0 / step_s,
@@ -455,13 +490,20 @@ def benchmark_training_speed(flags: dict, config: Config, result: dict):
     result.update(train)
     step_s = result["step_seconds_median"]
     result["model_flops_per_sec"] = result["model_flops_per_step"] / step_s
-    result["mfu"] = result["model_flops_per_sec"] / peak
-    result["mfu_padded"] = result["model_flops_per_step_padded"] / step_s / peak
-    if published is None:
-        result["mfu_published"] = result["mfu_published_padded"] = None
-    else:
-        result["mfu_published"] = result["model_flops_per_sec"] / published
-        result["mfu_published_padded"] = result["model_flops_per_step_padded"] / step_s / published
+    steady = result["steady_step_seconds"]
+    for key, seconds in (("", step_s), ("_steady", steady)):
+        if seconds is None:
+            continue
+        if key:
+            result[f"train_tgt_tokens_per_sec{key}"] = result["batch_tgt_tokens_median"] / seconds
+        result[f"mfu{key}"] = result["model_flops_per_step"] / seconds / peak
+        result[f"mfu_padded{key}"] = result["model_flops_per_step_padded"] / seconds / peak
+        for padded in ("", "_padded"):
+            result[f"mfu_published{padded}{key}"] = (
+                None
+                if published is None
+                else result[f"model_flops_per_step{padded}"] / seconds / published
+            )
     result["peak_memory_bytes"], result["peak_memory_source"] = peak_memory()
     return tokenizer, graphdef, params
 
@@ -533,6 +575,24 @@ def print_table(r: dict) -> None:
                 "step time",
                 f"median {r['step_seconds_median'] * 1e3:.1f} ms over {r['timed_steps']} steps "
                 f"(min {r['step_seconds_min'] * 1e3:.1f}, max {r['step_seconds_max'] * 1e3:.1f})",
+            ),
+            (
+                "steady state",
+                "off (--steady_rounds=0)"
+                if r["steady_step_seconds"] is None
+                else f"{r['steady_step_seconds'] * 1e3:.1f} ms/step, "
+                f"{r['train_tgt_tokens_per_sec_steady']:.0f} target tokens/s, MFU "
+                f"{percent(r['mfu_steady'])} of measured, "
+                f"{percent(r['mfu_published_steady'])} of published (rounds: "
+                + ", ".join(f"{1e3 * x:.1f}" for x in r["steady_step_seconds_rounds"])
+                + " ms)",
+            ),
+            (
+                "host per step",
+                "n/a"
+                if r["steady_step_seconds"] is None
+                else f"placing the batch {r['steady_put_batch_seconds'] * 1e3:.2f} ms, "
+                f"dispatching the step {r['steady_dispatch_seconds'] * 1e3:.2f} ms (medians)",
             ),
             ("non-finite steps", f"{r['nonfinite_steps']} (loss or gradient; update skipped)"),
             ("train steps/s", f"{r['train_steps_per_sec']:.3f}"),

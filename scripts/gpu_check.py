@@ -445,6 +445,13 @@ def print_summary(phase: str, result: dict) -> None:
                 f"measured {b['peak_flops_per_sec'] / 1e12:.3g} TFLOP/s, {published} of the "
                 f"published peak, peak memory {b['peak_memory_bytes'] / 2**30:.2f} GiB"
             )
+            if b.get("steady_step_seconds") is not None:
+                print(
+                    f"{name}, steady state: {b['train_tgt_tokens_per_sec_steady']:,.0f} target "
+                    f"tokens/s, step {1e3 * b['steady_step_seconds']:.1f} ms, MFU "
+                    f"{100 * b['mfu_steady']:.1f}% of measured, "
+                    f"{100 * (b['mfu_published_steady'] or 0):.1f}% of published"
+                )
     elif phase == "decode" and result["benchmark"] is not None:
         b = result["benchmark"]
         for name in ("beam4", "greedy"):

@@ -80,6 +80,7 @@ def summarise(trace_path: pathlib.Path, top: int = 30) -> dict:
         "summed_us": round(summed, 1),
         "span_us": round(last - first, 1) if first is not None else 0.0,
         "distinct_ops": len(totals),
+        "op_calls": sum(calls.values()),
         "per_thread_us": {k: round(v, 1) for k, v in per_thread.most_common(12)},
         "top": rows,
     }
@@ -89,7 +90,8 @@ def print_summary(summary: dict) -> None:
     print(f"trace {summary['trace']}")
     print(
         f"time summed {summary['summed_us'] / 1e3:.1f} ms over a span of "
-        f"{summary['span_us'] / 1e3:.1f} ms; {summary['distinct_ops']} distinct ops"
+        f"{summary['span_us'] / 1e3:.1f} ms; {summary['distinct_ops']} distinct ops, "
+        f"{summary.get('op_calls', 0)} calls"
     )
     for where, us in summary["per_thread_us"].items():
         print(f"{us / 1e3:9.2f} ms  on {where}")

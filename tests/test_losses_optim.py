@@ -6,14 +6,20 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import tiny_config
 
+from translate import sharding
 from translate.config import Config
+from translate.data.batching import BatchLayout, make_batch, plan_epoch
+from translate.data.corpus import TokenizedCorpus
 from translate.training.losses import (
     correct_tokens,
+    loss_keep,
     projected_cross_entropy,
     smoothed_cross_entropy,
 )
 from translate.training.optim import decay_to_zero_schedule, inverse_sqrt_schedule, make_schedule
+from translate.training.steps import make_steps, resolve_loss_keep
 
 
 def test_label_smoothing_matches_hand_computed_value():
@@ -37,7 +43,8 @@ def test_accuracy_counts_only_real_tokens():
     assert correct_tokens(logits, targets, weights) == 1.0
 
 
-def test_fused_projection_and_loss_match_the_unfused_loss_and_its_gradients():
+@pytest.mark.parametrize("keep", ["exp", "logits"])
+def test_fused_projection_and_loss_match_the_unfused_loss_and_its_gradients(keep):
     keys = jax.random.split(jax.random.key(0), 4)
     y = jax.random.normal(keys[0], (3, 5, 16))  # [B, T, D]
     embedding = 0.3 * jax.random.normal(keys[1], (50, 16))  # [V, D]
@@ -50,7 +57,7 @@ def test_fused_projection_and_loss_match_the_unfused_loss_and_its_gradients():
         return loss, nll, count, correct_tokens(logits, targets, weights)
 
     def fused(y, embedding):
-        return projected_cross_entropy(y, embedding, targets, weights, 0.1)
+        return projected_cross_entropy(y, embedding, targets, weights, 0.1, keep)
 
     np.testing.assert_allclose(fused(y, embedding), unfused(y, embedding), rtol=1e-6)
     for output in (0, 1):  # the smoothed loss and the NLL are both differentiable
@@ -58,6 +65,44 @@ def test_fused_projection_and_loss_match_the_unfused_loss_and_its_gradients():
         got = jax.grad(lambda *a, i=output: fused(*a)[i], argnums=(0, 1))(y, embedding)
         for a, b in zip(got, expected):
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def synthetic_batch(config: Config, mesh):
+    """The first batch of 200 random pairs of 3 to 12 tokens in the config's layout."""
+    rng = np.random.default_rng(0)
+    src = [rng.integers(4, 64, rng.integers(3, 13)) for _ in range(200)]
+    tgt = [rng.integers(4, 64, rng.integers(3, 13)) for _ in range(200)]
+    corpus = TokenizedCorpus.from_lists(src, tgt)
+    d = config.data
+    layout = BatchLayout.from_config(
+        d.tokens_per_batch, d.row_len, config.train.grad_accum_steps, mesh.size
+    )
+    return make_batch(corpus, plan_epoch(corpus, layout, 0, 0)[0], layout)
+
+
+def test_the_two_loss_residuals_give_the_same_training_step_on_the_cpu():
+    # The GPU's default ("logits") against the CPU's ("exp"), through the trainer's own step:
+    # equal up to float32 rounding, in the loss and in every parameter after the update.
+    config, mesh = tiny_config(), sharding.make_mesh()
+    out = {}
+    for keep in ("exp", "logits"):
+        config.train.loss_keep = keep
+        steps = make_steps(config, 64, mesh)
+        params, opt_state = steps.init(jax.random.key(0))
+        batch = sharding.put_batch(synthetic_batch(config, mesh), mesh)
+        params, _, metrics = steps.train(params, opt_state, batch, 0, jax.random.key(1))
+        out[keep] = (params, metrics)
+    np.testing.assert_allclose(out["exp"][1]["loss_sum"], out["logits"][1]["loss_sum"], rtol=1e-6)
+    np.testing.assert_allclose(out["exp"][1]["grad_norm"], out["logits"][1]["grad_norm"], rtol=1e-5)
+    for a, b in zip(jax.tree.leaves(out["exp"][0]), jax.tree.leaves(out["logits"][0])):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+
+
+def test_loss_keep_auto_is_exp_on_cpus_and_logits_elsewhere():
+    assert loss_keep("cpu") == "exp"
+    assert loss_keep("gpu") == "logits"
+    assert resolve_loss_keep("auto", sharding.make_mesh()) == "exp"  # tests run on CPUs
+    assert resolve_loss_keep("logits", sharding.make_mesh()) == "logits"
 
 
 def test_schedule_matches_formula():

@@ -125,6 +125,10 @@ class TrainConfig:
     adam_eps: float = 1e-9
     # Label smoothing epsilon (Sec. 5.4).
     label_smoothing: float = 0.1
+    # What the loss keeps from its forward pass for the backward pass (losses.py,
+    # projected_cross_entropy): "exp" (fastest on CPUs), "logits" (fewer passes over the
+    # [tokens x vocabulary] float32 logits, for GPUs), or "auto": "exp" on CPUs, else "logits".
+    loss_keep: str = "auto"
     # An exponential moving average of the parameters, kept beside them and saved in the
     # checkpoints: ema = d * ema + (1 - d) * params after every applied step, with
     # d = min(ema_decay, (1 + step) / (10 + step)); the dev and final evaluations and the
@@ -363,6 +367,11 @@ class Config:
             ("train.adam_beta2", lambda v: 0.0 <= v < 1.0, "must be in [0, 1)"),
             ("train.adam_eps", lambda v: v > 0.0, "must be > 0"),
             ("train.label_smoothing", lambda v: 0.0 <= v < 1.0, "must be in [0, 1)"),
+            (
+                "train.loss_keep",
+                lambda v: v in ("auto", "exp", "logits"),
+                "must be 'auto', 'exp' or 'logits'",
+            ),
             ("train.ema_decay", lambda v: 0.0 <= v < 1.0, "must be in [0, 1) (0 = off)"),
             ("train.grad_accum_steps", lambda v: v >= 1, "must be >= 1"),
             # Each micro-batch needs a row (and on several devices a row per device).

@@ -41,6 +41,7 @@ def projected_cross_entropy(
     targets: jax.Array,
     weights: jax.Array,
     label_smoothing: float,
+    keep: str = "exp",
 ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
     """The pre-softmax projection (Sec. 3.4) and the loss above in one step, for training.
 
@@ -55,6 +56,11 @@ def projected_cross_entropy(
       embedding: [V, D] shared embedding (float32 parameters; cast to y's dtype).
       targets: [...] token ids; weights: [...] 1.0 on real tokens, 0.0 on padding.
       label_smoothing: eps.
+      keep: what the forward pass keeps for the backward pass, both [N, V] float32 (see
+        `loss_keep`). "exp": exp(logits - max), computed once and summed apart, which is
+        fastest on CPUs. "logits": the logits themselves, the softmax recomputed inside the
+        backward pass's one elementwise pass, so the forward pass fuses exp into its sum and
+        the exps are never written to memory: fewer passes for memory-bound GPUs.
 
     Returns:
       (smoothed loss sum, NLL sum, token count, correct arg-max count), float32 scalars. The two
@@ -62,50 +68,92 @@ def projected_cross_entropy(
     """
     d = y.shape[-1]
     y2, t, w = y.reshape(-1, d), targets.reshape(-1), weights.reshape(-1).astype(jnp.float32)
-    loss, nll, correct = _projected_loss(y2, embedding, t, w, label_smoothing)
+    loss_fn = {"exp": _loss_keeping_exp, "logits": _loss_keeping_logits}[keep]
+    loss, nll, correct = loss_fn(y2, embedding, t, w, label_smoothing)
     return loss, nll, jnp.sum(w), correct
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
-def _projected_loss(y, embedding, targets, weights, label_smoothing):
-    return _projected_loss_fwd(y, embedding, targets, weights, label_smoothing)[0]
+def loss_keep(platform: str) -> str:
+    """The `keep` of `projected_cross_entropy` for devices of this platform ("cpu", "gpu")."""
+    return "exp" if platform == "cpu" else "logits"
 
 
-def _projected_loss_fwd(y, embedding, targets, weights, label_smoothing):
-    logits = jnp.einsum(
+def _logits(y, embedding):
+    return jnp.einsum(
         "nd,vd->nv", y, embedding.astype(y.dtype), preferred_element_type=jnp.float32
     )  # [N, V]
-    top = jnp.max(logits, axis=-1)  # [N]
-    # exp is computed once, kept for the backward pass (which needs the softmax) and summed
-    # apart: fused into the reduction it ran single-threaded, 6x slower on CPUs.
-    exps = jax.lax.optimization_barrier(jnp.exp(logits - top[:, None]))  # [N, V]
-    total = jnp.sum(exps, axis=-1)  # [N]
-    lse = top + jnp.log(total)
+
+
+def _loss_sums(logits, top, lse, targets, weights, label_smoothing):
+    """(loss sum, NLL sum, correct count) from the logits, their max and log-sum-exp."""
     target_logit = jnp.take_along_axis(logits, targets[:, None], axis=-1)[:, 0]  # [N]
     nll = lse - target_logit
     uniform = lse - jnp.mean(logits, axis=-1)  # cross-entropy against 1/V
     loss = (1.0 - label_smoothing) * nll + label_smoothing * uniform
     # The target is the arg-max when its logit is the largest (exact ties count as correct).
     correct = jnp.sum((target_logit >= top) * weights)
-    out = (jnp.sum(loss * weights), jnp.sum(nll * weights), correct)
-    return out, (y, embedding, targets, weights, exps, total)
+    return jnp.sum(loss * weights), jnp.sum(nll * weights), correct
 
 
-def _projected_loss_bwd(label_smoothing, residuals, cotangents):
-    y, embedding, targets, weights, exps, total = residuals
+def _loss_grads(y, embedding, targets, weights, probs, total, label_smoothing, cotangents):
+    """Gradients for y and the embedding, the softmax being `probs / total` ([N, V], [N])."""
     g_loss, g_nll, _ = cotangents
-    vocab = exps.shape[-1]
+    vocab = probs.shape[-1]
     # d(sum_n w_n * CE_n(q)) / d logits = w_n * (softmax - q) for a target distribution q;
     # the loss uses q = (1 - eps) one_hot + eps / V and the NLL q = one_hot.
-    scale = (weights * (g_loss + g_nll) / total)[:, None]  # softmax = exps / total
+    scale = weights * (g_loss + g_nll)
+    scale = (scale if total is None else scale / total)[:, None]
     hot = (weights * (g_loss * (1.0 - label_smoothing) + g_nll))[:, None]
     flat = (weights * g_loss * label_smoothing / vocab)[:, None]
     is_target = jnp.arange(vocab)[None, :] == targets[:, None]  # [N, V]
-    d_logits = scale * exps - jnp.where(is_target, hot, 0.0) - flat
+    d_logits = scale * probs - jnp.where(is_target, hot, 0.0) - flat
     d_logits = d_logits.astype(y.dtype)  # [N, V]
     d_y = jnp.einsum("nv,vd->nd", d_logits, embedding.astype(y.dtype))  # [N, D]
     d_embedding = jnp.einsum("nv,nd->vd", d_logits, y, preferred_element_type=jnp.float32)
     return d_y, d_embedding.astype(embedding.dtype), None, jnp.zeros_like(weights)
 
 
-_projected_loss.defvjp(_projected_loss_fwd, _projected_loss_bwd)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def _loss_keeping_exp(y, embedding, targets, weights, label_smoothing):
+    return _keep_exp_fwd(y, embedding, targets, weights, label_smoothing)[0]
+
+
+def _keep_exp_fwd(y, embedding, targets, weights, label_smoothing):
+    logits = _logits(y, embedding)
+    top = jnp.max(logits, axis=-1)  # [N]
+    # exp is computed once, kept for the backward pass (which needs the softmax) and summed
+    # apart: fused into the reduction it ran single-threaded, 6x slower on CPUs.
+    exps = jax.lax.optimization_barrier(jnp.exp(logits - top[:, None]))  # [N, V]
+    total = jnp.sum(exps, axis=-1)  # [N]
+    lse = top + jnp.log(total)
+    out = _loss_sums(logits, top, lse, targets, weights, label_smoothing)
+    return out, (y, embedding, targets, weights, exps, total)
+
+
+def _keep_exp_bwd(label_smoothing, residuals, cotangents):
+    return _loss_grads(*residuals, label_smoothing, cotangents)
+
+
+_loss_keeping_exp.defvjp(_keep_exp_fwd, _keep_exp_bwd)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def _loss_keeping_logits(y, embedding, targets, weights, label_smoothing):
+    return _keep_logits_fwd(y, embedding, targets, weights, label_smoothing)[0]
+
+
+def _keep_logits_fwd(y, embedding, targets, weights, label_smoothing):
+    logits = _logits(y, embedding)
+    top = jnp.max(logits, axis=-1)  # [N]
+    lse = top + jnp.log(jnp.sum(jnp.exp(logits - top[:, None]), axis=-1))  # [N]
+    out = _loss_sums(logits, top, lse, targets, weights, label_smoothing)
+    return out, (y, embedding, targets, weights, logits, lse)
+
+
+def _keep_logits_bwd(label_smoothing, residuals, cotangents):
+    y, embedding, targets, weights, logits, lse = residuals
+    probs = jnp.exp(logits - lse[:, None])  # [N, V] softmax, fused into d_logits' pass
+    return _loss_grads(y, embedding, targets, weights, probs, None, label_smoothing, cotangents)
+
+
+_loss_keeping_logits.defvjp(_keep_logits_fwd, _keep_logits_bwd)

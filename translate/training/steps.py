@@ -21,7 +21,7 @@ from translate.config import Config
 from translate.data.batching import BatchLayout, make_batch, plan_epoch
 from translate.data.corpus import TokenizedCorpus
 from translate.models.factory import abstract_model, make_model, resolve_model_attention
-from translate.training.losses import projected_cross_entropy
+from translate.training.losses import loss_keep, projected_cross_entropy
 from translate.training.optim import make_optimizer
 
 
@@ -38,8 +38,11 @@ def make_init(config: Config, vocab_size: int, optimizer, mesh):
     return jax.jit(init, out_shardings=(replicated, replicated))
 
 
-def make_train_step(graphdef, optimizer, label_smoothing: float, mesh):
-    """The jitted step: accumulate gradients of summed losses over micro-batches, then update."""
+def make_train_step(graphdef, optimizer, label_smoothing: float, mesh, keep: str = "exp"):
+    """The jitted step: accumulate gradients of summed losses over micro-batches, then update.
+
+    `keep` is the loss's (`losses.projected_cross_entropy`).
+    """
     replicated = sharding.replicated(mesh)
 
     def loss_fn(params, micro, key):
@@ -47,7 +50,7 @@ def make_train_step(graphdef, optimizer, label_smoothing: float, mesh):
         y = model.hidden(micro, dropout_key=key)  # [R, T, D]
         weights = (micro.tgt_segments > 0).astype(jnp.float32)
         loss_sum, nll_sum, count, correct = projected_cross_entropy(
-            y, model.embed.embedding[...], micro.tgt_out, weights, label_smoothing
+            y, model.embed.embedding[...], micro.tgt_out, weights, label_smoothing, keep
         )
         return loss_sum, (nll_sum, count, correct)
 
@@ -125,7 +128,7 @@ def make_ema_update(decay: float, mesh):
     )
 
 
-def make_eval_step(graphdef, label_smoothing: float, mesh):
+def make_eval_step(graphdef, label_smoothing: float, mesh, keep: str = "exp"):
     def eval_step(params, batch):
         model = nnx.merge(graphdef, params)
         micro = jax.tree.map(lambda x: x[0], batch)
@@ -136,6 +139,7 @@ def make_eval_step(graphdef, label_smoothing: float, mesh):
             micro.tgt_out,
             weights,
             label_smoothing,
+            keep,
         )
         return jnp.stack([loss_sum, nll_sum, count])
 
@@ -163,6 +167,11 @@ class Steps(NamedTuple):
     ema: Callable | None = None
 
 
+def resolve_loss_keep(name: str, mesh) -> str:
+    """`train.loss_keep` for the mesh's devices: "auto" becomes "exp" on CPUs, else "logits"."""
+    return loss_keep(mesh.devices.flat[0].platform) if name == "auto" else name
+
+
 def make_steps(config: Config, vocab_size: int, mesh, optimizer=None) -> Steps:
     """Assembles the model's graph, the optimizer and the jitted steps, once.
 
@@ -173,11 +182,12 @@ def make_steps(config: Config, vocab_size: int, mesh, optimizer=None) -> Steps:
     adam, schedule = make_optimizer(config)
     optimizer = adam if optimizer is None else optimizer
     smoothing = config.train.label_smoothing
+    keep = resolve_loss_keep(config.train.loss_keep, mesh)
     return Steps(
         graphdef,
         make_init(config, vocab_size, optimizer, mesh),
-        make_train_step(graphdef, optimizer, smoothing, mesh),
-        make_eval_step(graphdef, smoothing, mesh),
+        make_train_step(graphdef, optimizer, smoothing, mesh, keep),
+        make_eval_step(graphdef, smoothing, mesh, keep),
         schedule,
         make_ema_update(config.train.ema_decay, mesh) if config.train.ema_decay else None,
     )
