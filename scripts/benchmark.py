@@ -527,7 +527,9 @@ def main(argv: list[str]) -> None:
                     apply_override(config, dotted, text)
             result["decode_model"] = f"trained: {flags['decode_workdir']}"
         else:
-            if tokenizer is None:
+            if tokenizer is None and flags["vocab"]:
+                tokenizer = Tokenizer(flags["vocab"])  # check_flags let --src and --tgt go
+            elif tokenizer is None:
                 with tempfile.TemporaryDirectory() as tmp:
                     src, tgt = read_parallel(flags["src"], flags["tgt"])
                     tokenizer = get_tokenizer(flags, config, src, tgt, pathlib.Path(tmp))

@@ -1,0 +1,57 @@
+"""scripts/benchmark.py: its steady-state mode, and decoding with only a vocabulary."""
+
+import json
+import statistics
+
+import pytest
+
+from translate import cli
+from translate.data import synthetic
+from translate.data.tokenizer import train_tokenizer
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    """Parallel synthetic text and a 64-piece vocabulary of it."""
+    path = tmp_path_factory.mktemp("bench")
+    pairs = synthetic.generate_pairs(300, seed=1)
+    (path / "src.txt").write_text("".join(f"{s}\n" for s, _ in pairs))
+    (path / "tgt.txt").write_text("".join(f"{t}\n" for _, t in pairs))
+    train_tokenizer([s for pair in pairs for s in pair], 64, path / "vocab.model")
+    return path
+
+
+def run_benchmark(argv: list[str], out) -> dict:
+    from scripts import benchmark
+
+    with pytest.raises(SystemExit) as stopped:
+        cli.run(benchmark.main, [*argv, f"--json={out}"])
+    assert stopped.value.code == 0
+    return json.loads(out.read_text())
+
+
+def test_steady_state_mode_reports_its_rounds_and_the_host_time_per_step(files, tmp_path):
+    argv = ["--config=tiny", f"--src={files}/src.txt", f"--tgt={files}/tgt.txt"]
+    argv += [f"--vocab={files}/vocab.model", "--batch_tokens=512", "--steps=3", "--warmup=1"]
+    r = run_benchmark([*argv, "--steady_rounds=2"], tmp_path / "out.json")
+    assert len(r["steady_step_seconds_rounds"]) == 2
+    assert r["steady_step_seconds"] == statistics.median(r["steady_step_seconds_rounds"])
+    assert r["train_tgt_tokens_per_sec_steady"] == pytest.approx(
+        r["batch_tgt_tokens_median"] / r["steady_step_seconds"]
+    )
+    assert r["mfu_steady"] == pytest.approx(
+        r["model_flops_per_step"] / r["steady_step_seconds"] / r["peak_flops_per_sec"]
+    )
+    assert r["mfu_published_steady"] is None  # no published peak for a CPU
+    assert 0 < r["steady_put_batch_seconds"] and 0 < r["steady_dispatch_seconds"]
+    assert r["nonfinite_steps"] == 0
+    off = run_benchmark([*argv, "--steady_rounds=0"], tmp_path / "off.json")
+    assert off["steady_step_seconds"] is None and "mfu_steady" not in off
+
+
+def test_an_untrained_model_decodes_with_a_vocabulary_and_no_parallel_text(files, tmp_path):
+    argv = ["--skip_training", "--config=tiny", f"--vocab={files}/vocab.model"]
+    argv.append("--config.data.vocab_size=64")  # the vocabulary's size: every id decodes
+    argv += [f"--decode_src={files}/src.txt", "--decode_num=4", "--ctranslate2=false"]
+    r = run_benchmark(argv, tmp_path / "out.json")
+    assert r["decode_sentences"] == 4 and r["decode_model"].startswith("untrained")
