@@ -88,7 +88,7 @@ from translate.engines import ctranslate2 as export_ctranslate2
 from translate.engines import huggingface as export_huggingface
 from translate.models import flops
 from translate.models.factory import make_model
-from translate.training.steps import make_steps
+from translate.training.steps import Packed, make_steps
 from translate.workdir import load_model
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -173,8 +173,8 @@ def benchmark_training(flags: dict, config: Config, tokenizer: Tokenizer) -> dic
     batches = [make_batch(corpus, rows, layout) for rows in plan]
 
     steps = make_steps(config, vocab_size, mesh)
-    graphdef, train_step = steps.graphdef, steps.train
-    params, opt_state = steps.init(jax.random.key(0))
+    graphdef, train_step = steps.graphdef, steps.packed_train  # the trainer's step
+    params, opt_state = (Packed.of(x) for x in steps.init(jax.random.key(0)))
     dropout_key = jax.random.key(1)
 
     times, nonfinite = [], 0
@@ -255,7 +255,7 @@ def benchmark_training(flags: dict, config: Config, tokenizer: Tokenizer) -> dic
         "padding_fraction_src": 1.0 - float(real_src.sum()) / (slots * len(timed)),
         "model_flops_per_step": float(np.median(real_flops)),
         "model_flops_per_step_padded": float(np.median(padded_flops)),
-        "_params": (graphdef, params),
+        "_params": (graphdef, params.tree()),
     }
 
 

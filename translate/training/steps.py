@@ -25,6 +25,39 @@ from translate.training.losses import loss_keep, projected_cross_entropy
 from translate.training.optim import make_optimizer
 
 
+@jax.tree_util.register_pytree_node_class
+class Packed:
+    """A pytree carried as its leaves and its structure, for the train step's calls.
+
+    Every call of a jitted function flattens its arguments and rebuilds its results. An
+    nnx.State flattens through a Python function at every node and rebuilds an nnx.Variable
+    per leaf; for the Multi30k GPU model's 473 parameter and Adam arrays that took 7-11 ms of
+    host time per step on the development CPU, more than the step's 6 ms of H100 work. A
+    Packed flattens and rebuilds in one Python call each (about 1 ms for the same arrays),
+    and the jitted function unpacks it while tracing, where it costs nothing per call.
+    """
+
+    __slots__ = ("leaves", "treedef")
+
+    def __init__(self, leaves: list, treedef):
+        self.leaves, self.treedef = leaves, treedef
+
+    @classmethod
+    def of(cls, tree) -> Packed:
+        return cls(*jax.tree.flatten(tree))
+
+    def tree(self):
+        """The pytree itself (on the host this rebuilds every node: not for every step)."""
+        return jax.tree.unflatten(self.treedef, self.leaves)
+
+    def tree_flatten(self):
+        return self.leaves, self.treedef
+
+    @classmethod
+    def tree_unflatten(cls, treedef, leaves) -> Packed:
+        return cls(list(leaves), treedef)
+
+
 def make_init(config: Config, vocab_size: int, optimizer, mesh):
     """Jitted key -> (params, opt_state), created directly with their (replicated) shardings."""
     attention = resolve_model_attention(config.model)
@@ -38,10 +71,14 @@ def make_init(config: Config, vocab_size: int, optimizer, mesh):
     return jax.jit(init, out_shardings=(replicated, replicated))
 
 
-def make_train_step(graphdef, optimizer, label_smoothing: float, mesh, keep: str = "exp"):
+def make_train_step(
+    graphdef, optimizer, label_smoothing: float, mesh, keep: str = "exp", packed: bool = False
+):
     """The jitted step: accumulate gradients of summed losses over micro-batches, then update.
 
-    `keep` is the loss's (`losses.projected_cross_entropy`).
+    `keep` is the loss's (`losses.projected_cross_entropy`). With `packed` the step takes and
+    returns the parameters and Adam's state as `Packed` (the trainer's): the same program, with
+    less host time per call.
     """
     replicated = sharding.replicated(mesh)
 
@@ -94,8 +131,14 @@ def make_train_step(graphdef, optimizer, label_smoothing: float, mesh, keep: str
         }
         return params, opt_state, metrics
 
+    def packed_step(params: Packed, opt_state: Packed, batch, step, base_key):
+        params, opt_state, metrics = train_step(
+            params.tree(), opt_state.tree(), batch, step, base_key
+        )
+        return Packed.of(params), Packed.of(opt_state), metrics
+
     return jax.jit(
-        train_step,
+        packed_step if packed else train_step,
         in_shardings=(replicated, replicated, sharding.batch_sharding(mesh), None, replicated),
         out_shardings=(replicated, replicated, replicated),
         donate_argnums=(0, 1),
@@ -163,8 +206,11 @@ class Steps(NamedTuple):
     eval: Callable
     # step -> learning rate.
     schedule: optax.Schedule
-    # (ema, params, step, nonfinite) -> ema with train.ema_decay; None without.
+    # (ema, params, step, nonfinite) -> ema with train.ema_decay; None without. Takes and
+    # returns pytrees of any kind, `Packed` ones too.
     ema: Callable | None = None
+    # `train` on `Packed` parameters and Adam state: what the trainer and the benchmark call.
+    packed_train: Callable | None = None
 
 
 def resolve_loss_keep(name: str, mesh) -> str:
@@ -190,6 +236,7 @@ def make_steps(config: Config, vocab_size: int, mesh, optimizer=None) -> Steps:
         make_eval_step(graphdef, smoothing, mesh, keep),
         schedule,
         make_ema_update(config.train.ema_decay, mesh) if config.train.ema_decay else None,
+        make_train_step(graphdef, optimizer, smoothing, mesh, keep, packed=True),
     )
 
 

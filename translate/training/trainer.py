@@ -51,7 +51,7 @@ from translate.training.monitor import (
     log_progress,
 )
 from translate.training.optim import make_schedule
-from translate.training.steps import Steps, dev_loss, make_steps
+from translate.training.steps import Packed, Steps, dev_loss, make_steps
 from translate.workdir import (
     InitFrom,
     Workdir,
@@ -94,15 +94,21 @@ class TrainState:
     and the parameters' moving average (`train.ema_decay`; None without)."""
 
     step: int
-    params: Any
-    opt_state: Any
+    # The three pytrees are held packed (steps.Packed), as the train step takes and returns
+    # them: `.tree()` gives each back, for evaluations and checkpoints.
+    params: Packed
+    opt_state: Packed
     position: DataPosition
-    ema: Any = None
+    ema: Packed | None = None
+
+    @classmethod
+    def of(cls, step: int, params, opt_state, position: DataPosition) -> TrainState:
+        return cls(step, Packed.of(params), Packed.of(opt_state), position)
 
     @property
     def evaluated(self) -> Any:
         """The parameters that evaluations decode: the moving average when there is one."""
-        return self.params if self.ema is None else self.ema
+        return (self.params if self.ema is None else self.ema).tree()
 
 
 def train_and_evaluate(
@@ -254,23 +260,23 @@ class Trainer:
         if restored is not None:
             step, params, opt_state, meta = restored
             position = DataPosition(**meta["data_position"])
-            self.state, self.resumed = TrainState(step, params, opt_state, position), True
+            self.state, self.resumed = TrainState.of(step, params, opt_state, position), True
             log.info(
                 "resumed from step %d (epoch %d, batch %d)", step, position.epoch, position.index
             )
         elif init is not None:
             params = read_init_params(init, self.abstract[0], data.tokenizer)
             _, opt_state = self.steps.init(self.keys["params"])  # Adam starts afresh
-            self.state = TrainState(0, params, opt_state, DataPosition())
+            self.state = TrainState.of(0, params, opt_state, DataPosition())
             log.info(
                 "initialized from the parameters of %s at step %d; optimizer and step start afresh",
                 init.workdir.path,
                 init.step,
             )
         else:
-            self.state = TrainState(0, *self.steps.init(self.keys["params"]), DataPosition())
+            self.state = TrainState.of(0, *self.steps.init(self.keys["params"]), DataPosition())
         if self.steps.ema is not None:
-            self.state.ema = self.restore_ema()
+            self.state.ema = Packed.of(self.restore_ema())
         layout = self.run.layout
         log.info(
             "model: %d parameters; batch %d micro x %d rows x %d tokens",
@@ -296,7 +302,7 @@ class Trainer:
                     type(e).__name__,
                     str(e)[:200],
                 )
-                return jax.tree.map(jnp.copy, self.state.params)
+                return jax.tree.map(jnp.copy, self.state.params.tree())
         if step > 0:
             log.info(
                 "the checkpoint of step %d holds no moving average of the parameters: "
@@ -304,7 +310,8 @@ class Trainer:
                 step,
                 self.config.train.ema_decay,
             )
-        return jax.tree.map(jnp.copy, self.state.params)  # its own buffers: params are donated
+        # Its own buffers: the parameters are donated to the train step.
+        return jax.tree.map(jnp.copy, self.state.params.tree())
 
     # Phase: the loop.
 
@@ -381,7 +388,7 @@ class Trainer:
         batch, s.position = next(self.batches)
         self.profiler.before(s.step)
         call_start = time.perf_counter()
-        s.params, s.opt_state, metrics = self.steps.train(
+        s.params, s.opt_state, metrics = self.steps.packed_train(
             s.params,
             s.opt_state,
             sharding.put_batch(batch, self.run.mesh),
@@ -423,7 +430,8 @@ class Trainer:
         self.finish_saves()  # Orbax would wait for it in save(); here a failure names its step
         self.saving = s.step
         try:
-            checkpoint.save(self.manager, s.step, s.params, s.opt_state, meta, s.ema)
+            ema = None if s.ema is None else s.ema.tree()
+            checkpoint.save(self.manager, s.step, s.params.tree(), s.opt_state.tree(), meta, ema)
         except Exception as e:
             if (error := self.save_failed(e)) is None:
                 raise
@@ -561,7 +569,7 @@ class Trainer:
         """With a moving average: dev loss and BLEU of the last step's parameters themselves,
         logged as eval/raw_*, beside the average's eval/* (what the average is worth)."""
         self.evaluate_other(
-            self.state.params, "raw", "the parameters themselves (not their moving average)"
+            self.state.params.tree(), "raw", "the parameters themselves (not their moving average)"
         )
 
     def evaluate_average(self, params, checkpoint_steps: list[int]) -> None:
