@@ -110,6 +110,11 @@ FLAGS = {
     "huggingface": Flag(False, "Also time the model exported to transformers (needs torch)."),
     "engine_threads": Flag(0, "Threads of CTranslate2 and torch; 0: one per CPU core."),
     "json": Flag("", "Write every printed figure to this JSON file."),
+    "packed": Flag(
+        True,
+        "Pass the parameters and Adam's state as steps.Packed, as the trainer does; false: as "
+        "nnx.State trees (the same program, more host time per call).",
+    ),
     "steady_rounds": Flag(
         3,
         "Rounds of the steady-state mode after the timed steps: the same steps dispatched "
@@ -173,8 +178,11 @@ def benchmark_training(flags: dict, config: Config, tokenizer: Tokenizer) -> dic
     batches = [make_batch(corpus, rows, layout) for rows in plan]
 
     steps = make_steps(config, vocab_size, mesh)
-    graphdef, train_step = steps.graphdef, steps.packed_train  # the trainer's step
-    params, opt_state = (Packed.of(x) for x in steps.init(jax.random.key(0)))
+    graphdef = steps.graphdef
+    params, opt_state = steps.init(jax.random.key(0))
+    train_step = steps.train
+    if flags["packed"]:  # the trainer's step
+        params, opt_state, train_step = Packed.of(params), Packed.of(opt_state), steps.packed_train
     dropout_key = jax.random.key(1)
 
     times, nonfinite = [], 0
@@ -255,7 +263,8 @@ def benchmark_training(flags: dict, config: Config, tokenizer: Tokenizer) -> dic
         "padding_fraction_src": 1.0 - float(real_src.sum()) / (slots * len(timed)),
         "model_flops_per_step": float(np.median(real_flops)),
         "model_flops_per_step_padded": float(np.median(padded_flops)),
-        "_params": (graphdef, params.tree()),
+        "packed": flags["packed"],
+        "_params": (graphdef, params.tree() if flags["packed"] else params),
     }
 
 

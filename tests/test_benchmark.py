@@ -45,8 +45,11 @@ def test_steady_state_mode_reports_its_rounds_and_the_host_time_per_step(files, 
     assert r["mfu_published_steady"] is None  # no published peak for a CPU
     assert 0 < r["steady_put_batch_seconds"] and 0 < r["steady_dispatch_seconds"]
     assert r["nonfinite_steps"] == 0
-    off = run_benchmark([*argv, "--steady_rounds=0"], tmp_path / "off.json")
+    assert r["packed"] is True  # the trainer's step
+    # The step on nnx.State trees, without the steady state: the same figures otherwise.
+    off = run_benchmark([*argv, "--steady_rounds=0", "--packed=false"], tmp_path / "off.json")
     assert off["steady_step_seconds"] is None and "mfu_steady" not in off
+    assert off["packed"] is False and off["nonfinite_steps"] == 0
 
 
 def test_an_untrained_model_decodes_with_a_vocabulary_and_no_parallel_text(files, tmp_path):

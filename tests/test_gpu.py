@@ -25,7 +25,7 @@ from translate.decoding.search import beam_search, greedy_search
 from translate.models.factory import abstract_model, resolve_model_attention
 from translate.models.layers import MultiHeadAttention, attention_mask
 from translate.training.optim import make_optimizer
-from translate.training.steps import make_steps
+from translate.training.steps import Packed, make_steps
 
 pytestmark = [
     pytest.mark.gpu,
@@ -261,8 +261,8 @@ def test_train_step_compiles_once_over_several_batches():
     # started as the trainer starts it, so every step meets the shardings of the one before.
     config, mesh = tiny_config(), sharding.make_mesh()
     steps = make_steps(config, VOCAB, mesh)
-    params, opt_state = steps.init(jax.random.key(0))
-    step_fn = steps.train
+    params, opt_state = (Packed.of(x) for x in steps.init(jax.random.key(0)))
+    step_fn = steps.packed_train  # the trainer's
     for step, batch in enumerate(toy_batches(config, mesh)[:4]):
         params, opt_state, _ = step_fn(
             params, opt_state, sharding.put_batch(batch, mesh), step, jax.random.key(1)

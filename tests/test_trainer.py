@@ -63,6 +63,8 @@ def test_the_packed_train_step_computes_the_tree_step_bit_for_bit(config):
             params, opt_state, sharding.put_batch(batch, mesh), step, jax.random.key(1)
         )
     assert isinstance(params, Packed) and isinstance(opt_state, Packed)
+    # Each step's packed outputs have the structure of its inputs: one trace for all steps.
+    assert steps.packed_train._cache_size() == 1
     assert jax.tree.structure(params.tree()) == jax.tree.structure(tree_params)
     for a, b in zip(jax.tree.leaves(params.tree()), jax.tree.leaves(tree_params), strict=True):
         np.testing.assert_array_equal(a, b)

@@ -38,13 +38,13 @@ def spy_on_train_step(monkeypatch, first_call_seconds=0.0):
     def make_spied_steps(*args, **kwargs):
         steps = make_steps(*args, **kwargs)
 
-        def spied(params, opt_state, batch, step, key):
+        def spied(params, opt_state, batch, step, key):  # the trainer's: Packed state
             if not calls:
-                calls.append((host_copy(params), host_copy(opt_state), step))
+                calls.append((host_copy(params.tree()), host_copy(opt_state.tree()), step))
                 time.sleep(first_call_seconds)
-            return steps.train(params, opt_state, batch, step, key)
+            return steps.packed_train(params, opt_state, batch, step, key)
 
-        return steps._replace(train=spied)
+        return steps._replace(packed_train=spied)
 
     monkeypatch.setattr(trainer, "make_steps", make_spied_steps)
     return calls
