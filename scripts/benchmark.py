@@ -36,7 +36,9 @@ length-sorted batches of `decode.batch_size`, one pass each. The evaluator times
 over decoding seconds alone, and the whole pass's seconds are reported beside them. With
 --decode_workdir the trained model (and its vocabulary) there is used; otherwise the freshly
 initialised model, which seldom emits EOS, so each sentence runs to its length limit: a worst
-case, said so in the output. --skip_training decodes only. With --decode_ref, every search's
+case, said so in the output. That model has the vocabulary's size, as the trainer would build
+it, so that every id it emits decodes (a vocabulary smaller than the config's crashed it).
+--skip_training decodes only. With --decode_ref, every search's
 output gets its sacreBLEU.
 
 Exported engines, in the same sitting on the same sentences: the model exported to CTranslate2
@@ -542,9 +544,10 @@ def main(argv: list[str]) -> None:
                 with tempfile.TemporaryDirectory() as tmp:
                     src, tgt = read_parallel(flags["src"], flags["tgt"])
                     tokenizer = get_tokenizer(flags, config, src, tgt, pathlib.Path(tmp))
-            if params is None:
-                vocab_size = max(config.data.vocab_size, tokenizer.vocab_size)
-                graphdef, params = init_params(config, vocab_size)
+            if params is None or tokenizer.vocab_size < config.data.vocab_size:
+                # The model the trainer would build with this vocabulary: every id it emits
+                # decodes (the training figures' model may be wider, at the config's size).
+                graphdef, params = init_params(config, tokenizer.vocab_size)
             else:
                 params = sharding.local_copy(params)
             result["decode_model"] = "untrained (outputs run to the length limit)"

@@ -54,7 +54,8 @@ def test_steady_state_mode_reports_its_rounds_and_the_host_time_per_step(files, 
 
 def test_an_untrained_model_decodes_with_a_vocabulary_and_no_parallel_text(files, tmp_path):
     argv = ["--skip_training", "--config=tiny", f"--vocab={files}/vocab.model"]
-    argv.append("--config.data.vocab_size=64")  # the vocabulary's size: every id decodes
+    # The tiny config asks for 200 pieces and the vocabulary has 64: the model decoded is the
+    # one the trainer would build with it, so every id it emits decodes.
     argv += [f"--decode_src={files}/src.txt", "--decode_num=4", "--ctranslate2=false"]
     r = run_benchmark(argv, tmp_path / "out.json")
     assert r["decode_sentences"] == 4 and r["decode_model"].startswith("untrained")
