@@ -38,8 +38,7 @@ over decoding seconds alone, and the whole pass's seconds are reported beside th
 initialised model, which seldom emits EOS, so each sentence runs to its length limit: a worst
 case, said so in the output. That model has the vocabulary's size, as the trainer would build
 it, so that every id it emits decodes (a vocabulary smaller than the config's crashed it).
---skip_training decodes only. With --decode_ref, every search's
-output gets its sacreBLEU.
+--skip_training decodes only. With --decode_ref, every search's output gets its sacreBLEU.
 
 Exported engines, in the same sitting on the same sentences: the model exported to CTranslate2
 (translate/engines/ctranslate2.py, into a temporary directory) runs in float32 and in int8
