@@ -27,6 +27,46 @@ def compute_dtype(config: ModelConfig) -> Any:
     return jnp.dtype("float32" if config.compute_dtype == "auto" else config.compute_dtype)
 
 
+def product_dtype(config: ModelConfig, dtype: Any) -> Any:
+    """The operands' dtype of the linear layers' and the projection's products: `dtype`, the
+    compute dtype, unless `model.matmul_dtype` rounds float32 operands to bfloat16."""
+    if config.matmul_dtype == "bfloat16" and jnp.dtype(dtype) == jnp.float32:
+        return jnp.dtype(jnp.bfloat16)
+    return jnp.dtype(dtype)
+
+
+@jax.custom_vjp
+def bfloat16_product(x: jax.Array, w: jax.Array) -> jax.Array:
+    """x [..., I] @ w [I, O] with both rounded to bfloat16, accumulated and returned in float32.
+
+    The gradient's two products round the incoming gradient to bfloat16 as well, so all three
+    products of a linear layer run at the bfloat16 rate; what they return is float32.
+    """
+    return _bfloat16_product_fwd(x, w)[0]
+
+
+def _bfloat16_product_fwd(x, w):
+    xb, wb = x.astype(jnp.bfloat16), w.astype(jnp.bfloat16)
+    return jnp.einsum("...i,io->...o", xb, wb, preferred_element_type=jnp.float32), (xb, wb)
+
+
+def _bfloat16_product_bwd(residuals, g):
+    xb, wb = residuals
+    gb = g.astype(jnp.bfloat16)
+    dx = jnp.einsum("...o,io->...i", gb, wb, preferred_element_type=jnp.float32)  # [..., I]
+    dw = jnp.einsum("...i,...o->io", xb, gb, preferred_element_type=jnp.float32)  # [I, O]
+    return dx.astype(jnp.float32), dw
+
+
+bfloat16_product.defvjp(_bfloat16_product_fwd, _bfloat16_product_bwd)
+
+
+def bfloat16_dot_general(x, w, dimension_numbers, precision=None, **kwargs):
+    """nnx.Linear's product, x [..., I] @ w [I, O], through `bfloat16_product`."""
+    assert dimension_numbers == (((x.ndim - 1,), (0,)), ((), ())), dimension_numbers
+    return bfloat16_product(x, w)
+
+
 def attention_scores(subscripts: str, q: jax.Array, k: jax.Array, mask: jax.Array) -> jax.Array:
     """Sec. 3.2.1: QK^T / sqrt(K) in float32 where mask is True, -1e9 elsewhere.
 
@@ -88,8 +128,15 @@ def attention_mask(q_segments: jax.Array, k_segments: jax.Array, causal: bool) -
 
 
 def xavier_linear(
-    d_in: int, d_out: int, dtype: Any, rngs: nnx.Rngs, use_bias: bool = True
+    config: ModelConfig,
+    d_in: int,
+    d_out: int,
+    dtype: Any,
+    rngs: nnx.Rngs,
+    use_bias: bool = True,
 ) -> nnx.Linear:
+    """A linear layer; its product takes bfloat16 operands where `model.matmul_dtype` says so."""
+    bfloat16 = product_dtype(config, dtype) != jnp.dtype(dtype)
     return nnx.Linear(
         d_in,
         d_out,
@@ -97,6 +144,7 @@ def xavier_linear(
         dtype=dtype,
         rngs=rngs,
         kernel_init=nnx.initializers.xavier_uniform(),
+        **({"dot_general": bfloat16_dot_general} if bfloat16 else {}),
     )
 
 
@@ -113,12 +161,12 @@ class MultiHeadAttention(nnx.Module):
         # The kernel of jax.nn.dot_product_attention, "xla" or "cudnn": resolved for the device
         # once, by translate.factory, so building a model never queries the hardware.
         self.implementation = attention
-        self.query = xavier_linear(d, d, dtype, rngs)
+        self.query = xavier_linear(config, d, d, dtype, rngs)
         # No key bias: it adds the same amount to every score of a query, which softmax ignores,
         # so its true gradient is zero and Adam would only amplify rounding noise in it.
-        self.key = xavier_linear(d, d, dtype, rngs, use_bias=False)
-        self.value = xavier_linear(d, d, dtype, rngs)
-        self.out = xavier_linear(d, d, dtype, rngs)
+        self.key = xavier_linear(config, d, d, dtype, rngs, use_bias=False)
+        self.value = xavier_linear(config, d, d, dtype, rngs)
+        self.out = xavier_linear(config, d, d, dtype, rngs)
         # Set only by Transformer.attention_weights: the fused kernel never forms the weights.
         self.keep_weights = False
 
@@ -178,8 +226,8 @@ class FeedForward(nnx.Module):
     """Sec. 3.3: FFN(x) = max(0, x W1 + b1) W2 + b2."""
 
     def __init__(self, config: ModelConfig, dtype: Any, rngs: nnx.Rngs):
-        self.inner = xavier_linear(config.d_model, config.d_ff, dtype, rngs)
-        self.outer = xavier_linear(config.d_ff, config.d_model, dtype, rngs)
+        self.inner = xavier_linear(config, config.d_model, config.d_ff, dtype, rngs)
+        self.outer = xavier_linear(config, config.d_ff, config.d_model, dtype, rngs)
 
     def __call__(self, x: jax.Array) -> jax.Array:
         return self.outer(jax.nn.relu(self.inner(x)))  # [B, T, F] -> [B, T, D]

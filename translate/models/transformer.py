@@ -50,6 +50,7 @@ from translate.models.layers import (
     dropout,
     fold,
     layer_norm,
+    product_dtype,
     sinusoidal_positions,
 )
 
@@ -84,6 +85,8 @@ class TranslationModel(nnx.Module):
         self.d_model, self.num_heads = config.d_model, config.num_heads
         self.dropout_rate = config.dropout_rate
         self.dtype = compute_dtype(config) if dtype is None else jnp.dtype(dtype)
+        # The operands' dtype of the pre-softmax projection (`model.matmul_dtype`).
+        self.product_dtype = product_dtype(config, self.dtype)
         self.embed = nnx.Embed(
             vocab_size,
             config.d_model,
@@ -116,7 +119,8 @@ class TranslationModel(nnx.Module):
         Accumulated and returned in float32, as in training (losses.projected_cross_entropy):
         beam search ranks hypotheses on these numbers.
         """
-        embedding = self.embed.embedding[...].astype(self.dtype)
+        embedding = self.embed.embedding[...].astype(self.product_dtype)
+        y = y.astype(self.product_dtype)
         return jnp.einsum("...d,vd->...v", y, embedding, preferred_element_type=jnp.float32)
 
     def hidden(self, batch: Batch, *, dropout_key=None) -> jax.Array:

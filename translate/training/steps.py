@@ -87,7 +87,12 @@ def make_train_step(
         y = model.hidden(micro, dropout_key=key)  # [R, T, D]
         weights = (micro.tgt_segments > 0).astype(jnp.float32)
         loss_sum, nll_sum, count, correct = projected_cross_entropy(
-            y, model.embed.embedding[...], micro.tgt_out, weights, label_smoothing, keep
+            y.astype(model.product_dtype),
+            model.embed.embedding[...],
+            micro.tgt_out,
+            weights,
+            label_smoothing,
+            keep,
         )
         return loss_sum, (nll_sum, count, correct)
 
@@ -177,7 +182,7 @@ def make_eval_step(graphdef, label_smoothing: float, mesh, keep: str = "exp"):
         micro = jax.tree.map(lambda x: x[0], batch)
         weights = (micro.tgt_segments > 0).astype(jnp.float32)
         loss_sum, nll_sum, count, _ = projected_cross_entropy(
-            model.hidden(micro),
+            model.hidden(micro).astype(model.product_dtype),
             model.embed.embedding[...],
             micro.tgt_out,
             weights,
