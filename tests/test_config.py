@@ -39,6 +39,7 @@ BAD_VALUES = [
     ("model.dropout_rate", "1.0"),
     ("model.dropout_rate", "nan"),
     ("model.compute_dtype", "float64"),
+    ("model.matmul_dtype", "float16"),
     ("model.attention", "flash"),
     ("model.norm_position", "sandwich"),
     ("model.architecture", "gpt"),

@@ -98,6 +98,24 @@ def test_the_two_loss_residuals_give_the_same_training_step_on_the_cpu():
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
 
 
+def test_bfloat16_products_give_a_nearby_training_step():
+    # model.matmul_dtype=bfloat16 through the trainer's own step: the loss and gradient norm
+    # within bfloat16's rounding of float32's, and not equal to them (the products did round).
+    config, mesh = tiny_config(), sharding.make_mesh()
+    out = {}
+    for matmul in ("compute", "bfloat16"):
+        config.model.matmul_dtype = matmul
+        steps = make_steps(config, 64, mesh)
+        params, opt_state = steps.init(jax.random.key(0))
+        batch = sharding.put_batch(synthetic_batch(config, mesh), mesh)
+        _, _, metrics = steps.train(params, opt_state, batch, 0, jax.random.key(1))
+        out[matmul] = jax.device_get(metrics)
+    a, b = out["compute"], out["bfloat16"]
+    assert a["loss_sum"] != b["loss_sum"]
+    np.testing.assert_allclose(b["loss_sum"], a["loss_sum"], rtol=1e-2)
+    np.testing.assert_allclose(b["grad_norm"], a["grad_norm"], rtol=5e-2)
+
+
 def test_loss_keep_auto_is_exp_on_cpus_and_logits_elsewhere():
     assert loss_keep("cpu") == "exp"
     assert loss_keep("gpu") == "logits"

@@ -10,7 +10,13 @@ from translate.config import Config, ModelConfig
 from translate.data.batching import Batch
 from translate.models import factory
 from translate.models.factory import abstract_model
-from translate.models.layers import attention_mask, dropout, sinusoidal_positions
+from translate.models.layers import (
+    attention_mask,
+    bfloat16_dot_general,
+    bfloat16_product,
+    dropout,
+    sinusoidal_positions,
+)
 from translate.models.transformer import Transformer
 
 VOCAB = 64
@@ -258,3 +264,55 @@ def test_the_factory_resolves_the_compute_dtype_and_the_model_only_takes_it(monk
     model = factory.make_model(config, VOCAB, nnx.Rngs(0), attention="xla")
     assert model.dtype == jnp.bfloat16
     assert model.encoder[0].self_attention.query.dtype == jnp.bfloat16
+
+
+def bf16(x):
+    """x rounded to bfloat16, as float64 for exact reference products."""
+    return np.asarray(jnp.asarray(x).astype(jnp.bfloat16).astype(jnp.float32), np.float64)
+
+
+def test_bfloat16_product_rounds_its_operands_in_both_passes():
+    keys = jax.random.split(jax.random.key(0), 3)
+    x = jax.random.normal(keys[0], (2, 5, 16))  # [..., I]
+    w = jax.random.normal(keys[1], (16, 8))  # [I, O]
+    g = jax.random.normal(keys[2], (2, 5, 8))  # the incoming gradient
+    y, vjp = jax.vjp(bfloat16_product, x, w)
+    dx, dw = vjp(g)
+    assert y.dtype == dx.dtype == dw.dtype == jnp.float32
+    # Each product is the float32-accumulated product of the bfloat16-rounded operands.
+    np.testing.assert_allclose(y, bf16(x) @ bf16(w), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(dx, bf16(g) @ bf16(w).T, rtol=1e-5, atol=1e-5)
+    expected_dw = bf16(x).reshape(-1, 16).T @ bf16(g).reshape(-1, 8)
+    np.testing.assert_allclose(dw, expected_dw, rtol=1e-5, atol=1e-5)
+    # And the rounding is real: the float32 product differs beyond float32's own error.
+    exact = np.asarray(x, np.float64) @ np.asarray(w, np.float64)
+    assert np.abs(y - exact).max() > 1e-3
+    np.testing.assert_allclose(y, exact, rtol=0.05, atol=0.05)
+
+
+def linears(model):
+    return [m for _, m in nnx.iter_graph(model) if isinstance(m, nnx.Linear)]
+
+
+def test_bfloat16_products_change_only_the_products():
+    plain, rounded = make_model(), make_model(matmul_dtype="bfloat16")
+    # The same parameters (float32) from the same seed; only the products' operands differ.
+    for a, b in zip(jax.tree.leaves(nnx.state(plain)), jax.tree.leaves(nnx.state(rounded))):
+        np.testing.assert_array_equal(a, b)
+    assert all(m.dot_general is jax.lax.dot_general for m in linears(plain))
+    assert all(m.dot_general is bfloat16_dot_general for m in linears(rounded))
+    assert (plain.product_dtype, rounded.product_dtype) == (jnp.float32, jnp.bfloat16)
+    assert rounded.dtype == jnp.float32  # activations, norms and softmax stay float32
+    batch = unpacked_batch(random_tokens(0, (2, 7)), random_tokens(1, (2, 9)))
+    a, b = plain(batch), rounded(batch)
+    assert b.dtype == jnp.float32
+    assert not np.allclose(a, b, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(a, b, rtol=0.05, atol=0.05)
+
+
+def test_bfloat16_products_are_the_compute_dtypes_own_under_bfloat16_compute():
+    config = ModelConfig(num_layers=1, d_model=32, num_heads=4, d_ff=64, compute_dtype="bfloat16")
+    config.matmul_dtype = "bfloat16"
+    model = Transformer(config, VOCAB, rngs=nnx.Rngs(0))
+    assert model.product_dtype == jnp.bfloat16
+    assert all(m.dot_general is jax.lax.dot_general for m in linears(model))
