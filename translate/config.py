@@ -44,8 +44,8 @@ class ModelConfig:
     # The operands of the linear layers' and the output projection's matrix products: "compute"
     # (the compute dtype) or "bfloat16" (rounded to bfloat16 in both passes, accumulated and
     # returned in float32, the rest of the model in the compute dtype: mixed precision as TPUs
-    # run float32 products by default). On CPUs with AVX512-BF16 such products run about 1.8x
-    # as fast, and a float32 training step 1.4x (docs/speed.md).
+    # run float32 products by default). On this project's CPU (AMD EPYC, AVX512-BF16) such
+    # products ran about 1.8x as fast, the Multi30k recipe's step 1.4x (docs/speed.md).
     matmul_dtype: str = "compute"
     # Attention kernel of jax.nn.dot_product_attention: "xla", "cudnn" (fused, GPU only, bf16 or
     # fp16) or "auto": cuDNN on GPU when the compute dtype and head size allow, else XLA.
