@@ -10,9 +10,9 @@ pre-LayerNorm layers of d_model 128 (Wu et al. 2021's shape, 2.35M parameters), 
 bfloat16 operands (`model.matmul_dtype`; float32 everywhere else), which makes the step 1.4x as fast
 on this project's CPU (AMD EPYC, AVX512-BF16), and the evaluations decode a moving average of the
 parameters (`train.ema_decay`). Chosen on the validation set only (BENCHMARKS.md, "Multi30k recipe
-search"): all 1,014 val sentences 40.30 (39.69 with seed 1), against 39.89 for the float32 recipe's
-4,400 steps in 23-27 minutes (issue 39, thirteenth round: the seed moves val by 0.6, so the gain is
-the time).
+search"): all 1,014 val sentences 40.30 (seeds 1, 2: 39.69, 39.87), against 39.89 for the float32
+recipe's 4,400 steps in 23-27 minutes (issue 39, thirteenth round: the seed moves val by 0.6, so the
+gain is the time).
 
 Expect 17-18 minutes for the whole command on 2 CPU cores on a day with a float32 matmul near 200
 GFLOP/s (17 min 36 s, and 16 min 45 s from a fresh clone, 2026-11-26); scaled by the matmul rate,
