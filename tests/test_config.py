@@ -71,6 +71,9 @@ BAD_VALUES = [
     ("train.adam_beta2", "-0.1"),
     ("train.adam_eps", "0.0"),
     ("train.adam_eps", "-inf"),
+    ("train.weight_decay", "-0.1"),
+    ("train.weight_decay", "1.0"),
+    ("train.weight_decay", "nan"),
     ("train.label_smoothing", "inf"),
     ("train.grad_accum_steps", "0"),
     ("train.grad_accum_steps", "98"),  # 25,000 // 256 = 97 rows, one per micro-batch at least

@@ -116,6 +116,34 @@ def test_bfloat16_products_give_a_nearby_training_step():
     np.testing.assert_allclose(b["grad_norm"], a["grad_norm"], rtol=5e-2)
 
 
+def test_weight_decay_moves_matrices_by_learning_rate_times_decay_and_leaves_vectors():
+    # AdamW (train.weight_decay) against Adam through the trainer's own step, from the same
+    # parameters and batch: Adam's update is the same, and each matrix and embedding then
+    # also moves by -lr * decay * itself (its value before the step); biases and LayerNorm do not.
+    config, mesh = tiny_config(), sharding.make_mesh()
+    decay = 0.5
+    out = {}
+    for wd in (0.0, decay):
+        config.train.weight_decay = wd
+        steps = make_steps(config, 64, mesh)
+        params, opt_state = steps.init(jax.random.key(0))
+        before = jax.device_get(params)
+        batch = sharding.put_batch(synthetic_batch(config, mesh), mesh)
+        params, _, metrics = steps.train(params, opt_state, batch, 0, jax.random.key(1))
+        assert metrics["nonfinite"] == 0
+        out[wd] = jax.device_get(params)
+    lr = float(make_schedule(config)(0))
+    assert lr > 0
+    moved = 0
+    leaves = zip(*(jax.tree.leaves(t) for t in (before, out[0.0], out[decay])))
+    for p, adam, adamw in leaves:
+        p, adam, adamw = (np.asarray(a, np.float64) for a in (p, adam, adamw))
+        shift = lr * decay * p if p.ndim >= 2 else 0.0 * p
+        np.testing.assert_allclose(adamw, adam - shift, rtol=0, atol=1e-6)
+        moved += p.ndim >= 2 and np.abs(shift).max() > 1e-4  # far above the tolerance
+    assert moved >= 3  # the embedding and the layers' matrices
+
+
 def test_loss_keep_auto_is_exp_on_cpus_and_logits_elsewhere():
     assert loss_keep("cpu") == "exp"
     assert loss_keep("gpu") == "logits"

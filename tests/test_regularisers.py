@@ -15,7 +15,7 @@ from translate.data.corpus import tokenize_parallel
 from translate.data.sampling import BPEDropout, SampledEpochs
 from translate.training.steps import make_ema_update
 from translate.training.trainer import train_and_evaluate
-from translate.workdir import Workdir, load_ensemble, load_model
+from translate.workdir import Workdir, check_config, load_ensemble, load_model
 
 
 def test_ema_update_matches_a_hand_computed_average():
@@ -278,3 +278,22 @@ def test_the_choices_are_config_errors_out_of_range(config):
         setattr(getattr(bad, section), field, value)
         with pytest.raises(ValueError, match=name):
             bad.validate()
+
+
+def test_adamw_resumes_bit_for_bit_and_cannot_be_switched_on_or_off_by_a_resume(config, tmp_path):
+    """train.weight_decay: a run stopped at step 3 and resumed ends where an uninterrupted one
+    does (AdamW's state is checkpointed); its value may change at a resume, its use may not."""
+    config.train.weight_decay = 0.1
+    train_and_evaluate(config, tmp_path / "straight")
+    config.train.num_train_steps = 3
+    train_and_evaluate(config, tmp_path / "resumed")
+    config.train.num_train_steps = 6
+    train_and_evaluate(config, tmp_path / "resumed")
+    for a, b in zip(arrays(tmp_path / "straight", "raw"), arrays(tmp_path / "resumed", "raw")):
+        np.testing.assert_array_equal(a, b)
+    workdir = Workdir(tmp_path / "resumed")
+    config.train.weight_decay = 0.2
+    check_config(config, workdir, force=False)  # another value: the same optimizer state
+    config.train.weight_decay = 0.0
+    with pytest.raises(ValueError, match=r"config.train.weight_decay = 0.1, now 0.0 .*--force"):
+        check_config(config, workdir, force=False)

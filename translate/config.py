@@ -129,6 +129,12 @@ class TrainConfig:
     adam_beta1: float = 0.9
     adam_beta2: float = 0.98
     adam_eps: float = 1e-9
+    # Decoupled weight decay (Loshchilov & Hutter 2019; PyTorch's AdamW, fairseq's
+    # --weight-decay): after Adam's update, every matrix and embedding (not the biases and
+    # LayerNorm gains) also moves by -learning_rate * weight_decay * itself. 0 = off, the paper's
+    # Adam; a run cannot switch it between 0 and non-zero when it resumes (another optimizer
+    # state).
+    weight_decay: float = 0.0
     # Label smoothing epsilon (Sec. 5.4).
     label_smoothing: float = 0.1
     # What the loss keeps from its forward pass for the backward pass (losses.py,
@@ -377,6 +383,7 @@ class Config:
             ("train.adam_beta1", lambda v: 0.0 <= v < 1.0, "must be in [0, 1)"),
             ("train.adam_beta2", lambda v: 0.0 <= v < 1.0, "must be in [0, 1)"),
             ("train.adam_eps", lambda v: v > 0.0, "must be > 0"),
+            ("train.weight_decay", lambda v: 0.0 <= v < 1.0, "must be in [0, 1) (0 = off)"),
             ("train.label_smoothing", lambda v: 0.0 <= v < 1.0, "must be in [0, 1)"),
             (
                 "train.loss_keep",

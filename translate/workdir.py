@@ -287,6 +287,12 @@ def check_config(config: Config, workdir: Workdir, force: bool) -> None:
             for section, field in compared
             if saved[section][field] != now[section][field]
         ]
+        # AdamW keeps another optimizer state than Adam: its value may change, not its use.
+        if bool(saved["train"]["weight_decay"]) != bool(now["train"]["weight_decay"]):
+            differ.append(
+                f"config.train.weight_decay = {saved['train']['weight_decay']}, now "
+                f"{now['train']['weight_decay']} (the optimizer's state differs with it on)"
+            )
         if differ:
             raise ValueError(
                 f"{workdir.path} was created with {'; '.join(differ)}: use a fresh --workdir, "

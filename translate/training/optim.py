@@ -1,7 +1,8 @@
-"""The paper's learning-rate schedule and Adam (Sec. 5.3), and two decays for short runs."""
+"""The paper's learning-rate schedule and Adam (Sec. 5.3), two decays for short runs, and AdamW."""
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import optax
 
@@ -59,9 +60,20 @@ def make_schedule(config: Config) -> optax.Schedule:
     )
 
 
+def decayed(params):
+    """Which parameters `train.weight_decay` shrinks: the matrices and the embedding (two or
+    more dimensions), not the biases and LayerNorm gains and offsets (one)."""
+    return jax.tree.map(lambda p: p.ndim >= 2, params)
+
+
 def make_optimizer(config: Config) -> tuple[optax.GradientTransformation, optax.Schedule]:
-    """Adam with beta1 = 0.9, beta2 = 0.98, eps = 1e-9 (config) on the configured schedule."""
+    """Adam with beta1 = 0.9, beta2 = 0.98, eps = 1e-9 (config) on the configured schedule;
+    with `train.weight_decay`, AdamW: the decay scaled by the learning rate, as PyTorch's."""
     t = config.train
     schedule = make_schedule(config)
-    optimizer = optax.adam(schedule, b1=t.adam_beta1, b2=t.adam_beta2, eps=t.adam_eps)
+    adam = dict(b1=t.adam_beta1, b2=t.adam_beta2, eps=t.adam_eps)
+    if t.weight_decay:
+        optimizer = optax.adamw(schedule, **adam, weight_decay=t.weight_decay, mask=decayed)
+    else:
+        optimizer = optax.adam(schedule, **adam)
     return optimizer, schedule
