@@ -6,22 +6,23 @@
 Trains on train.{en,de}, evaluates on val during training and on test2016 at the end. 4 + 4
 pre-LayerNorm layers of d_model 128 (Wu et al. 2021's shape, 2.35M parameters), dropout 0.2, about
 18 epochs in 4,800 steps of 2,048 token slots (rows of 48); the learning rate warms up to 4e-3 over
-800 steps and falls linearly to 0. The products of the linear layers and the output projection take
-bfloat16 operands (`model.matmul_dtype`; float32 everywhere else), which makes the step 1.4x as fast
-on this project's CPU (AMD EPYC, AVX512-BF16), and the evaluations decode a moving average of the
-parameters (`train.ema_decay`). Chosen on the validation set only (BENCHMARKS.md, "Multi30k recipe
-search"): all 1,014 val sentences 40.30 (seeds 1, 2: 39.69, 39.87), against 39.89 for the float32
-recipe's 4,400 steps in 23-27 minutes (issue 39, thirteenth round: the seed moves val by 0.6, so the
-gain is the time).
+800 steps and falls linearly to 0, with AdamW's weight decay 0.2 (`train.weight_decay`). The
+products of the linear layers and the output projection take bfloat16 operands
+(`model.matmul_dtype`; float32 everywhere else), which makes the step 1.4x as fast on this
+project's CPU (AMD EPYC, AVX512-BF16), and the evaluations decode a moving average of the
+parameters (`train.ema_decay`). Chosen on the validation set only, on two seeds or more
+(BENCHMARKS.md, "Multi30k recipe search"; the seed alone moves val by up to 1.1): all 1,014 val
+sentences 40.52 and 40.55 for seeds 0 and 1, against 40.30 and 39.69 without the weight decay
+(issue 39, fourteenth round).
 
-Expect 17-18 minutes for the whole command on 2 CPU cores on a day with a float32 matmul near 200
-GFLOP/s (17 min 36 s, and 16 min 45 s from a fresh clone, 2026-11-26); scaled by the matmul rate,
-about 27 minutes on a slow day at 125 GFLOP/s (an estimate: not yet run on such a day); and test2016
-sacreBLEU 38.55 (1,000 sentences, beam 4, alpha 1.2; the README's results table). Without
-AVX512-BF16 the bfloat16 products may be slower than float32: `--config.model.matmul_dtype=compute`
-turns them off (docs/speed.md). The steps fit in the time also because the train step no longer
-hands its memory back to the kernel at every step (translate/devices.py, `keep_freed_memory`: 1.2x
-as fast).
+Expect 18-19 minutes for the whole command on 2 CPU cores on a day with a float32 matmul near 180
+GFLOP/s (19 min 8 s for the run that chose it, 2026-11-26; the README's results table has the
+fresh clone's); scaled by the matmul rate, about 27-29 minutes on a slow day at 125 GFLOP/s (an
+estimate: not yet run on such a day); and test2016 sacreBLEU 39.73 (1,000 sentences, beam 4,
+alpha 1.2). Without AVX512-BF16 the bfloat16 products may be slower than float32:
+`--config.model.matmul_dtype=compute` turns them off (docs/speed.md). The steps fit in the time
+also because the train step no longer hands its memory back to the kernel at every step
+(translate/devices.py, `keep_freed_memory`: 1.2x as fast).
 """
 
 from translate.config import Config
