@@ -11,9 +11,9 @@ about 18 epochs in 4,800 steps of 2,048 token slots (rows of 48); the learning r
 bfloat16 operands (`model.matmul_dtype`; float32 everywhere else), which makes the step 1.4x
 as fast on this project's CPU (AMD EPYC, AVX512-BF16), and the evaluations decode a moving
 average of the parameters (`train.ema_decay`). Chosen on the validation set only, on two seeds
-or more (BENCHMARKS.md, "Multi30k recipe search"; the seed alone moves val by up to 1.1): all
-1,014 val sentences 41.62 and 41.25 for seeds 0 and 1, against 40.52 and 40.55 with dropout 0.2 and
-weight decay 0.2 (issue 39, fifteenth round).
+or more (BENCHMARKS.md, "Multi30k recipe search"; the seed alone moves val by up to 1.6): all
+1,014 val sentences 41.62 and 41.25 for seeds 0 and 1, against 40.52 and 40.55 with dropout 0.2
+and weight decay 0.2 (issue 39, fifteenth round); seed 2, run afterwards, scored 40.04.
 
 Expect 17-19 minutes for the whole command on 2 CPU cores on a day with a float32 matmul near
 180-200 GFLOP/s (18 min 10 s for the run that chose it, 2026-11-27; the README's results table
