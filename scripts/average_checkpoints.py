@@ -25,7 +25,8 @@ from absl import logging as absl_logging
 from translate import atomic, checkpoint, cli
 from translate.cli import Flag, parse_flags
 from translate.config import parse_value
-from translate.workdir import Workdir, load_model, write_average
+from translate.trained import load_model, write_params_workdir
+from translate.workdir import Workdir, check_output_path
 
 
 def average_workdir(
@@ -38,7 +39,7 @@ def average_workdir(
 ) -> list[int]:
     """Writes the mean parameters of `workdir`'s newest `num` checkpoints (or `steps`) to `output`.
 
-    `params` as workdir.load_model's: by default the mean of the checkpoints' moving averages
+    `params` as trained.load_model's: by default the mean of the checkpoints' moving averages
     when they hold them (train.ema_decay), else of their parameters.
 
     Returns:
@@ -61,7 +62,12 @@ def average_workdir(
     # a process killed between the two renames leaves an earlier average under a hidden
     # `.NAME.*.old` name beside --output, and no --output.
     with atomic.directory(output) as new:
-        write_average(run, Workdir(new), mean, steps, out_step)
+        # config.json as the run wrote it; the metadata lists the averaged steps, which
+        # load_model returns as the steps of this checkpoint.
+        meta = {"step": out_step, "averaged_steps": list(steps), "averaged_from": str(run.path)}
+        with checkpoint.make_manager(Workdir(new).checkpoints, keep=1) as manager:
+            config_json = run.config.read_text(encoding="utf-8")
+            write_params_workdir(Workdir(new), config_json, run, manager, out_step, mean, meta)
         check_output(output, run)  # still true: nothing else began writing there meanwhile
     return steps
 
@@ -76,10 +82,14 @@ def check_output(output: pathlib.Path, run: Workdir) -> None:
     """
     if output.is_relative_to(run.checkpoints.resolve()):
         raise ValueError(f"--output={output} is inside the checkpoints of --workdir={run.path}")
+    if output.exists() and not output.is_dir():
+        raise ValueError(f"--output={output} exists and is not a directory; nothing was written")
+    # What no command may write over (a run, its own directories); an earlier average is no
+    # training run: it holds a config and checkpoints, but every one is an average (below).
+    if not (output / "checkpoints").is_dir():
+        check_output_path(output, "--output", [run.path], directory=True)
     if not output.exists() and not output.is_symlink():
         return
-    if not output.is_dir():
-        raise ValueError(f"--output={output} exists and is not a directory; nothing was written")
     out = Workdir(output)
     names = sorted(p.name for p in output.iterdir())
     if not names:

@@ -58,7 +58,6 @@ The JSON (--json) holds every printed figure; keys are listed in BENCHMARKS.md.
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
 import functools
 import json
@@ -84,14 +83,15 @@ from translate.data.text import ParallelText, read_lines, read_parallel, sample_
 from translate.data.tokenizer import Tokenizer, train_tokenizer
 from translate.decoding import scoring
 from translate.decoding.sentences import DecodeTimes, translate_sentences
+from translate.decoding.settings import decode_settings
 from translate.devices import published_peak, resolve_dtype
 from translate.engines import ctranslate2 as export_ctranslate2
 from translate.engines import huggingface as export_huggingface
 from translate.models import flops
 from translate.models.factory import make_model
 from translate.models.layers import product_dtype
+from translate.trained import load_model
 from translate.training.steps import Packed, make_steps
-from translate.workdir import load_model
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -313,11 +313,11 @@ def benchmark_decoding(flags: dict, config: Config, graphdef, params, tokenizer)
     out = {"decode_sentences": len(sentences), "decode_batch_size": config.decode.batch_size}
     ours = {}
     for name, beam in SEARCHES:
-        decode = dataclasses.replace(config.decode, beam_size=beam)
+        settings = decode_settings(config.decode, {"beam_size": beam})
         times = DecodeTimes()
         start = time.perf_counter()
         translations = translate_sentences(
-            (graphdef,), (params,), tokenizer, sentences, decode, config.data.max_len, times=times
+            (graphdef,), (params,), tokenizer, sentences, settings, config.data.max_len, times=times
         )
         ours[name] = hypotheses = [best[0][1] for best in translations]
         wall = time.perf_counter() - start

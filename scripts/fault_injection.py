@@ -160,7 +160,8 @@ def compare(reference: pathlib.Path, faulty: pathlib.Path) -> list[tuple[str, bo
     import jax
 
     from translate import checkpoint
-    from translate.workdir import Workdir, load_model
+    from translate.trained import load_model
+    from translate.workdir import Workdir
 
     results = []
     # The parameters, and their moving average when the run keeps one (train.ema_decay).

@@ -31,8 +31,10 @@ from translate.cli import Flag, parse_flags
 from translate.data.batching import Batch, source_batches
 from translate.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from translate.decoding.search import translate_tokens
+from translate.decoding.settings import decode_settings
 from translate.models.layers import sinusoidal_positions
-from translate.workdir import Workdir, load_model
+from translate.trained import load_model
+from translate.workdir import Workdir
 
 # Every picture has this size (inches) and resolution, so it is FIGSIZE * DPI pixels.
 FIGSIZE = (8.0, 8.0)
@@ -42,10 +44,8 @@ DPI = 120
 def translate_one(graphdef, params, tokenizer, config, text: str) -> tuple[list[int], list[int]]:
     """Source ids and output ids of one sentence, each ending in EOS."""
     _, tokens = next(source_batches(tokenizer, [text], 1, config.data.max_len))  # [1, S]
-    d = config.decode
-    best = translate_tokens(
-        (graphdef,), (params,), jnp.asarray(tokens), d.beam_size, d.length_penalty, d.max_extra_len
-    )
+    settings = decode_settings(config.decode)
+    best = translate_tokens((graphdef,), (params,), jnp.asarray(tokens), settings)
     src = [int(t) for t in tokens[0] if t != PAD_ID]
     out = [int(t) for t in np.asarray(best[0])]
     return src, out[: out.index(EOS_ID) + 1] if EOS_ID in out else out

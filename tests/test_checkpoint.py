@@ -15,7 +15,8 @@ from translate import atomic, checkpoint, evaluate
 from translate.data import synthetic
 from translate.data.tokenizer import train_tokenizer
 from translate.models.factory import abstract_model
-from translate.workdir import Workdir, load_model
+from translate.trained import load_model
+from translate.workdir import Workdir
 
 STEPS = (1, 2, 3, 4)
 

@@ -22,6 +22,7 @@ from translate.decoding.search import (
     search,
     translate_tokens,
 )
+from translate.decoding.settings import DecodeSettings
 from translate.models.decoder_only import DecoderOnlyTransformer
 from translate.models.transformer import Transformer
 
@@ -95,7 +96,7 @@ def strip(row):
 def test_beam_1_equals_greedy():
     graphdef, params = make_model()
     src = sources()
-    tokens = translate_tokens((graphdef,), (params,), src, beam_size=1, alpha=0.6, max_extra_len=6)
+    tokens = translate_tokens((graphdef,), (params,), src, DecodeSettings(1, 0.6, 6))
     expected = uncached_greedy(graphdef, params, src, max_extra_len=6)
     assert [strip(r) for r in np.asarray(tokens)] == expected
 
@@ -163,9 +164,7 @@ def test_output_never_exceeds_source_length_plus_max_extra_len():
     graphdef, params = make_model()
     src = sources()
     for beam in (1, 4):
-        tokens = translate_tokens(
-            (graphdef,), (params,), src, beam_size=beam, alpha=0.6, max_extra_len=2
-        )
+        tokens = translate_tokens((graphdef,), (params,), src, DecodeSettings(beam, 0.6, 2))
         for b, row in enumerate(np.asarray(tokens)):
             out = strip(row)
             source_tokens = int((np.asarray(src[b]) != PAD_ID).sum()) - 1
@@ -302,7 +301,13 @@ def test_fast_search_gives_the_hypotheses_and_scores_of_the_plain_search(name, m
         monkeypatch.setattr(search_module, "FIRST_CACHE_LENGTH", first)
         jax.clear_caches()  # the searches are jitted on the graph definitions, which are unchanged
         results[first] = [
-            search(graphdefs, params, src, beam, 0.6, 6, nbest, stop, min_level_rows=min_rows)
+            search(
+                graphdefs,
+                params,
+                src,
+                DecodeSettings(beam, 0.6, 6, stop, nbest=int(nbest)),
+                min_level_rows=min_rows,
+            )
             for beam, nbest, stop in SEARCHES
         ]
     jax.clear_caches()
@@ -377,8 +382,8 @@ def test_search_gives_the_same_hypotheses_with_64_bit_types_enabled(beam_size):
     # JAX_ENABLE_X64=1, which some users export globally, made untyped constants float64 and
     # beam search's loop carry changed dtype (a TypeError in every beam search).
     graphdef, params = make_model()
-    expected = search((graphdef,), (params,), sources(), beam_size, 0.6, 6)
+    expected = search((graphdef,), (params,), sources(), DecodeSettings(beam_size, 0.6, 6))
     with jax.enable_x64(True):
-        got = search((graphdef,), (params,), sources(), beam_size, 0.6, 6)
+        got = search((graphdef,), (params,), sources(), DecodeSettings(beam_size, 0.6, 6))
     np.testing.assert_array_equal(got[0], expected[0])
     np.testing.assert_allclose(got[1], expected[1], rtol=1e-6)

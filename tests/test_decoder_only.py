@@ -18,10 +18,11 @@ from translate.config import ModelConfig, load_config
 from translate.data.batching import Batch
 from translate.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from translate.decoding.search import beam_search, greedy_search, translate_tokens
+from translate.decoding.settings import DecodeSettings
 from translate.models.decoder_only import DecoderOnlyTransformer
 from translate.models.transformer import Transformer
+from translate.trained import load_model
 from translate.training.trainer import train_and_evaluate
-from translate.workdir import load_model
 
 VOCAB = 64
 PREFIX = ["causal", "bidirectional"]
@@ -139,7 +140,7 @@ def test_greedy_search_equals_rerunning_the_full_forward_pass():
     # tested above for both prefix masks); the prefix LM's prefill is the more demanding.
     graphdef, params = peaked(make_model("bidirectional", dropout_rate=0.0))
     src = sources()
-    tokens = translate_tokens((graphdef,), (params,), src, beam_size=1, alpha=0.6, max_extra_len=6)
+    tokens = translate_tokens((graphdef,), (params,), src, DecodeSettings(1, 0.6, 6))
     expected = uncached_greedy(graphdef, params, src, max_extra_len=6)
     assert [strip(r) for r in np.asarray(tokens)] == expected
 

@@ -1,7 +1,6 @@
 """Exports (translate/export.py, exporter.py, export_ctranslate2.py, export_huggingface.py),
 checked against the engines themselves: CTranslate2 always, transformers under `interop`."""
 
-import dataclasses
 import functools
 import importlib.util
 import json
@@ -21,6 +20,7 @@ from translate.data import synthetic
 from translate.data.batching import Batch
 from translate.data.tokenizer import BOS_ID, EOS_ID, Tokenizer, train_tokenizer
 from translate.decoding.sentences import translate_sentences
+from translate.decoding.settings import decode_settings
 from translate.engines import (
     ctranslate2 as export_ctranslate2,
 )
@@ -32,7 +32,8 @@ from translate.engines import (
 )
 from translate.models.factory import make_model
 from translate.models.layers import sinusoidal_positions
-from translate.workdir import Workdir, load_model
+from translate.trained import load_model
+from translate.workdir import Workdir
 
 ctranslate2 = pytest.importorskip("ctranslate2")
 
@@ -170,9 +171,9 @@ def ctranslate2_log_probs(export_dir: pathlib.Path, tokenizer: Tokenizer, pairs,
 def our_greedy_outputs(workdir: pathlib.Path, sentences: tuple[str, ...]) -> list[str]:
     """Our greedy translations (sentences.translate_sentences with beam size 1)."""
     graphdef, params, tokenizer, config, _ = load_model(workdir)
-    decode = dataclasses.replace(config.decode, beam_size=1)
+    settings = decode_settings(config.decode, {"beam_size": 1})
     found = translate_sentences(
-        (graphdef,), (params,), tokenizer, sentences, decode, config.data.max_len
+        (graphdef,), (params,), tokenizer, sentences, settings, config.data.max_len
     )
     return [best[0][1] for best in found]
 

@@ -14,7 +14,7 @@ from translate.data.batching import BatchLayout, make_batch, plan_epoch
 from translate.data.sources import load_data
 from translate.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from translate.decoding.search import greedy_search, sample
-from translate.training.trainer import train_and_evaluate
+from translate.training.trainer import data_files, train_and_evaluate
 from translate.workdir import Workdir
 
 
@@ -51,14 +51,14 @@ def test_a_missing_text_file_is_an_error_naming_the_flag_before_the_workdir_chan
     write_german_side(tmp_path / "text")
     as_language_model(config, tmp_path / "text").data.train_prefix = "nothing"
     with pytest.raises(FileNotFoundError, match=r"--config.data.dir=.*nothing\.de"):
-        load_data(config, Workdir(tmp_path / "run"))
+        load_data(config, data_files(Workdir(tmp_path / "run")))
     assert not (tmp_path / "run").exists() or not any((tmp_path / "run").iterdir())
 
 
 def test_monolingual_batches_score_every_token_of_every_sentence(config, tmp_path):
     german = write_german_side(tmp_path / "text")
     as_language_model(config, tmp_path / "text")
-    data = load_data(config, Workdir(tmp_path / "run"))
+    data = load_data(config, data_files(Workdir(tmp_path / "run")))
     assert data.test_text is None and data.dev_text == ([""] * 16, german_dev(tmp_path / "text"))
     assert not data.translations  # no BLEU for a language model's text
     layout = BatchLayout(config.data.row_len, rows=8, num_micro=1)

@@ -155,3 +155,34 @@ def test_every_family_folder_is_an_installed_package():
     pyproject = tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text())
     packages = set(pyproject["tool"]["setuptools"]["packages"])
     assert {f"translate.{family}" for family in FAMILIES} <= packages
+
+
+def mutual_core_family_imports(
+    graph: dict[str, set[str]], families: set[str] = FAMILIES
+) -> list[tuple[str, str]]:
+    """(core module, family) pairs that import each other: the core module imports a module
+    of the family, and a module of the family imports the core module."""
+    core = {m for m in graph if "." not in m and m not in COMMANDS and m not in families}
+    pairs = []
+    for module in sorted(core):
+        for family in sorted(families):
+            members = {m for m in graph if m.startswith(f"{family}.")}
+            down = graph[module] & members
+            up = {m for m in members if module in graph[m]}
+            if down and up:
+                pairs.append((module, family))
+    return pairs
+
+
+def test_no_core_module_and_family_import_each_other():
+    # The core is the ground the families stand on: a core module may use a family (the
+    # tokenizer, the model factory) only where no module of that family needs it back, so the
+    # family stays a layer above or below it, never both (workdir.py and data/ once were).
+    assert mutual_core_family_imports(import_graph()) == []
+    circle = {"a": {"f.x"}, "f.x": {"a"}, "f": set(), "b": {"f.x"}}
+    assert mutual_core_family_imports(circle, {"f"}) == [("a", "f")]
+
+
+def test_the_data_family_takes_paths_not_a_workdir():
+    graph = import_graph()
+    assert not any("workdir" in graph[m] for m in graph if m.startswith("data."))

@@ -230,6 +230,7 @@ def test_train_and_evaluate_on_two_processes_shares_one_workdir(config, tmp_path
     from translate import checkpoint
     from translate.data.batching import make_batch, plan_epoch
     from translate.data.sources import load_data
+    from translate.training.trainer import data_files
     from translate.workdir import Workdir
 
     run_workers("train_and_evaluate", config, tmp_path)
@@ -237,7 +238,7 @@ def test_train_and_evaluate_on_two_processes_shares_one_workdir(config, tmp_path
     outputs = load_outputs(tmp_path)
     for a, b in zip(params_of(outputs[0]), params_of(outputs[1])):
         np.testing.assert_array_equal(a, b)
-    data = load_data(config, Workdir(workdir))
+    data = load_data(config, data_files(Workdir(workdir)))
     layout = global_layout(config)
     whole = make_batch(data.train, plan_epoch(data.train, layout, config.train.seed, 0)[0], layout)
     np.testing.assert_array_equal(

@@ -16,8 +16,9 @@ from conftest import copy_of_tiny_run
 from translate import compilation
 from translate.data.batching import source_batches
 from translate.decoding import programs
-from translate.decoding.sentences import Searches, search_args
-from translate.workdir import load_ensemble
+from translate.decoding.sentences import Searches
+from translate.decoding.settings import decode_settings
+from translate.trained import load_ensemble
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -59,10 +60,10 @@ def translate(workdir, cache, *flags) -> tuple[str, str]:
 
 def setups(cache) -> list[pathlib.Path]:
     """The setups in `cache` (the folder of shared executables left out)."""
-    root = pathlib.Path(cache) / programs.SUBDIR
+    root = pathlib.Path(cache) / compilation.SUBDIR
     if not root.is_dir():
         return []
-    return sorted(p for p in root.iterdir() if p.is_dir() and p.name != programs.EXECUTABLES)
+    return sorted(p for p in root.iterdir() if p.is_dir() and p.name != compilation.EXECUTABLES)
 
 
 def test_a_second_command_decodes_from_the_first_ones_programs_without_flax(workdir, tmp_path):
@@ -72,9 +73,9 @@ def test_a_second_command_decodes_from_the_first_ones_programs_without_flax(work
     (setup,) = setups(cache)
     names = sorted(p.name for p in setup.iterdir())
     assert "params.npz" in names and "setup.json" in names
-    assert any(name.endswith(programs.EXPORTED) for name in names), names
-    executables = cache / programs.SUBDIR / programs.EXECUTABLES
-    assert [p.suffix for p in executables.iterdir()] == [programs.EXECUTABLE]
+    assert any(name.endswith(compilation.EXPORTED) for name in names), names
+    executables = cache / compilation.SUBDIR / compilation.EXECUTABLES
+    assert [p.suffix for p in executables.iterdir()] == [compilation.EXECUTABLE]
     second, said = translate(workdir, cache)
     assert second == first
     assert said.splitlines()[-1] == "imported: ", said  # neither Flax nor Orbax
@@ -84,20 +85,19 @@ def test_a_second_command_decodes_from_the_first_ones_programs_without_flax(work
 def test_the_programs_decode_as_the_search_traced_here(workdir):
     """`SavedSearches`, compiled here or loaded from a setup, gives `Searches`' outputs."""
     graphdefs, params, tokenizer, config, steps = load_ensemble([workdir])
-    decode = config.decode
-    args = search_args(decode, nbest=2)
+    settings = decode_settings(config.decode, nbest=2)
     batches = [src for _, src in source_batches(tokenizer, LINES, 2, config.data.max_len)]
-    traced = Searches(graphdefs, params, args)
+    traced = Searches(graphdefs, params, settings)
     leaves = jax.tree.leaves(params)
-    setup = programs.Setup(workdir / "unused-cache", "a-setup")
+    setup = compilation.Setup(workdir / "unused-cache", "a-setup")
     setup.save(leaves, steps, [])
-    made = programs.SavedSearches(setup, leaves, lambda: (graphdefs, params), args)
+    made = programs.SavedSearches(setup, leaves, lambda: (graphdefs, params), settings)
 
     def model_not_needed():
         raise AssertionError("the program was saved: no model should be loaded")
 
     loaded_leaves, _, _ = setup.load()
-    loaded = programs.SavedSearches(setup, loaded_leaves, model_not_needed, args)
+    loaded = programs.SavedSearches(setup, loaded_leaves, model_not_needed, settings)
     for src in batches:
         expected = jax.device_get(traced(src))
         for searches in (made, loaded):
@@ -109,12 +109,12 @@ def test_the_programs_decode_as_the_search_traced_here(workdir):
 def test_a_new_checkpoint_or_another_choice_is_another_setup(workdir, tmp_path):
     run = tmp_path / "run"
     shutil.copytree(workdir, run)
-    name = programs.setup_name([str(run)], None, 0)
-    assert programs.setup_name([str(run)], None, 0) == name
-    assert programs.setup_name([str(run)], 3, 0) != name
-    assert programs.setup_name([str(run)], None, 2) != name
+    name = compilation.setup_name([str(run)], None, 0)
+    assert compilation.setup_name([str(run)], None, 0) == name
+    assert compilation.setup_name([str(run)], 3, 0) != name
+    assert compilation.setup_name([str(run)], None, 2) != name
     (run / "checkpoints" / "6" / "added").write_text("x")
-    assert programs.setup_name([str(run)], None, 0) != name
+    assert compilation.setup_name([str(run)], None, 0) != name
 
 
 @pytest.mark.slow  # 22 s on 2 cores: five fresh commands
@@ -124,7 +124,7 @@ def test_a_damaged_search_executable_or_parameters_file_is_made_again_and_said_o
     cache = tmp_path / "cache"
     expected, _ = translate(workdir, cache)
     (setup,) = setups(cache)
-    (search,) = setup.glob("*" + programs.EXPORTED)
+    (search,) = setup.glob("*" + compilation.EXPORTED)
     search.write_bytes(search.read_bytes()[:-100])  # cut short, as a full disk would
     found, said = translate(workdir, cache)
     assert found == expected
@@ -132,7 +132,7 @@ def test_a_damaged_search_executable_or_parameters_file_is_made_again_and_said_o
     assert "imported: flax" in said  # the model was loaded to trace it again
     found, said = translate(workdir, cache)  # and it was kept whole this time
     assert found == expected and said.splitlines()[-1] == "imported: "
-    (executable,) = (cache / programs.SUBDIR / programs.EXECUTABLES).iterdir()
+    (executable,) = (cache / compilation.SUBDIR / compilation.EXECUTABLES).iterdir()
     executable.write_bytes(b"garbage")
     found, said = translate(workdir, cache)
     assert found == expected
@@ -150,11 +150,11 @@ def test_a_lost_executable_is_compiled_and_kept_again_though_jaxs_cache_stays(wo
     (where one could not be kept again, and every later command would lower and read it)."""
     cache = tmp_path / "cache"
     expected, _ = translate(workdir, cache)
-    shutil.rmtree(cache / programs.SUBDIR)  # the setups and executables; JAX's entries stay
+    shutil.rmtree(cache / compilation.SUBDIR)  # the setups and executables; JAX's entries stay
     found, said = translate(workdir, cache)
     assert found == expected and "imported: flax" in said
-    assert [p.suffix for p in (cache / programs.SUBDIR / programs.EXECUTABLES).iterdir()] == [
-        programs.EXECUTABLE
+    assert [p.suffix for p in (cache / compilation.SUBDIR / compilation.EXECUTABLES).iterdir()] == [
+        compilation.EXECUTABLE
     ]
     found, said = translate(workdir, cache)
     assert found == expected and said.splitlines()[-1] == "imported: "
@@ -177,7 +177,7 @@ def test_a_saved_search_is_the_same_from_any_checkout(tmp_path):
         path = tmp_path / where / f"copy_{where}.py"
         path.write_text(padding + source)
         spec = jax.ShapeDtypeStruct((4,), np.float32)
-        with programs.source_lines_left_out():
+        with compilation.source_lines_left_out():
             payloads.append(bytes(jax.export.export(jax.jit(load(path)))(spec).serialize()))
         # Without it the locations name the file (a function of its own: JAX keeps traces).
         assert str(path) in jax.export.export(jax.jit(load(path)))(spec).mlir_module()
@@ -189,15 +189,15 @@ def test_with_the_cache_off_nothing_is_kept(workdir, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     found, _ = translate(workdir, "off")
     assert found.count("\n") == len(LINES)
-    assert not any(tmp_path.rglob(programs.SUBDIR))
+    assert not any(tmp_path.rglob(compilation.SUBDIR))
 
 
 def test_the_least_recently_used_setups_go_past_the_bound(tmp_path, monkeypatch, caplog):
     leaves = [np.zeros(1000, np.float32)]
-    old, new = programs.Setup(tmp_path, "old"), programs.Setup(tmp_path, "new")
+    old, new = compilation.Setup(tmp_path, "old"), compilation.Setup(tmp_path, "new")
     old.save(leaves, [[1]], [])
     os.utime(old.record, (1, 1))  # used long ago
-    monkeypatch.setattr(programs, "MAX_BYTES", 6000)
+    monkeypatch.setattr(compilation, "PROGRAMS_MAX_BYTES", 6000)
     with caplog.at_level(logging.WARNING):
         new.save(leaves, [[1]], [])
     assert not old.directory.exists()

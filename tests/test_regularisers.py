@@ -13,9 +13,11 @@ from jax.sharding import Mesh
 from translate import checkpoint, evaluate, sharding
 from translate.data.corpus import tokenize_parallel
 from translate.data.sampling import BPEDropout, SampledEpochs
+from translate.trained import load_ensemble, load_model
+from translate.training.opening import check_config
 from translate.training.steps import make_ema_update
 from translate.training.trainer import train_and_evaluate
-from translate.workdir import Workdir, check_config, load_ensemble, load_model
+from translate.workdir import Workdir
 
 
 def test_ema_update_matches_a_hand_computed_average():

@@ -19,12 +19,12 @@ import pytest
 from conftest import copy_of_tiny_run, read_only
 
 from translate import atomic, checkpoint, cli
-from translate import workdir as workdir_module
 from translate.data import sources as data
 from translate.data import synthetic
 from translate.data.tokenizer import train_tokenizer
-from translate.training import monitor, trainer
-from translate.workdir import Workdir, WorkdirBusy, load_model, lock, read_config
+from translate.trained import load_model
+from translate.training import monitor, opening, trainer
+from translate.workdir import Workdir, WorkdirBusy, lock, read_config
 
 ROOT = pathlib.Path(__file__).parent.parent
 
@@ -451,7 +451,7 @@ def test_a_force_run_killed_while_its_data_loads_leaves_the_earlier_run_to_the_n
     """SIGKILL after --force set the earlier run aside: the next start puts it back."""
     workdir = Workdir(trained)
     before = files_of(trained)
-    workdir_module.check_config(config, workdir, force=True)  # what --force does first
+    opening.check_config(config, workdir, force=True)  # what --force does first
     assert workdir.previous_run.is_dir() and not workdir.checkpoints.exists()
     # The killed run had trained its vocabulary (the same data and seed give the same one).
     shutil.copy(workdir.previous_run / workdir.vocab.name, workdir.vocab)
@@ -495,7 +495,7 @@ def test_force_sets_aside_the_earlier_runs_reports_plots_and_evaluations(config,
     (workdir.evaluations / "test.en.step6" / "report.json").write_text("{}")
     workdir.profile.mkdir()
     workdir.metric_plot("loss").write_bytes(b"png")
-    workdir_module.check_config(config, workdir, force=True)
+    opening.check_config(config, workdir, force=True)
     left = sorted(p.name for p in trained.iterdir())
     assert left == ["previous_run", "train.lock"] or left == ["previous_run"], left
     aside = sorted(p.name for p in workdir.previous_run.iterdir())
@@ -612,7 +612,7 @@ def file_size_limit(size: int):
 
 def test_a_full_disk_while_writing_the_vocabulary_names_it_and_changes_nothing(config, tmp_path):
     workdir = Workdir(tmp_path / "run")
-    data.data_paths(config, workdir)  # the generated corpus, 23 kB a file
+    data.data_paths(config, trainer.data_files(workdir))  # the generated corpus, 23 kB a file
     before = files_of(workdir.path)
     with file_size_limit(100_000), pytest.raises(OSError) as error:  # the vocabulary: 240 kB
         trainer.train_and_evaluate(config, workdir.path)

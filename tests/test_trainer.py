@@ -14,10 +14,12 @@ from translate import checkpoint, sharding
 from translate.data.batching import BatchLayout, make_batch, plan_epoch
 from translate.data.corpus import TokenizedCorpus
 from translate.decoding.report import translate_and_score
+from translate.decoding.settings import decode_settings
+from translate.trained import load_model
 from translate.training import monitor
 from translate.training.steps import Packed, make_steps
 from translate.training.trainer import final_params, train_and_evaluate
-from translate.workdir import Workdir, load_model
+from translate.workdir import Workdir
 
 
 def random_corpus(n=200, seed=0):
@@ -176,7 +178,15 @@ def test_final_report_decodes_the_average_that_average_checkpoints_writes(config
     sources = (run.data / "test.en").read_text().splitlines()
     references = (run.data / "test.de").read_text().splitlines()
     again, hypotheses = translate_and_score(
-        (graphdef,), (averaged,), tokenizer, config, sources, references, 6, steps
+        (graphdef,),
+        (averaged,),
+        tokenizer,
+        config,
+        decode_settings(config.decode),
+        sources,
+        references,
+        6,
+        steps,
     )
     assert run.hypotheses.read_text().splitlines() == hypotheses
     assert again["bleu"] == report["bleu"]

@@ -21,15 +21,17 @@ import pytest
 from conftest import copy_of_tiny_run, read_only
 from flax import nnx
 
-from translate import atomic, cli, evaluate, translate_text
-from translate import workdir as workdir_module
+from translate import atomic, cli, compilation, evaluate, translate_text
+from translate import trained as trained_module
 from translate.data.batching import source_batches
 from translate.data.tokenizer import train_tokenizer
 from translate.decoding import programs, sentences
 from translate.decoding.search import beam_search, greedy_search
 from translate.decoding.sentences import DecodeTimes, translate_sentences
+from translate.decoding.settings import decode_settings
 from translate.models.transformer import Transformer
-from translate.workdir import Workdir, load_ensemble, load_model, read_config
+from translate.trained import load_ensemble, load_model
+from translate.workdir import Workdir, read_config
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -59,17 +61,17 @@ def varied_outputs(monkeypatch):
     empty and their order cannot be seen; an untrained model with a larger embedding (as in
     test_decode.py) writes outputs that differ with the source.
     """
-    load = workdir_module.load_model
+    load = trained_module.load_model
 
     def load_untrained(workdir, step=None, average=0, log=print, params="auto"):
         _, _, tokenizer, config, step = load(workdir, step, average, params=params)
         model = Transformer(config.model, tokenizer.vocab_size, rngs=nnx.Rngs(0))
         model.embed.embedding[...] = model.embed.embedding[...] * 8.0
-        return *nnx.split(model, nnx.Param), tokenizer, config, step
+        return trained_module.TrainedModel(*nnx.split(model, nnx.Param), tokenizer, config, step)
 
-    monkeypatch.setattr(workdir_module, "load_model", load_untrained)
+    monkeypatch.setattr(trained_module, "load_model", load_untrained)
     # Nor kept as the workdir's saved parameters, which a later command would read.
-    monkeypatch.setattr(programs.Setup, "find", lambda *args: None)
+    monkeypatch.setattr(compilation.Setup, "find", lambda *args: None)
 
 
 def run(tmp_path, lines, *flags, name="out.txt"):
@@ -86,14 +88,14 @@ def test_translate_keeps_input_order_and_line_count(workdir, tmp_path, monkeypat
     monkeypatch.setattr(translate_text, "LINES_PER_CHUNK", 3)
     out = run(tmp_path, LINES, f"--workdir={workdir}", "--beam_size=1", "--batch_size=2")
     assert len(out) == len(LINES)
-    graphdef, params, tokenizer, config, _ = workdir_module.load_model(workdir)
-    config.decode.beam_size, config.decode.batch_size = 1, 1
+    graphdef, params, tokenizer, config, _ = trained_module.load_model(workdir)
+    settings = decode_settings(config.decode, {"beam_size": 1, "batch_size": 1})
     for line, translation in zip(LINES, out):
         if not line.strip():
             assert translation == ""
         else:
             alone = translate_sentences(
-                (graphdef,), (params,), tokenizer, [line], config.decode, config.data.max_len
+                (graphdef,), (params,), tokenizer, [line], settings, config.data.max_len
             )
             assert translation == alone[0][0][1]
     assert len({translation for translation in out if translation}) > 2
@@ -185,14 +187,13 @@ def test_decoding_many_lengths_compiles_a_handful_of_shapes_and_times_them_apart
     words = "the small dog sees the old cat in the red house".split()
     # 60 sentences of 1 to 60 words: 60 different lengths.
     sentences = [" ".join(words[i % len(words)] for i in range(n)) for n in range(1, 61)]
-    config.decode.beam_size, config.decode.batch_size = 1, 4
     times = DecodeTimes()
     translate_sentences(
         (graphdef,),
         (params,),
         tokenizer,
         sentences,
-        config.decode,
+        decode_settings(config.decode, {"beam_size": 1, "batch_size": 4}),
         config.data.max_len,
         times=times,
     )
@@ -203,25 +204,24 @@ def test_decoding_many_lengths_compiles_a_handful_of_shapes_and_times_them_apart
 
 @pytest.mark.slow  # 13 s on 2 cores
 def test_batches_searched_at_once_give_what_one_at_a_time_gives(workdir, varied_outputs):
-    graphdef, params, tokenizer, config, _ = workdir_module.load_model(workdir)
+    graphdef, params, tokenizer, config, _ = trained_module.load_model(workdir)
     words = "the small dog sees the old cat in the red house".split()
     sentences = [
         " ".join(words[(i * 7 + j) % len(words)] for j in range(i % 9 + 1)) for i in range(23)
     ]
     sentences[5] = ""
-    config.decode.beam_size, config.decode.batch_size = 3, 2  # 11 batches of 2 (23 - 1 blank)
     found, done = {}, {}
     for parallel in (1, 3):
-        config.decode.parallel_batches = parallel
+        # 11 batches of 2 (23 - 1 blank)
+        given = {"beam_size": 3, "batch_size": 2, "parallel_batches": parallel}
         done[parallel] = []
         found[parallel] = translate_sentences(
             (graphdef,),
             (params,),
             tokenizer,
             sentences,
-            config.decode,
+            decode_settings(config.decode, given, nbest=3),
             config.data.max_len,
-            nbest=3,
             on_batch=done[parallel].append,
         )
     assert found[3] == found[1]  # texts and scores, each sentence's n-best in order
@@ -232,7 +232,9 @@ def test_batches_searched_at_once_give_what_one_at_a_time_gives(workdir, varied_
 @pytest.mark.slow  # 10 s on 2 cores (compiles a search of its own); out of the default run
 def test_an_error_while_batches_are_searched_waits_only_for_those_in_flight(workdir, monkeypatch):
     graphdef, params, tokenizer, config, _ = load_model(workdir)
-    config.decode.beam_size, config.decode.batch_size, config.decode.parallel_batches = 1, 1, 2
+    settings = decode_settings(
+        config.decode, {"beam_size": 1, "batch_size": 1, "parallel_batches": 2}
+    )
     searched = []
     search = sentences.search
 
@@ -247,7 +249,7 @@ def test_an_error_while_batches_are_searched_waits_only_for_those_in_flight(work
     monkeypatch.setattr(sentences, "search", counted)
     with pytest.raises(KeyboardInterrupt):
         translate_sentences(
-            (graphdef,), (params,), tokenizer, LINES * 4, config.decode, 99, on_batch=stop
+            (graphdef,), (params,), tokenizer, LINES * 4, settings, 99, on_batch=stop
         )
     # The first batch's result was handed over; at most two more had been started.
     assert 1 <= len(searched) <= 3, len(searched)
@@ -306,10 +308,10 @@ def test_output_onto_a_workdirs_own_files_is_refused(workdir, tmp_path):
         for workdirs in [[copy], [workdir, copy]]:
             argv = [f"--workdir={w}" for w in workdirs] + [f"--input={source}"]
             with pytest.raises(
-                SystemExit, match=f"--output={target} is a file of --workdir={copy}"
+                ValueError, match=f"--output={target} is a file of --workdir={copy}"
             ):
                 translate_text.main([*argv, f"--output={target}"])
-    with pytest.raises(SystemExit, match=f"--output={copy} is a directory"):
+    with pytest.raises(ValueError, match=f"--output={copy} is a directory"):
         translate_text.main([f"--workdir={workdir}", f"--input={source}", f"--output={copy}"])
     assert {p: p.read_bytes() for p in copy.rglob("*") if p.is_file()} == before
 
@@ -321,7 +323,7 @@ def test_an_interrupted_translation_leaves_the_earlier_output_as_it_was(
     target.write_text("an earlier translation\n", encoding="utf-8")
     target.chmod(0o640)
     monkeypatch.setattr(translate_text, "LINES_PER_CHUNK", 3)
-    decode = translate_text.translate_sentences
+    decode = programs.OpenedModels.translate
     calls = []
 
     def interrupted_at_the_second_chunk(*args, **kwargs):
@@ -330,13 +332,13 @@ def test_an_interrupted_translation_leaves_the_earlier_output_as_it_was(
             raise KeyboardInterrupt
         return decode(*args, **kwargs)
 
-    monkeypatch.setattr(translate_text, "translate_sentences", interrupted_at_the_second_chunk)
+    monkeypatch.setattr(programs.OpenedModels, "translate", interrupted_at_the_second_chunk)
     with pytest.raises(KeyboardInterrupt):
         run(tmp_path, LINES, f"--workdir={workdir}", "--beam_size=1")
     assert target.read_text(encoding="utf-8") == "an earlier translation\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt", "out.txt"]  # no temp file
 
-    monkeypatch.setattr(translate_text, "translate_sentences", decode)
+    monkeypatch.setattr(programs.OpenedModels, "translate", decode)
     (tmp_path / "via.txt").symlink_to(target)
     assert len(run(tmp_path, LINES, f"--workdir={workdir}", "--beam_size=1", name="via.txt")) == 7
     assert (tmp_path / "via.txt").is_symlink()  # written through the link, as open() would
@@ -456,7 +458,7 @@ def test_evaluate_writes_its_own_report_and_never_the_training_runs(workdir, tmp
         == hashlib.sha256((tmp_path / "other.de").read_bytes()).hexdigest()
     )
     assert "paired bootstrap" in (first / "report.txt").read_text()
-    with pytest.raises(ValueError, match="is a training workdir"):
+    with pytest.raises(ValueError, match=f"--output={run_dir} is --workdir={run_dir} itself"):
         evaluate.main([*argv, f"--output={run_dir}"])
     with pytest.raises(ValueError, match="holds report.json"):
         evaluate.main([*argv, f"--output={first}"])
@@ -560,7 +562,7 @@ def test_output_onto_anything_a_workdir_holds_is_refused(workdir, tmp_path):
     before = {p: p.read_bytes() for p in copy.rglob("*") if p.is_file()}
     for target in targets:
         argv = [f"--workdir={copy}", f"--input={source}", f"--output={target}"]
-        with pytest.raises(SystemExit, match=f"--output={target} is a file of --workdir={copy}"):
+        with pytest.raises(ValueError, match=f"--output={target} is a file of --workdir={copy}"):
             translate_text.main(argv)
     assert {p: p.read_bytes() for p in copy.rglob("*") if p.is_file()} == before
 
@@ -576,12 +578,12 @@ def test_output_onto_anything_a_workdir_holds_is_refused(workdir, tmp_path):
         ("--batch_size=-2", "--batch_size=-2: must be >= 1"),
         ("--parallel_batches=-1", "--parallel_batches=-1: must be >= 1"),
         ("--max_extra_len=-5", "--max_extra_len=-5: must be >= 0"),
-        ("--beam_stop=early", "--beam_stop=early: must be exact or finished"),
+        ("--beam_stop=early", "--beam_stop=early: must be 'exact' or 'finished'"),
     ],
 )
 def test_decoding_flags_out_of_range_are_refused_naming_them(workdir, flag, message, monkeypatch):
     loaded = []
-    monkeypatch.setattr(translate_text, "load_ensemble", lambda *a: loaded.append(1))
+    monkeypatch.setattr(programs, "load_ensemble", lambda *a, **k: loaded.append(1))
     with pytest.raises(ValueError, match=re.escape(message)) as error:
         translate_text.main([f"--workdir={workdir}", flag])
     assert cli.user_error_message(error.value) is not None and not loaded
@@ -621,7 +623,7 @@ def test_a_sigterm_leaves_no_temporary_output_and_a_killed_ones_is_cleaned_up(
     def exit_now(status):
         raise SystemExit(status)
 
-    monkeypatch.setattr(translate_text, "translate_sentences", terminated)
+    monkeypatch.setattr(programs.OpenedModels, "translate", terminated)
     monkeypatch.setattr(os, "_exit", exit_now)
     argv = [f"--workdir={workdir}", f"--input={source}", f"--output={target}"]
     with pytest.raises(SystemExit) as stopped:
@@ -643,7 +645,7 @@ def test_an_input_or_output_that_cannot_be_used_is_named_before_the_model_loads(
     workdir, tmp_path, monkeypatch
 ):
     loaded = []
-    monkeypatch.setattr(translate_text, "load_ensemble", lambda *a: loaded.append(1))
+    monkeypatch.setattr(programs, "load_ensemble", lambda *a, **k: loaded.append(1))
     for given, message in [(tmp_path, "a directory"), (tmp_path / "none.en", "no such file")]:
         with pytest.raises(ValueError, match=f"--input={given}: {message}"):
             translate_text.main([f"--workdir={workdir}", f"--input={given}"])
@@ -688,10 +690,10 @@ def test_an_input_that_can_be_read_once_is_translated_whole_into_the_output(work
 def test_beam_stop_flag_sets_the_stopping_rule_and_the_default_keeps_the_workdirs(workdir):
     config = read_config(Workdir(workdir))
     flags = {name: unset for name, unset in translate_text.UNSET.items()} | {"nbest": 0}
-    translate_text.apply_decoding_flags(flags, config.decode)
-    assert config.decode.beam_stop == "exact"  # the workdir's own
-    translate_text.apply_decoding_flags(flags | {"beam_stop": "finished"}, config.decode)
-    assert config.decode.beam_stop == "finished"
+    given = translate_text.given_decoding_flags(flags)
+    assert decode_settings(config.decode, given).beam_stop == "exact"  # the workdir's own
+    given = translate_text.given_decoding_flags(flags | {"beam_stop": "finished"})
+    assert decode_settings(config.decode, given).beam_stop == "finished"
 
 
 @pytest.mark.slow  # a fresh process compiles the search for one row: 45 s on 2 cores

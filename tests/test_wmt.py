@@ -20,6 +20,7 @@ from translate.config import load_config  # noqa: E402
 from translate.data import wmt  # noqa: E402
 from translate.data.batching import BatchLayout, make_batch, plan_epoch  # noqa: E402
 from translate.data.sources import load_data  # noqa: E402
+from translate.training.trainer import data_files  # noqa: E402
 from translate.workdir import Workdir  # noqa: E402
 
 CONFIGS = pathlib.Path(__file__).parent.parent / "configs"
@@ -124,10 +125,10 @@ def test_fake_wmt14_archives_prepare_through_the_real_builder_into_batches(fake_
         "validation": 6,
         "test": 5,
     }
-    data = load_data(tfds_config(fake_wmt14), Workdir(tmp_path / "work"))
+    data = load_data(tfds_config(fake_wmt14), data_files(Workdir(tmp_path / "work")))
     assert len(data.train) == 60 and isinstance(data.train.src_tokens, np.memmap)
     cached = [(tmp_path / "work" / n).stat().st_mtime_ns for n in ("vocab.model", "tokens")]
-    resumed = load_data(tfds_config(fake_wmt14), Workdir(tmp_path / "work"))
+    resumed = load_data(tfds_config(fake_wmt14), data_files(Workdir(tmp_path / "work")))
     assert [(tmp_path / "work" / n).stat().st_mtime_ns for n in ("vocab.model", "tokens")] == cached
     np.testing.assert_array_equal(resumed.train.src_tokens, data.train.src_tokens)
     sources, references = data.test_text
@@ -165,7 +166,7 @@ def test_mocked_tfds_examples_flow_through_the_loader_into_batches(tmp_path, mon
     monkeypatch.setattr(wmt, "network_reachable", no_network)
     with tfds.testing.mock_data(num_examples=40):
         config = tfds_config(tmp_path / "tfds")
-        data = load_data(config, Workdir(tmp_path / "work"))
+        data = load_data(config, data_files(Workdir(tmp_path / "work")))
         direct = tfds.data_source("wmt14_translate/de-en", split="test")
         assert data.test_text[0][3] == wmt.to_text(direct[3]["en"])
         assert data.test_text[1][3] == wmt.to_text(direct[3]["de"])

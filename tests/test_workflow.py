@@ -15,8 +15,9 @@ from conftest import tiny_config
 from translate import checkpoint
 from translate.config import Config
 from translate.data import synthetic
-from translate.training import monitor, trainer
-from translate.workdir import Workdir, load_model
+from translate.trained import load_model
+from translate.training import monitor, opening, trainer
+from translate.workdir import Workdir
 
 
 def host_copy(tree):
@@ -323,7 +324,7 @@ def resume_warnings(config, saved, step, tmp_path, monkeypatch, caplog) -> str:
     monkeypatch.setattr(checkpoint, "latest_step", lambda directory: step)
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="translate"):
-        trainer.warn_of_schedule_change(config, workdir)
+        opening.warn_of_schedule_change(config, workdir)
     return caplog.text
 
 

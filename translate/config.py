@@ -213,6 +213,23 @@ class DecodeConfig:
 # A validation rule: (field as "section.name", condition on its value, what it must be).
 Rule = tuple[str, Callable[[Any], bool], str]
 
+# The values of decode.beam_stop.
+BEAM_STOPS = ("exact", "finished")
+# The rules of the decoding settings that a command may also take as flags of its own
+# (translate-text's --beam_size ...), as {field of DecodeConfig: (condition, what it must be)}:
+# config.validate and translate/decoding/settings.py check them, the one place they are written.
+SEARCH_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "beam_size": (lambda v: v >= 1, "must be >= 1"),
+    "length_penalty": (lambda v: math.isfinite(v) and v >= 0.0, "must be a finite number >= 0"),
+    "max_extra_len": (lambda v: v >= 0, "must be >= 0"),
+    "beam_stop": (
+        lambda v: v in BEAM_STOPS,
+        "must be " + " or ".join(f"'{b}'" for b in BEAM_STOPS),
+    ),
+    "batch_size": (lambda v: v >= 1, "must be >= 1"),
+    "parallel_batches": (lambda v: v >= 1, "must be >= 1"),
+}
+
 
 @dataclasses.dataclass
 class Config:
@@ -447,16 +464,7 @@ class Config:
         t = self.train
         flag = self._flag
         return [
-            ("decode.beam_size", lambda v: v >= 1, "must be >= 1"),
-            ("decode.length_penalty", lambda v: v >= 0.0, "must be >= 0"),
-            ("decode.max_extra_len", lambda v: v >= 0, "must be >= 0"),
-            (
-                "decode.beam_stop",
-                lambda v: v in ("exact", "finished"),
-                "must be 'exact' or 'finished'",
-            ),
-            ("decode.batch_size", lambda v: v >= 1, "must be >= 1"),
-            ("decode.parallel_batches", lambda v: v >= 1, "must be >= 1"),
+            *((f"decode.{name}", ok, rule) for name, (ok, rule) in SEARCH_RULES.items()),
             ("decode.eval_num_sentences", lambda v: v >= 0, "must be >= 0 (0 = whole dev set)"),
             ("decode.average_last", lambda v: v >= 1, "must be >= 1 (1 = the last step alone)"),
             # Orbax deletes all but the newest keep_checkpoints: the older ones are gone by the

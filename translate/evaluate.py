@@ -40,7 +40,9 @@ from translate.config import apply_override
 from translate.data.text import read_lines
 from translate.decoding import scoring
 from translate.decoding.report import sha256_of_file, translate_and_score, write_report
-from translate.workdir import Workdir, load_ensemble
+from translate.decoding.settings import decode_settings
+from translate.trained import load_ensemble
+from translate.workdir import Workdir, check_output_path
 
 
 def default_output(
@@ -133,28 +135,12 @@ def removed_if_empty(out: Workdir) -> Iterator[Workdir]:
 
 
 def check_output(output: str, workdirs: Sequence[str] = ()) -> None:
-    """Refuses an --output that is a file (or under one), a training workdir, inside a training
-    workdir's checkpoints or data, or holds a report already."""
-    out = Workdir(output)
-    for path in (out.path, *out.path.parents):
-        if path.exists() and not path.is_dir():
-            raise ValueError(
-                f"--output={output}: {path} is a file; --output is the directory that the "
-                "report's three files go in"
-            )
-    for workdir in workdirs:
-        inside = Workdir(os.path.realpath(workdir)).training_directories()
-        if any(pathlib.Path(os.path.realpath(output)).is_relative_to(d) for d in inside):
-            raise ValueError(
-                f"--output={output} is inside --workdir={workdir}'s own files; leave --output "
-                "out (the default is WORKDIR/evaluations/...) or give another"
-            )
-    if out.is_training_run():
-        raise ValueError(
-            f"--output={output} is a training workdir, whose report.json is the training run's "
-            "own: leave --output out (the default is WORKDIR/evaluations/...) or give another"
-        )
-    found = [p.name for p in out.report_files() if p.exists()]
+    """Refuses an --output that `workdir.check_output_path` refuses (a file, or under one, a
+    training workdir, inside a training workdir's checkpoints or data), or that holds a report
+    already."""
+    instead = "leave --output out (the default is WORKDIR/evaluations/...) or give another"
+    check_output_path(output, "--output", workdirs, directory=True, instead=instead)
+    found = [p.name for p in Workdir(output).report_files() if p.exists()]
     if found:
         raise ValueError(
             f"--output={output} holds {', '.join(found)} already; nothing was overwritten: "
@@ -220,6 +206,7 @@ def main(argv: Sequence[str]) -> None:
     for dotted, text in overrides.items():
         apply_override(config, dotted, text)
     config.validate()
+    settings = decode_settings(config.decode)  # --config.decode.* over the workdir's
     sources, references, other = read_test_set(flags)
     parameters = parameters_decoded(workdirs, members, flags["params"])
     if flags["output"]:
@@ -234,6 +221,7 @@ def main(argv: Sequence[str]) -> None:
             params,
             tokenizer,
             config,
+            settings,
             sources,
             references,
             steps[-1],

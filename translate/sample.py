@@ -21,7 +21,7 @@ from translate import cli, compilation
 from translate.cli import Flag, parse_flags
 from translate.data.tokenizer import BOS_ID, EOS_ID
 from translate.decoding.search import sample
-from translate.workdir import load_ensemble
+from translate.trained import load_ensemble
 
 
 def main(argv: Sequence[str]) -> None:

@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import math
 import os
 import pathlib
 import select
@@ -53,16 +52,14 @@ from translate import startup
 
 startup.import_jax()  # before anything imports JAX: without etils.epath (translate/startup.py)
 
-import jax
 
 from translate import cli, compilation
 from translate.atomic import AtomicFile, remove_stale
 from translate.cli import Flag, parse_flags
 from translate.config import DecodeConfig, field_descriptions
-from translate.data.tokenizer import Tokenizer
 from translate.decoding import programs
-from translate.decoding.sentences import Searches, search_args, translate_sentences
-from translate.workdir import Workdir, load_ensemble, read_config
+from translate.decoding.settings import check_values, decode_settings
+from translate.workdir import check_output_path
 
 # Most lines decoded and written at a time: bounds memory on arbitrarily long input.
 LINES_PER_CHUNK = 10_000
@@ -201,8 +198,9 @@ def check_output(output: str, input_path: str, workdirs: Sequence[str]) -> None:
     """Refuses, before anything is opened, an --output whose writing would destroy data.
 
     Raises SystemExit naming the flags when --output is the --input file (or the file that
-    standard input reads), a directory, or a file of a --workdir's run. A device or FIFO
-    (/dev/stdout, /dev/null) is written as a stream and destroys nothing.
+    standard input reads), and ValueError (`workdir.check_output_path`) when it is a directory,
+    a --workdir, or a file of a --workdir's run. A device or FIFO (/dev/stdout, /dev/null) is
+    written as a stream and destroys nothing.
     """
     with contextlib.suppress(OSError):
         mode = os.stat(output).st_mode
@@ -221,17 +219,8 @@ def check_output(output: str, input_path: str, workdirs: Sequence[str]) -> None:
                 "writing the translation would overwrite the text being translated: give "
                 "another --output"
             )
-    if os.path.isdir(output):
-        raise SystemExit(f"--output={output} is a directory; give a file name")
+    check_output_path(output, "--output", workdirs, directory=False)
     real = pathlib.Path(os.path.realpath(output))
-    for path in workdirs:
-        if Workdir(path).holds(output):
-            raise SystemExit(
-                f"--output={output} is a file of --workdir={path} ({real}); writing there "
-                "would damage that run: give an --output outside the files the workdir holds "
-                "and a run writes there (its config, vocabulary, checkpoints, logs, reports, "
-                "curves, best/, evaluations/ and data/)"
-            )
     if not real.parent.is_dir():
         raise SystemExit(f"--output={output}: the directory {real.parent} does not exist")
 
@@ -256,8 +245,6 @@ UNSET = {
 }
 # Lines longer than data.max_len named on stderr, at most; then one line says there are more.
 MAX_TRUNCATION_WARNINGS = 5
-# The values of --beam_stop (config.decode.beam_stop's).
-BEAM_STOPS = ("exact", "finished")
 FLAGS = {
     "workdir": Flag([], "Required. A training workdir; repeat it for an ensemble."),
     **cli.checkpoint_flags("decode with"),
@@ -282,7 +269,8 @@ def named_flags(argv: Sequence[str]) -> set[str]:
 
 
 def given_decoding_flags(flags: dict[str, Any], named: set[str] = frozenset()) -> dict[str, Any]:
-    """The decoding flags given a value of their own (not left at "unset"), checked.
+    """The decoding flags given a value of their own (not left at "unset"), checked by
+    config.py's rules (translate/decoding/settings.py), with --nbest.
 
     Raises:
       ValueError: naming a flag whose value cannot decode (before any model is loaded).
@@ -292,32 +280,10 @@ def given_decoding_flags(flags: dict[str, Any], named: set[str] = frozenset()) -
     given = {
         name: flags[name] for name, unset in UNSET.items() if flags[name] != unset or name in named
     }
-    rules = {
-        "beam_size": (lambda v: v >= 1, "must be >= 1"),
-        "batch_size": (lambda v: v >= 1, "must be >= 1"),
-        "parallel_batches": (lambda v: v >= 1, "must be >= 1"),
-        "max_extra_len": (lambda v: v >= 0, "must be >= 0"),
-        "length_penalty": (lambda v: math.isfinite(v) and v >= 0, "must be a finite number >= 0"),
-        "beam_stop": (lambda v: v in BEAM_STOPS, "must be " + " or ".join(BEAM_STOPS)),
-    }
-    for name, value in given.items():
-        ok, rule = rules[name]
-        if not ok(value):
-            raise ValueError(f"--{name}={value}: {rule}")
+    check_values(given)
     if flags["nbest"] < 0:
         raise ValueError(f"--nbest={flags['nbest']}: must be >= 0 (0: the best translation alone)")
     return given
-
-
-def apply_decoding_flags(flags: dict[str, Any], decode: DecodeConfig) -> None:
-    """Sets the decoding flags that were given on `decode` (the first workdir's settings)."""
-    for name, value in given_decoding_flags(flags).items():
-        setattr(decode, name, value)
-    if flags["nbest"] > decode.beam_size:
-        raise SystemExit(
-            f"--nbest={flags['nbest']} needs --beam_size >= {flags['nbest']} (now "
-            f"{decode.beam_size}): beam search keeps beam_size hypotheses"
-        )
 
 
 def describe_models(workdirs: Sequence[str], steps: Sequence[list[int]], chosen: bool, config):
@@ -355,51 +321,10 @@ def warn_of_long_lines(
             sys.stderr.write("warning: more lines are longer than data.max_len; not named\n")
 
 
-def load_models(
-    workdirs: Sequence[str],
-    step: int | None,
-    average: int,
-    setup: programs.Setup | None,
-    params: str = "auto",
-):
-    """(parameter leaves, a loader of the models, tokenizer, config, steps) for decoding.
-
-    When `setup` holds the parameters saved by an earlier command with the same workdirs,
-    checkpoint choice, code and machine (translate/decoding/programs.py), they are read from
-    there, and the models (Flax, Orbax, the checkpoint) are loaded only if a batch shape must be
-    compiled; otherwise the models are loaded now, and their parameters kept in `setup`. What
-    loading says on stderr (a checkpoint passed over) is said either way.
-    """
-    saved = setup.load() if setup is not None else None
-    if saved is not None:
-        leaves, steps, said = saved
-        for line in said:
-            sys.stderr.write(line + "\n")
-        first = Workdir(workdirs[0])
-        tokenizer, config, models = Tokenizer(first.vocab), read_config(first), None
-    else:
-        said, say = programs.said_lines()
-        ensemble = load_ensemble(workdirs, step, average, log=say, params=params)
-        leaves, steps = jax.tree.leaves(ensemble.params), ensemble.steps
-        tokenizer, config, models = ensemble.tokenizer, ensemble.config, ensemble[:2]
-        if setup is not None:
-            setup.save(leaves, steps, said)
-
-    def load_model():
-        nonlocal models
-        if models is None:
-            models = load_ensemble(workdirs, step, average, log=lambda line: None, params=params)[
-                :2
-            ]
-        return models
-
-    return leaves, load_model, tokenizer, config, steps
-
-
 def main(argv: Sequence[str]) -> None:
     flags, _ = parse_flags(list(argv), FLAGS, doc=__doc__, sections=())
     cli.quiet_libraries()
-    given_decoding_flags(flags, named_flags(argv))  # refused before anything is loaded
+    given = given_decoding_flags(flags, named_flags(argv))  # refused before anything is loaded
     if flags["input"] and (os.path.isdir(flags["input"]) or not os.path.exists(flags["input"])):
         what = "a directory" if os.path.isdir(flags["input"]) else "no such file"
         raise ValueError(f"--input={flags['input']}: {what}; give a file of sentences")
@@ -407,21 +332,13 @@ def main(argv: Sequence[str]) -> None:
         check_output(flags["output"], flags["input"], flags["workdir"])
     step, average = cli.checkpoint_choice(flags)
     cache = compilation.use_persistent_cache(flags["compilation_cache"])
-    setup = programs.Setup.find(cache, flags["workdir"], step, average, flags["params"])
-    leaves, load_model, tokenizer, config, steps = load_models(
-        flags["workdir"], step, average, setup, flags["params"]
-    )
+    models = programs.OpenedModels(flags["workdir"], step, average, flags["params"], cache)
     chosen = step is not None or average > 0
-    sys.stderr.write(describe_models(flags["workdir"], steps, chosen, config) + "\n")
+    sys.stderr.write(describe_models(flags["workdir"], models.steps, chosen, models.config) + "\n")
     if not flags["input"] and sys.stdin.isatty():  # a person at a terminal: say it waits
         sys.stderr.write("type a sentence and press Enter to translate it; Ctrl-D ends\n")
-    decode = config.decode
-    apply_decoding_flags(flags, decode)
-    args = search_args(decode, flags["nbest"])
-    if setup is None:  # nothing kept: the search traced as evaluation traces it
-        searches = Searches(*load_model(), args)
-    else:
-        searches = programs.SavedSearches(setup, leaves, load_model, args)
+    settings = decode_settings(models.config.decode, given, flags["nbest"])
+    tokenizer, max_len = models.tokenizer, models.config.data.max_len
 
     source = open(flags["input"], "rb") if flags["input"] else sys.stdin.buffer
     target, atomic = sys.stdout.buffer, False
@@ -439,20 +356,12 @@ def main(argv: Sequence[str]) -> None:
             progress = Progress(count_lines(flags["input"]) if flags["input"] else None)
         first, truncated = 0, []
         for chunk in read_chunks(source, flags["input"] or "<stdin>", LINES_PER_CHUNK):
-            warn_of_long_lines(tokenizer, chunk, first, config.data.max_len, truncated, progress)
-            results = translate_sentences(
-                None,
-                None,
-                tokenizer,
-                chunk,
-                decode,
-                config.data.max_len,
-                flags["nbest"],
-                on_batch=progress.update if progress else None,
-                searches=searches,
+            warn_of_long_lines(tokenizer, chunk, first, max_len, truncated, progress)
+            results = models.translate(
+                chunk, settings, on_batch=progress.update if progress else None
             )
             try:
-                target.write(format_lines(first, results, flags["nbest"]).encode("utf-8"))
+                target.write(format_lines(first, results, settings.nbest).encode("utf-8"))
                 target.flush()
             except OSError as e:  # a full disk or device: name where the lines were going
                 if e.filename is not None or e.errno is None:

@@ -1,11 +1,12 @@
 """The trainer's data: the one place that chooses a source; the vocabulary made once; tokens cached.
 
-`load_data(config, workdir)` reads parallel files (translate/data/text.py), the synthetic corpus
-(generated into the workdir), a TFDS dataset (translate/data/wmt.py) or one language's text (a
-language model's: pairs with empty sources); trains the shared BPE
-vocabulary on a sample of the training text, or reuses the one in the workdir; and tokenizes
-the training pairs once into memory-mapped arrays in the workdir (corpus.tokenize_once).
-Batching them is translate/data/batching.py's job.
+`load_data(config, files)` reads parallel files (translate/data/text.py), the synthetic corpus
+(generated into `files.generated_dir`), a TFDS dataset (translate/data/wmt.py) or one language's
+text (a language model's: pairs with empty sources); trains the shared BPE vocabulary on a
+sample of the training text, or reuses the one at `files.vocab_path`; and tokenizes the training
+pairs once into memory-mapped arrays in `files.tokens_dir` (corpus.tokenize_once). The trainer
+gives the paths of its workdir (translate/workdir.py names them); the data family takes paths.
+Batching the pairs is translate/data/batching.py's job.
 """
 
 from __future__ import annotations
@@ -14,15 +15,23 @@ import contextlib
 import dataclasses
 import logging
 import pathlib
+from typing import NamedTuple
 
 from translate.config import Config
 from translate.data import synthetic, wmt
 from translate.data.corpus import TokenizedCorpus, tokenize_once, tokenize_parallel
 from translate.data.text import ParallelText, read_lines, read_parallel, sample_sentences
 from translate.data.tokenizer import Tokenizer, train_tokenizer
-from translate.workdir import Workdir
 
 log = logging.getLogger("translate")
+
+
+class DataFiles(NamedTuple):
+    """Where a run keeps what its data makes, so that a resumed run makes it once."""
+
+    vocab_path: pathlib.Path  # the shared SentencePiece model
+    tokens_dir: pathlib.Path  # the training pairs, tokenized once
+    generated_dir: pathlib.Path  # the synthetic corpus (data.source="synthetic")
 
 
 @dataclasses.dataclass
@@ -39,11 +48,12 @@ class Data:
     translations: bool = True
 
 
-def data_paths(config: Config, workdir: Workdir) -> dict[str, tuple[pathlib.Path, ...]]:
-    """(source, target) file paths per split; synthetic data is generated once into the workdir."""
+def data_paths(config: Config, files: DataFiles) -> dict[str, tuple[pathlib.Path, ...]]:
+    """(source, target) file paths per split; synthetic data is generated once, into
+    `files.generated_dir`."""
     d = config.data
     if d.source == "synthetic":
-        out = workdir.data
+        out = files.generated_dir
         if not (out / "test.de").is_file():
             synthetic.write_splits(
                 out,
@@ -69,7 +79,7 @@ def data_paths(config: Config, workdir: Workdir) -> dict[str, tuple[pathlib.Path
 
 
 def open_text(
-    config: Config, workdir: Workdir
+    config: Config, files: DataFiles
 ) -> tuple[ParallelText, tuple[list[str], list[str]] | None, tuple[list[str], list[str]] | None]:
     """Training pairs (read on demand) and raw dev and test text from the configured source."""
     d = config.data
@@ -104,7 +114,7 @@ def open_text(
             for split in (d.tfds_dev_split, d.tfds_test_split)
         )
         return train, dev, test
-    paths = data_paths(config, workdir)
+    paths = data_paths(config, files)
     for split in ("train", "dev", "test"):
         for path in paths.get(split, ()):
             if not path.is_file():
@@ -126,16 +136,16 @@ def open_text(
     return train, dev, test
 
 
-def load_data(config: Config, workdir: Workdir) -> Data:
+def load_data(config: Config, files: DataFiles) -> Data:
     """Opens the text, trains (or reuses) the shared BPE vocabulary and tokenizes training data.
 
-    The vocabulary and the training tokens are kept in the workdir, so a resumed run reads
-    neither the training text nor re-tokenizes it.
+    The vocabulary and the training tokens are kept (`files`), so a resumed run neither reads
+    the training text again nor tokenizes it.
     """
     d = config.data
-    train_text, dev_text, test_text = open_text(config, workdir)
-    if workdir.vocab.is_file():
-        tokenizer = Tokenizer(workdir.vocab)
+    train_text, dev_text, test_text = open_text(config, files)
+    if files.vocab_path.is_file():
+        tokenizer = Tokenizer(files.vocab_path)
     else:
         sample = sample_sentences(train_text, d.vocab_sample_size, config.train.seed)
         log.info(
@@ -144,11 +154,11 @@ def load_data(config: Config, workdir: Workdir) -> Data:
             len(sample),
             train_text.num_pairs,
         )
-        with naming_what_was_written(f"the vocabulary {workdir.vocab}"):
-            tokenizer = train_tokenizer(sample, d.vocab_size, workdir.vocab)
+        with naming_what_was_written(f"the vocabulary {files.vocab_path}"):
+            tokenizer = train_tokenizer(sample, d.vocab_size, files.vocab_path)
         del sample
-    with naming_what_was_written(f"the training tokens in {workdir.tokens}"):
-        train, dropped = tokenize_once(train_text, tokenizer, d.max_len, workdir.tokens)
+    with naming_what_was_written(f"the training tokens in {files.tokens_dir}"):
+        train, dropped = tokenize_once(train_text, tokenizer, d.max_len, files.tokens_dir)
     if len(train) == 0:
         raise ValueError(
             f"all {dropped} training pairs are longer than --config.data.max_len={d.max_len} "
@@ -166,7 +176,7 @@ def load_data(config: Config, workdir: Workdir) -> Data:
         dev, dropped = tokenize_parallel(tokenizer, *dev_text, d.max_len)
         if len(dev) == 0:
             raise ValueError(
-                f"{dev_source(config, workdir)}: no dev pair is at most "
+                f"{dev_source(config, files)}: no dev pair is at most "
                 f"--config.data.max_len={d.max_len} tokens on both sides (all {dropped} are "
                 "longer), so there is no dev loss to measure: raise data.max_len (and "
                 "data.row_len), or shorten the dev set"
@@ -175,14 +185,14 @@ def load_data(config: Config, workdir: Workdir) -> Data:
     return Data(tokenizer, train, dev, dev_text, test_text, translations)
 
 
-def dev_source(config: Config, workdir: Workdir) -> str:
+def dev_source(config: Config, files: DataFiles) -> str:
     """The dev set's name for a message: its source file, or the TFDS split."""
     d = config.data
     if d.source == "tfds":
         return f"{d.tfds_name} {d.tfds_dev_split}"
     if d.source == "monolingual":
         return str(pathlib.Path(d.dir) / f"{d.dev_prefix}.{d.tgt_lang}")
-    return str(data_paths(config, workdir)["dev"][0])
+    return str(data_paths(config, files)["dev"][0])
 
 
 @contextlib.contextmanager

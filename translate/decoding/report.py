@@ -23,6 +23,7 @@ from translate.config import Config
 from translate.data.tokenizer import Tokenizer
 from translate.decoding import scoring
 from translate.decoding.sentences import DecodeTimes, translate_sentences
+from translate.decoding.settings import DecodeSettings
 from translate.provenance import git_commit, package_versions
 from translate.workdir import Workdir
 
@@ -60,6 +61,7 @@ def translate_and_score(
     params: tuple,
     tokenizer: Tokenizer,
     config: Config,
+    settings: DecodeSettings,
     sources: Sequence[str],
     references: Sequence[str],
     step: int,
@@ -68,14 +70,16 @@ def translate_and_score(
 ) -> tuple[dict[str, Any], list[str]]:
     """Decodes `sources` and scores against `references`; returns (report, hypotheses).
 
-    `graphdefs` and `params` are an ensemble's tuples (translate.decode), one model or more.
+    `graphdefs` and `params` are an ensemble's tuples (translate.decode), one model or more;
+    `settings` how to decode (`decoding.settings.decode_settings` of `config.decode`, or a
+    command's flags over it).
     `step` is the checkpoint's training step; `averaged_steps`, when the parameters are a
     checkpoint average, the steps averaged (recorded in the report). `lowercase` adds the
     case-insensitive BLEU beside the cased one.
     """
     times = DecodeTimes()
     translations = translate_sentences(
-        graphdefs, params, tokenizer, sources, config.decode, config.data.max_len, times=times
+        graphdefs, params, tokenizer, sources, settings, config.data.max_len, times=times
     )
     hypotheses = [best[0][1] for best in translations]
     seconds = times.decode_seconds
@@ -88,10 +92,7 @@ def translate_and_score(
             "compile_seconds": round(times.compile_seconds, 3),
             "num_batch_shapes": len(times.shapes),
             "sentences_per_second": round(len(sources) / max(seconds, 1e-9), 2),
-            "beam_size": config.decode.beam_size,
-            "length_penalty": config.decode.length_penalty,
-            "beam_stop": config.decode.beam_stop,
-            "max_extra_len": config.decode.max_extra_len,
+            **settings.described(),
             "step": int(step),
             "checkpoint_steps": [int(s) for s in averaged_steps] or [int(step)],
             "device": jax.local_devices()[0].device_kind,

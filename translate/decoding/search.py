@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 
 from translate.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from translate.decoding.settings import DecodeSettings
 
 NEG_INF = -1.0e9
 
@@ -427,38 +428,37 @@ def search(
     graphdefs,
     params,
     src: jax.Array,
-    beam_size: int,
-    alpha: float,
-    max_extra_len: int,
-    nbest: bool = False,
-    stop: str = "exact",
+    settings: DecodeSettings,
     min_level_rows: int = MIN_LEVEL_ROWS,
 ) -> tuple[jax.Array, jax.Array]:
-    """Hypotheses [B, W, L] best first and their scores [B, W].
+    """Hypotheses [B, W, L] best first and their scores [B, W], as `settings` say.
 
-    Beam size 1 is greedy decoding (W = 1, plain log-probabilities as scores) unless `nbest`
-    asks for beam search's length-normalised scores whatever the width. `stop` is beam
-    search's stopping rule (`beam_search`); `min_level_rows` is `batch_levels`'.
+    Beam size 1 is greedy decoding (W = 1, plain log-probabilities as scores) unless
+    `settings.nbest` asks for beam search's length-normalised scores whatever the width.
+    `settings.beam_stop` is beam search's stopping rule (`beam_search`); `min_level_rows` is
+    `batch_levels`'.
     """
-    if beam_size == 1 and not nbest:
+    if settings.beam_size == 1 and not settings.nbest:
         tokens, scores = greedy_search(
-            graphdefs, params, src, max_extra_len=max_extra_len, min_level_rows=min_level_rows
+            graphdefs,
+            params,
+            src,
+            max_extra_len=settings.max_extra_len,
+            min_level_rows=min_level_rows,
         )
         return tokens[:, None], scores[:, None]
     return beam_search(
         graphdefs,
         params,
         src,
-        beam_size=beam_size,
-        alpha=alpha,
-        max_extra_len=max_extra_len,
-        stop=stop,
+        beam_size=settings.beam_size,
+        alpha=settings.length_penalty,
+        max_extra_len=settings.max_extra_len,
+        stop=settings.beam_stop,
         min_level_rows=min_level_rows,
     )
 
 
-def translate_tokens(
-    graphdefs, params, src: jax.Array, beam_size: int, alpha: float, max_extra_len: int
-) -> jax.Array:
+def translate_tokens(graphdefs, params, src: jax.Array, settings: DecodeSettings) -> jax.Array:
     """Best output tokens [B, L] for source tokens [B, S]; beam size 1 is greedy decoding."""
-    return search(graphdefs, params, src, beam_size, alpha, max_extra_len)[0][:, 0]
+    return search(graphdefs, params, src, settings)[0][:, 0]

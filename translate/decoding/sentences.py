@@ -18,10 +18,10 @@ from collections.abc import Callable, Iterator, Sequence
 import jax
 import numpy as np
 
-from translate.config import DecodeConfig
 from translate.data.batching import source_batches
 from translate.data.tokenizer import Tokenizer
 from translate.decoding.search import NEG_INF, search
+from translate.decoding.settings import DecodeSettings
 
 
 @dataclasses.dataclass
@@ -43,28 +43,17 @@ class Searches:
     translate/decoding/programs.py's `SavedSearches` keeps programs compiled on disk.
     """
 
-    def __init__(self, graphdefs, params, args: tuple):
-        self.graphdefs, self.params, self.args = graphdefs, params, args
+    def __init__(self, graphdefs, params, settings: DecodeSettings):
+        self.graphdefs, self.params, self.settings = graphdefs, params, settings
 
     def compile(self, shape: tuple[int, int]) -> None:
         # A search over a batch of padding: padding rows stop after one step, so the call's
         # time is the compile (or the cache lookup, when another run compiled it).
         src = np.zeros(shape, np.int32)
-        jax.block_until_ready(search(self.graphdefs, self.params, src, *self.args))
+        jax.block_until_ready(search(self.graphdefs, self.params, src, self.settings))
 
     def __call__(self, src: np.ndarray):
-        return search(self.graphdefs, self.params, src, *self.args)
-
-
-def search_args(decode: DecodeConfig, nbest: int = 0) -> tuple:
-    """`search`'s arguments after `src` for these decoding settings."""
-    return (
-        decode.beam_size,
-        decode.length_penalty,
-        decode.max_extra_len,
-        nbest > 0,
-        decode.beam_stop,
-    )
+        return search(self.graphdefs, self.params, src, self.settings)
 
 
 def compile_searches(searches, shapes: Sequence[tuple[int, int]], times: DecodeTimes) -> None:
@@ -135,36 +124,38 @@ def translate_sentences(
     params: tuple,
     tokenizer: Tokenizer,
     sentences: Sequence[str],
-    decode: DecodeConfig,
+    settings: DecodeSettings,
     max_len: int,
-    nbest: int = 0,
     times: DecodeTimes | None = None,
     on_batch: Callable[[int], None] | None = None,
     searches: Searches | None = None,
 ) -> list[list[tuple[float, str]]]:
     """Translations of each sentence as (score, text), best first, in input order.
 
-    Sentences are decoded in length-sorted batches (batching.source_batches). Without `nbest` each
-    gets its best translation with score 0 (greedy or beam search, as `decode.beam_size` says);
-    with `nbest` the distinct translations among beam search's finished hypotheses, at most
+    Sentences are decoded in length-sorted batches (batching.source_batches) of
+    `settings.batch_size`, `settings.parallel_batches` at once. Without `settings.nbest` each
+    gets its best translation with score 0 (greedy or beam search, as `settings.beam_size`
+    says); with it, the distinct translations among beam search's finished hypotheses, at most
     `nbest`, with their length-normalised scores. A blank sentence gets [(0.0, "")].
 
     Args:
-      graphdefs, params: an ensemble's tuples (module docstring).
+      graphdefs, params: an ensemble's tuples (module docstring); None with `searches`.
       times: receives the seconds spent compiling and decoding.
       on_batch: called with the number of sentences done after every batch.
-      searches: runs the search (`Searches` or programs.SavedSearches, made for `decode` and
-        `nbest`); by default `Searches(graphdefs, params, ...)`.
+      searches: runs the search (`Searches` or programs.SavedSearches, made for `settings`);
+        by default `Searches(graphdefs, params, settings)`.
     """
     times = DecodeTimes() if times is None else times
+    nbest = settings.nbest
     results = [[(0.0, "")] for _ in sentences]
     todo = [i for i, sentence in enumerate(sentences) if sentence.strip()]
     batches = list(
-        source_batches(tokenizer, [sentences[i] for i in todo], decode.batch_size, max_len)
+        source_batches(tokenizer, [sentences[i] for i in todo], settings.batch_size, max_len)
     )
     if searches is None:
-        searches = Searches(graphdefs, params, search_args(decode, nbest))
-    searched = search_batches(searches, [src for _, src in batches], times, decode.parallel_batches)
+        searches = Searches(graphdefs, params, settings)
+    sources = [src for _, src in batches]
+    searched = search_batches(searches, sources, times, settings.parallel_batches)
     for (indices, _), (tokens, scores) in zip(batches, searched, strict=True):
         # tokens [B, W, L], scores [B, W]
         for row, i in enumerate(indices):

@@ -31,7 +31,8 @@ from flax import nnx
 from translate import atomic, provenance
 from translate.config import Config
 from translate.engines import ctranslate2, huggingface
-from translate.workdir import EXPORT_MARKER, Workdir, load_ensemble, read_config
+from translate.trained import load_ensemble
+from translate.workdir import EXPORT_MARKER, Workdir, check_output_path, read_config
 
 # --format's names and their modules. Each module gives the same interface: PACKAGE and
 # INSTALL (the package its writer needs), QUANTIZATIONS and QUANTIZATION_PACKAGES (what a
@@ -64,16 +65,14 @@ def check_request(config: Config, workdir: str, output: str, fmt: str, quantizat
 def check_output(output: str | os.PathLike, workdir: str | os.PathLike) -> None:
     """Refuses an --output whose replacement would lose anything but an earlier export of ours.
 
-    Refused: the workdir itself or a directory holding it; a path inside one of the workdir's
-    own files or directories (checkpoints/, best/, ...); a file; a non-empty directory without
-    our marker. A new path, an empty directory or an earlier export may be written.
+    Refused: what `workdir.check_output_path` refuses (the workdir itself or a directory
+    holding it, a file, a training run); a path inside one of the workdir's own files or
+    directories (checkpoints/, best/, evaluations/, ...); a non-empty directory without our
+    marker. A new path, an empty directory or an earlier export may be written.
     """
     out, run = pathlib.Path(os.path.realpath(output)), pathlib.Path(os.path.realpath(workdir))
-    if out == run or out in run.parents:
-        raise ValueError(
-            f"--output={output} would replace --workdir={workdir} (it is that directory or "
-            "holds it); give a new directory"
-        )
+    check_output_path(output, "--output", [workdir], directory=True, instead="give a new directory")
+    # Stricter than for a report: nowhere among the run's own entries (evaluations/ too).
     if run in out.parents:
         first = out.relative_to(run).parts[0]
         if first in Workdir(run).entry_names():
@@ -81,8 +80,6 @@ def check_output(output: str | os.PathLike, workdir: str | os.PathLike) -> None:
                 f"--output={output} is inside --workdir's own {first}; give a new directory "
                 f"(e.g. {run / 'export'})"
             )
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"--output={output} is a file; give a directory")
     if out.is_dir() and any(out.iterdir()) and not (out / MARKER).is_file():
         raise ValueError(
             f"--output={output} holds files that no translate-export wrote (no {MARKER}); "
@@ -127,12 +124,12 @@ def export(
     params: str = "auto",
 ) -> dict[str, Any]:
     """Writes the model of `workdir` (at `step`, or the mean of its newest `average`
-    checkpoints; `params` as workdir.load_model's) in format `fmt` to the directory `output`;
+    checkpoints; `params` as trained.load_model's) in format `fmt` to the directory `output`;
     returns what the marker records.
 
     Raises:
       ValueError, OSError: a user's mistake, in one line naming the flag (see the checks above
-        and workdir.load_ensemble).
+        and trained.load_ensemble).
     """
     if (pathlib.Path(workdir) / MARKER).is_file():
         raise ValueError(

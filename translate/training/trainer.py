@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import math
 import pathlib
 import time
 from collections.abc import Iterator
@@ -33,11 +32,13 @@ from translate.atomic import remove_stale
 from translate.config import Config, split_profile_steps
 from translate.data.batching import Batch, BatchLayout, DataPosition, iterate_batches
 from translate.data.sampling import SampledEpochs
-from translate.data.sources import Data, load_data
+from translate.data.sources import Data, DataFiles, load_data
 from translate.decoding.report import translate_and_score, write_report
+from translate.decoding.settings import decode_settings
 from translate.devices import DeviceFacts, cpu_warning, published_peak
 from translate.models.factory import resolve_model_attention, resolve_model_dtype
 from translate.models.flops import batch_lengths, train_flops
+from translate.trained import mean_params, write_params_workdir
 from translate.training.monitor import (
     DevBleuHistory,
     Interrupted,
@@ -50,23 +51,19 @@ from translate.training.monitor import (
     evaluated_steps,
     log_progress,
 )
-from translate.training.optim import make_schedule
-from translate.training.steps import Packed, Steps, dev_loss, make_steps
-from translate.workdir import (
+from translate.training.opening import (
     InitFrom,
-    Workdir,
     check_config,
     check_init_from,
     check_layout,
     check_vocabulary_unchanged,
-    copy_vocabulary,
-    lock,
-    read_config,
     read_init_params,
     recover_previous_run,
     settle_previous_run,
-    write_config,
+    warn_of_schedule_change,
 )
+from translate.training.steps import Packed, Steps, dev_loss, make_steps
+from translate.workdir import Workdir, config_text, copy_vocabulary, lock, write_config
 
 log = logging.getLogger("translate")
 
@@ -184,7 +181,7 @@ def open_run(config: Config, workdir: Workdir, force: bool, stop: StopSignal | N
         with stop.abandonable():
             if init is not None:
                 copy_vocabulary(init.workdir, workdir)  # the data is tokenized with its pieces
-            data = sharding.on_process_zero_first(lambda: load_data(config, workdir))
+            data = sharding.on_process_zero_first(lambda: load_data(config, data_files(workdir)))
         if data.dev is None and (t.keep_best_by or t.early_stopping_patience):
             flag = "keep_best_by" if t.keep_best_by else "early_stopping_patience"
             raise ValueError(
@@ -555,6 +552,7 @@ class Trainer:
                     (sharding.local_copy(params),),
                     self.data.tokenizer,
                     self.config,
+                    decode_settings(self.config.decode),
                     sources,
                     references,
                     step,
@@ -587,6 +585,11 @@ class Trainer:
         named = {k.replace("eval/", f"eval/{name}_"): v for k, v in metrics_eval.items()}
         log.info("eval of %s: %s", what, "  ".join(f"{k} {v:.3f}" for k, v in named.items()))
         self.writer.write(step, named)
+
+
+def data_files(workdir: Workdir) -> DataFiles:
+    """Where the data family keeps a run's vocabulary, tokens and generated corpus."""
+    return DataFiles(workdir.vocab, workdir.tokens, workdir.data)
 
 
 def training_pairs(config: Config, data: Data):
@@ -630,18 +633,18 @@ def save_best(
     writes the step beside and renames it when whole, then deletes the one it replaces.
     """
     best = Workdir(workdir.best)
-    write_config(config, best)
-    copy_vocabulary(workdir, best)
-    if step in manager.all_steps():  # kept before this run resumed; the same parameters
-        return
     meta = {"step": step, "dev_bleu": bleu, "vocab_sha256": data.tokenizer.sha256}
     try:
-        checkpoint.save_params(manager, step, params, meta)
+        written = write_params_workdir(
+            best, config_text(config), workdir, manager, step, params, meta
+        )
     except Exception as e:
         then = "make room, and the same command resumes (it keeps the best from then on)"
         if error := checkpoint.write_error(e, best.checkpoints, step, manager.all_steps(), then):
             raise error from e
         raise
+    if not written:  # kept before this run resumed; the same parameters
+        return
     log.info("kept step %d as the best by dev BLEU (%.2f) in %s", step, bleu, best.path)
 
 
@@ -697,67 +700,9 @@ def final_params(
         )
         num = len(saved)
     steps = checkpoint.steps_to_average(manager, num, config.train.keep_checkpoints, among)
-    if config.train.ema_decay:  # the mean of the moving averages (of those that hold one)
-
-        def item(saved_step: int) -> str:
-            return checkpoint.params_item(manager.directory, saved_step)
-
-    else:
-
-        def item(saved_step: int) -> str:
-            return "params"
-
-    return checkpoint.average_params(manager, steps, abstract_params, item), steps
-
-
-def warn_of_schedule_change(config: Config, workdir: Workdir) -> None:
-    """Warns when a run resumes at another learning rate than the one it was trained on.
-
-    Or past its end: a workdir whose checkpoint is beyond `num_train_steps` trains nothing.
-
-    `lr_decay=linear` or `cosine` decays towards 0 at `num_train_steps`: a finished run given
-    more steps jumps from near 0 back to the middle of the decay at its first new step.
-    """
-    step = checkpoint.latest_step(workdir.checkpoints)
-    if step is None:
-        return
-    if step > config.train.num_train_steps:  # e.g. a recipe that now takes fewer steps
-        log.warning(
-            "WARNING: the newest checkpoint in %s is step %d, past config.train.num_train_steps "
-            "%d: nothing is trained, and the evaluations use step %d (another --workdir starts "
-            "a new run)",
-            workdir.checkpoints,
-            step,
-            config.train.num_train_steps,
-            step,
-        )
-        return
-    if not workdir.config.is_file():
-        return
-    try:
-        saved = read_config(workdir)
-    except ValueError:
-        return  # check_config says what is wrong with it
-    # Optax counts updates from 0: the next step is count `step`.
-    before, now = (float(make_schedule(c)(step)) for c in (saved, config))
-    if math.isclose(before, now, rel_tol=1e-3):
-        return
-    fields = [("train", n) for n in ("num_train_steps", "warmup_steps", "learning_rate_scale")]
-    fields += [("train", "lr_decay"), ("model", "d_model")]
-    changes = [
-        f"config.{section}.{name} {getattr(getattr(saved, section), name)} -> "
-        f"{getattr(getattr(config, section), name)}"
-        for section, name in fields
-        if getattr(getattr(saved, section), name) != getattr(getattr(config, section), name)
-    ]
-    log.warning(
-        "WARNING: the learning rate of step %d is %.3g with this config and was %.3g with the "
-        "config this run was trained with (%s): it jumps there when training resumes",
-        step + 1,
-        now,
-        before,
-        ", ".join(changes),
-    )
+    # The mean of the moving averages (of those that hold one) when the run keeps them.
+    choice = "auto" if config.train.ema_decay else "raw"
+    return mean_params(manager, steps, abstract_params, choice), steps
 
 
 def dev_bleu(graphdef, params, data: Data, config: Config, step: int) -> dict[str, float]:
@@ -767,8 +712,16 @@ def dev_bleu(graphdef, params, data: Data, config: Config, step: int) -> dict[st
     sources, references = data.dev_text
     n = config.decode.eval_num_sentences or len(sources)
     host_params = sharding.local_copy(params)
+    settings = decode_settings(config.decode)
     report, _ = translate_and_score(
-        (graphdef,), (host_params,), data.tokenizer, config, sources[:n], references[:n], step
+        (graphdef,),
+        (host_params,),
+        data.tokenizer,
+        config,
+        settings,
+        sources[:n],
+        references[:n],
+        step,
     )
     return {
         "eval/bleu": report["bleu"],

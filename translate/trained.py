@@ -1,0 +1,348 @@
+"""Reading a trained model back: which checkpoint, averaging, the moving average or not, ensembles.
+
+Every command that decodes or exports a model reads it through `load_ensemble` (one workdir or
+several): the newest checkpoint, the one at `--step`, or the mean of the newest `--average`
+checkpoints (Sec. 6.1), each read as its moving average when it holds one (`--params`). A run
+still training in the workdir may delete a step while it is read; the choice is then made again,
+a few times. `mean_params` is the one averaging policy, also the trainer's final evaluation's,
+and `write_params_workdir` the one writer of a parameters-only workdir (an average, a run's
+best/).
+
+Orbax (translate/checkpoint.py) and the models (Flax) are imported inside the functions that
+read or write checkpoints: a command that reads only a workdir's config and vocabulary (the
+text command with its searches saved, translate/decoding/programs.py) starts without them.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+import jax
+
+from translate.config import Config
+from translate.data.tokenizer import Tokenizer
+from translate.workdir import Workdir, copy_vocabulary, read_config
+
+# How many times `load_model` chooses the checkpoints to read again when a run still training
+# in the workdir deletes one of them while they are read.
+READ_ATTEMPTS = 3
+
+
+def say(line: str) -> None:
+    """How loading a model speaks (of a checkpoint it passes over): a line on stderr, so that
+    a command's output on stdout holds what it was asked for alone."""
+    print(line, file=sys.stderr)
+
+
+class TrainedModel(NamedTuple):
+    """One workdir's model as `load_model` reads it back."""
+
+    graphdef: Any
+    params: Any  # on the first local device: decoding runs there
+    tokenizer: Tokenizer
+    config: Config
+    steps: list[int]  # the checkpoint's step, or the steps averaged
+
+
+def mean_params(manager, steps: Sequence[int], abstract_params, choice: str = "auto", said=None):
+    """The mean of the parameters saved at `steps`: the one averaging policy (Sec. 6.1).
+
+    Each checkpoint gives its moving average when it holds one and `choice` allows it
+    (`checkpoint.params_item`); `said` is called whenever a moving average is read.
+    """
+    from translate import checkpoint
+
+    def item(step: int) -> str:
+        chosen = checkpoint.params_item(manager.directory, step, choice)
+        if chosen == "ema" and said is not None:
+            said()
+        return chosen
+
+    return checkpoint.average_params(manager, list(steps), abstract_params, item)
+
+
+class _Reader:
+    """Reads one workdir's checkpoints into `abstract` shapes, retrying when a live run deletes
+    the step being read (`load_model`)."""
+
+    def __init__(self, workdir: Workdir, config: Config, tokenizer: Tokenizer, abstract, log):
+        from translate import checkpoint
+
+        self.workdir, self.config, self.tokenizer = workdir, config, tokenizer
+        self.abstract, self.log = abstract, log
+        self.manager = checkpoint.make_manager(workdir.checkpoints, read_only=True)
+        self.said_ema = False
+
+    def say_ema(self) -> None:
+        if not self.said_ema:
+            self.said_ema = True
+            self.log(
+                f"{self.workdir.path}: decoding the moving average of the parameters "
+                f"(train.ema_decay={self.config.train.ema_decay}); --params=raw decodes the "
+                "parameters themselves"
+            )
+
+    def item(self, step: int, choice: str) -> str:
+        from translate import checkpoint
+
+        chosen = checkpoint.params_item(self.workdir.checkpoints, step, choice)
+        if chosen == "ema" and choice == "auto":
+            self.say_ema()
+        return chosen
+
+    def average(self, average: int | Sequence[int], choice: str) -> tuple[Any, list[int]]:
+        """The mean of the newest `average` checkpoints, or of the steps listed."""
+        from translate import checkpoint
+
+        manager, keep = self.manager, self.config.train.keep_checkpoints
+        said = self.say_ema if choice == "auto" else None
+        # A run still training there may delete a step while it is read: then the newest N
+        # are chosen again (a few times); steps named one by one cannot be.
+        for _ in range(READ_ATTEMPTS):
+            if isinstance(average, int):
+                steps = checkpoint.steps_to_average(manager, average, keep)
+            else:
+                steps = sorted(average)
+                missing = sorted(set(steps) - set(manager.all_steps()))
+                if missing:
+                    raise ValueError(
+                        f"no checkpoint of steps {missing} in {manager.directory} (there: "
+                        f"{manager.all_steps()})"
+                    )
+            try:
+                return mean_params(manager, steps, self.abstract, choice, said), steps
+            except Exception:
+                manager.reload()
+                if set(steps) <= set(manager.all_steps()):
+                    raise
+        raise ValueError(
+            f"the checkpoints in {manager.directory} were deleted while they were read, "
+            f"{READ_ATTEMPTS} times (a run training there keeps only its newest {keep}): "
+            "try again, or average once that run has ended"
+        )
+
+    def check(self, meta: dict[str, Any]) -> None:
+        from translate import checkpoint
+
+        checkpoint.check_vocabulary(meta, self.tokenizer, self.workdir.path)
+
+    def at_step(self, step: int, choice: str) -> tuple[Any, list[int]]:
+        """The checkpoint of `step`, asked for by the user (not read again if deleted)."""
+        from translate import checkpoint
+
+        meta = checkpoint.read_meta(self.manager, step)
+        self.check(meta)
+        item = self.item(step, choice)
+        restored, _, _ = checkpoint.restore(self.manager, step, self.abstract, item=item)
+        return restored, meta.get("averaged_steps", [step])
+
+    def newest(self, choice: str) -> tuple[Any, list[int]]:
+        """The newest readable checkpoint (unreadable ones are passed over, and said)."""
+        from translate import checkpoint
+
+        manager, said = self.manager, False
+        # A run still training there may delete the newest step while it is read: then the
+        # newest is chosen again (a few times), as for an average.
+        for _ in range(READ_ATTEMPTS):
+            try:
+                found = checkpoint.restore_latest(
+                    manager,
+                    self.abstract,
+                    check_meta=self.check,
+                    log=self.log,
+                    item=lambda step: self.item(step, choice),
+                )
+            except checkpoint.StepDeleted as deleted:
+                manager.reload()
+                if not said:
+                    said = True
+                    self.log(
+                        f"the checkpoint of step {deleted.step} in {manager.directory} was "
+                        "deleted while it was read (a run is training there): reading the "
+                        "newest again"
+                    )
+                continue
+            if found is None:  # every step was deleted meanwhile
+                break
+            step, restored, _, meta = found
+            return restored, meta.get("averaged_steps", [step])
+        raise ValueError(
+            f"the newest checkpoint in {manager.directory} was deleted while it was read, "
+            f"{READ_ATTEMPTS} times (a run training there keeps only its newest "
+            f"{self.config.train.keep_checkpoints}): try again"
+        )
+
+
+def load_model(
+    path: str | os.PathLike,
+    step: int | None = None,
+    average: int | Sequence[int] = 0,
+    log: Callable[[str], None] = say,
+    params: str = "auto",
+) -> TrainedModel:
+    """Loads (graphdef, params, tokenizer, config, steps) from a training workdir.
+
+    Args:
+      path: a `translate.train` workdir, or one written by scripts/average_checkpoints.py.
+      step: the checkpoint to load; None for the newest.
+      average: if > 0, the parameters are the mean of the newest `average` checkpoints instead;
+        a list of steps: the mean of the checkpoints at those steps.
+      log: where lines about checkpoints passed over, or the moving average read, go.
+      params: "auto" reads a checkpoint's moving average of the parameters (`train.ema_decay`)
+        when it holds one, else the parameters; "ema" requires the average; "raw" reads the
+        parameters themselves (--params).
+
+    Returns:
+      The model's graph and parameters (on the first local device: decoding runs there), the
+      tokenizer, the config, and the training steps whose parameters these are: one step, or
+      the averaged ones (also when the checkpoint was written by average_checkpoints.py).
+    """
+    from translate import checkpoint
+    from translate.models.factory import abstract_model
+
+    workdir = Workdir(path)
+    config = read_config(workdir)
+    # The attention kernel suits the machine that trained, perhaps a GPU this one lacks; the
+    # parameters do not depend on it, so decoding picks the kernel for its own device.
+    config.model.attention = "auto"
+    tokenizer = Tokenizer(workdir.vocab)
+    if checkpoint.latest_step(workdir.checkpoints) is None:
+        raise FileNotFoundError(
+            f"--workdir: no checkpoint in {workdir.checkpoints}; "
+            "train first (python -m translate.train ...)"
+        )
+    graphdef, shapes = abstract_model(config, tokenizer.vocab_size)
+    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    reader = _Reader(workdir, config, tokenizer, checkpoint.abstract_like(shapes, device), log)
+    if not isinstance(average, int) or average > 0:
+        if step is not None:
+            raise ValueError("give a step or a number of checkpoints to average, not both")
+        restored, steps = reader.average(average, params)
+    else:
+        saved = reader.manager.all_steps()
+        if (reader.manager.latest_step() if step is None else step) not in saved:
+            raise FileNotFoundError(
+                f"--workdir: no checkpoint{'' if step is None else f' at step {step}'} in "
+                f"{workdir.checkpoints} (steps there: {list(saved)})"
+            )
+        requested = step is not None
+        restored, steps = reader.at_step(step, params) if requested else reader.newest(params)
+    return TrainedModel(graphdef, restored, tokenizer, config, steps)
+
+
+def write_params_workdir(
+    target: Workdir, config_json: str, vocab_from: Workdir, manager, step: int, params, meta
+) -> bool:
+    """Writes a parameters-only workdir: config.json, vocab.model and one checkpoint.
+
+    A run's best/ (translate/training/trainer.py) and scripts/average_checkpoints.py's average
+    are such workdirs, which every command reads as it reads a run. On several hosts process 0
+    writes the files; every process takes part in the checkpoint's save.
+
+    Args:
+      target: the workdir to write.
+      config_json: the config.json to write there (`workdir.config_text`, or a run's own).
+      vocab_from: the workdir whose vocab.model is copied, unless `target` holds one.
+      manager: `target`'s checkpoint manager (translate/checkpoint.py).
+      step, params, meta: the checkpoint: its step, parameters and JSON metadata.
+
+    Returns:
+      Whether the checkpoint was written: False when `manager` holds `step` already.
+    """
+    from translate import atomic, checkpoint
+
+    if jax.process_index() == 0:
+        target.path.mkdir(parents=True, exist_ok=True)
+        atomic.write_text(target.config, config_json)
+    copy_vocabulary(vocab_from, target)
+    if step in manager.all_steps():
+        return False
+    checkpoint.save_params(manager, step, params, meta)
+    return True
+
+
+class Ensemble(NamedTuple):
+    """One or more models read back for decoding; `graphdefs` and `params` are always tuples."""
+
+    graphdefs: tuple
+    params: tuple
+    tokenizer: Tokenizer
+    config: Config  # the first workdir's
+    steps: tuple[list[int], ...]  # per model: its step, or the steps averaged
+
+
+def check_choice(step: int | None, average: int, params: str) -> None:
+    """Refuses a checkpoint choice that cannot be made, naming its flag (before any reading)."""
+    if average < 0:
+        raise ValueError(f"--average={average}: must be >= 0 (0, the default: no average)")
+    if step is not None and step < 0:
+        raise ValueError(f"--step={step}: must be >= 0 (or -1, the default: the newest)")
+    if step is not None and average:
+        raise ValueError(
+            f"--step={step} and --average={average}: give a step or a number of checkpoints "
+            "to average, not both"
+        )
+    from translate.checkpoint import PARAMS_CHOICES
+
+    if params not in PARAMS_CHOICES:
+        raise ValueError(f"--params={params}: must be one of {', '.join(PARAMS_CHOICES)}")
+
+
+def load_ensemble(
+    paths: Sequence[str | os.PathLike],
+    step: int | None = None,
+    average: int = 0,
+    log: Callable[[str], None] = say,
+    params: str = "auto",
+) -> Ensemble:
+    """The models of one or more workdirs, each at `step` (None: the newest) or the mean of
+    its newest `average` checkpoints: how every command picks its checkpoints (--step and
+    --average).
+
+    Raises ValueError naming the flag for a bad choice, and naming two workdirs whose
+    vocabularies differ.
+    """
+    if not paths:
+        raise ValueError("--workdir is required (repeat it for an ensemble)")
+    check_choice(step, average, params)
+    check_shared_vocabulary(paths)
+    members = []
+    for path in paths:
+        try:
+            members.append(load_model(path, step, average, log, params))
+        except ValueError as e:
+            raise ValueError(f"--workdir={path} --average={average}: {e}") from None
+    return Ensemble(
+        tuple(m.graphdef for m in members),
+        tuple(m.params for m in members),
+        members[0].tokenizer,
+        members[0].config,
+        tuple(m.steps for m in members),
+    )
+
+
+def check_shared_vocabulary(paths: Sequence[str | os.PathLike]) -> None:
+    """Raises ValueError naming two workdirs whose vocabularies differ.
+
+    An ensemble averages log-probabilities token id by token id, which means nothing unless
+    every model reads and writes the same pieces.
+    """
+    workdirs = [Workdir(p) for p in paths]
+    for workdir in workdirs:
+        if not workdir.path.exists():
+            raise FileNotFoundError(f"--workdir={workdir.path}: no such directory")
+        if not workdir.vocab.is_file():
+            raise FileNotFoundError(
+                f"--workdir: {workdir.vocab} is missing; is it a translate.train workdir?"
+            )
+    first, expected = workdirs[0], workdirs[0].vocab.read_bytes()
+    for other in workdirs[1:]:
+        if other.vocab.read_bytes() != expected:
+            raise ValueError(
+                f"--workdir {first.path} and --workdir {other.path} have different vocabularies "
+                f"({first.vocab.name} differs); an ensemble needs models trained on one "
+                "vocabulary"
+            )
