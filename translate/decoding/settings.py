@@ -21,17 +21,18 @@ from translate.config import SEARCH_RULES, DecodeConfig
 class DecodeSettings:
     """How to decode: the search's settings, then the sentence loop's (frozen, hashable)."""
 
-    # The search's (config.decode's fields of the same names).
-    beam_size: int = 4
-    length_penalty: float = 0.6
-    max_extra_len: int = 50
-    beam_stop: str = "exact"
+    # The search's: config.decode's fields of the same names (config.py says what each means),
+    # with its defaults, the paper's.
+    beam_size: int = DecodeConfig.beam_size
+    length_penalty: float = DecodeConfig.length_penalty
+    max_extra_len: int = DecodeConfig.max_extra_len
+    beam_stop: str = DecodeConfig.beam_stop
     # The N best translations of each sentence with their scores (beam search's length-
     # normalised ones, whatever the width); 0: the best translation alone.
     nbest: int = 0
-    # The sentence loop's: sentences per batch, batches searched at once.
-    batch_size: int = 32
-    parallel_batches: int = 3
+    # The sentence loop's, also config.decode's: sentences per batch, batches searched at once.
+    batch_size: int = DecodeConfig.batch_size
+    parallel_batches: int = DecodeConfig.parallel_batches
 
     def for_search(self) -> DecodeSettings:
         """These settings as the search program depends on them: the loop's fields left at
