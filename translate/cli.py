@@ -430,6 +430,35 @@ def checkpoint_flags(use: str) -> dict[str, Flag]:
     }
 
 
+def matmul_dtype_flag() -> dict[str, Flag]:
+    """The flag of a command that decodes or scores: the products' dtype, the model's or not."""
+    return {
+        "matmul_dtype": Flag(
+            "",
+            "Decode with these products instead of the model's own (config.model.matmul_dtype): "
+            "'compute' (float32 on the CPU: compares a model trained with bfloat16 products "
+            "exactly with its float32 export) or 'bfloat16'; default: the model's.",
+        )
+    }
+
+
+def alignment_flags() -> dict[str, Flag]:
+    """The flags of a command that writes word alignments (translate-text, translate-score)."""
+    return {
+        "alignment": Flag(
+            "",
+            "Write word alignments to FILE, one line per output line: Moses/Pharaoh 'i-j' pairs "
+            "(source word i, target word j, from 0; words are whitespace tokens).",
+        ),
+        "alignment_pieces": Flag(False, "Align SentencePiece pieces instead of words."),
+        "alignment_layer": Flag(
+            -1,
+            "The decoder layer (from 0) whose cross-attention, heads averaged, aligns; -1: the "
+            "default, the second-to-last layer (docs/translating.md says how it was chosen).",
+        ),
+    }
+
+
 def checkpoint_choice(flags: dict[str, Any]) -> tuple[int | None, int]:
     """(step, average) from `checkpoint_flags`' values: step None means the newest."""
     return (None if flags["step"] == -1 else flags["step"]), flags["average"]

@@ -276,7 +276,11 @@ def files_digest(workdir: Workdir) -> dict[str, Any]:
 
 
 def setup_name(
-    workdirs: Sequence[str], step: int | None, average: int, params: str = "auto"
+    workdirs: Sequence[str],
+    step: int | None,
+    average: int,
+    params: str = "auto",
+    matmul_dtype: str = "",
 ) -> str:
     """The hash that names a setup (module docstring); raises OSError if a file is missing."""
     facts = {
@@ -284,6 +288,7 @@ def setup_name(
         "step": step,
         "average": average,
         "params": params,
+        "matmul_dtype": matmul_dtype,
         "code": code_digest(),
         "machine": machine(),
     }
@@ -310,12 +315,13 @@ class Setup:
         step: int | None,
         average: int,
         params: str = "auto",
+        matmul_dtype: str = "",
     ) -> Setup | None:
         """The setup of these workdirs and choice, or None with the cache off or unusable."""
         if cache is None:
             return None
         try:
-            return cls(cache, setup_name(workdirs, step, average, params))
+            return cls(cache, setup_name(workdirs, step, average, params, matmul_dtype))
         except OSError as e:  # a file of a workdir is missing: loading says which
             log.debug("no saved searches: %s", e)
             return None

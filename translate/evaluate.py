@@ -164,6 +164,7 @@ FLAGS = {
         "Another system's hypotheses for --src (one line each): paired bootstrap test "
         "of the BLEU difference (sacreBLEU, 1,000 resamples, p < 0.05).",
     ),
+    **cli.matmul_dtype_flag(),
     **cli.compilation_cache_flag(),
 }
 
@@ -200,7 +201,7 @@ def main(argv: Sequence[str]) -> None:
     step, average = cli.checkpoint_choice(flags)
     compilation.use_persistent_cache(flags["compilation_cache"])
     graphdef, params, tokenizer, config, members = load_ensemble(
-        workdirs, step, average, params=flags["params"]
+        workdirs, step, average, params=flags["params"], matmul_dtype=flags["matmul_dtype"]
     )
     steps = members[0]
     for dotted, text in overrides.items():

@@ -26,6 +26,8 @@ from translate.config import Config
 from translate.data.tokenizer import Tokenizer
 from translate.workdir import Workdir, copy_vocabulary, read_config
 
+# The values of --matmul_dtype: "" the model's own products, or config.model.matmul_dtype's.
+MATMUL_DTYPES = ("", "compute", "bfloat16")
 # How many times `load_model` chooses the checkpoints to read again when a run still training
 # in the workdir deletes one of them while they are read.
 READ_ATTEMPTS = 3
@@ -182,6 +184,7 @@ def load_model(
     average: int | Sequence[int] = 0,
     log: Callable[[str], None] = say,
     params: str = "auto",
+    matmul_dtype: str = "",
 ) -> TrainedModel:
     """Loads (graphdef, params, tokenizer, config, steps) from a training workdir.
 
@@ -194,6 +197,8 @@ def load_model(
       params: "auto" reads a checkpoint's moving average of the parameters (`train.ema_decay`)
         when it holds one, else the parameters; "ema" requires the average; "raw" reads the
         parameters themselves (--params).
+      matmul_dtype: decode with these products (`model.matmul_dtype`: "compute" or "bfloat16")
+        instead of the model's own; "" keeps the model's (--matmul_dtype).
 
     Returns:
       The model's graph and parameters (on the first local device: decoding runs there), the
@@ -208,6 +213,8 @@ def load_model(
     # The attention kernel suits the machine that trained, perhaps a GPU this one lacks; the
     # parameters do not depend on it, so decoding picks the kernel for its own device.
     config.model.attention = "auto"
+    if matmul_dtype:  # the products' rounding, not the parameters: a decoding-time choice
+        config.model.matmul_dtype = matmul_dtype
     tokenizer = Tokenizer(workdir.vocab)
     if checkpoint.latest_step(workdir.checkpoints) is None:
         raise FileNotFoundError(
@@ -274,8 +281,13 @@ class Ensemble(NamedTuple):
     steps: tuple[list[int], ...]  # per model: its step, or the steps averaged
 
 
-def check_choice(step: int | None, average: int, params: str) -> None:
+def check_choice(step: int | None, average: int, params: str, matmul_dtype: str = "") -> None:
     """Refuses a checkpoint choice that cannot be made, naming its flag (before any reading)."""
+    if matmul_dtype not in MATMUL_DTYPES:
+        raise ValueError(
+            f"--matmul_dtype={matmul_dtype}: must be one of "
+            + ", ".join(repr(d) for d in MATMUL_DTYPES)
+        )
     if average < 0:
         raise ValueError(f"--average={average}: must be >= 0 (0, the default: no average)")
     if step is not None and step < 0:
@@ -297,6 +309,7 @@ def load_ensemble(
     average: int = 0,
     log: Callable[[str], None] = say,
     params: str = "auto",
+    matmul_dtype: str = "",
 ) -> Ensemble:
     """The models of one or more workdirs, each at `step` (None: the newest) or the mean of
     its newest `average` checkpoints: how every command picks its checkpoints (--step and
@@ -307,12 +320,12 @@ def load_ensemble(
     """
     if not paths:
         raise ValueError("--workdir is required (repeat it for an ensemble)")
-    check_choice(step, average, params)
+    check_choice(step, average, params, matmul_dtype)
     check_shared_vocabulary(paths)
     members = []
     for path in paths:
         try:
-            members.append(load_model(path, step, average, log, params))
+            members.append(load_model(path, step, average, log, params, matmul_dtype))
         except ValueError as e:
             raise ValueError(f"--workdir={path} --average={average}: {e}") from None
     return Ensemble(

@@ -37,16 +37,10 @@ file already there) is refused before any file is opened.
 
 from __future__ import annotations
 
-import contextlib
-import io
 import os
-import pathlib
-import select
-import stat
 import sys
-import time
-from collections.abc import Iterator, Sequence
-from typing import Any, BinaryIO
+from collections.abc import Sequence
+from typing import Any
 
 from translate import startup
 
@@ -54,102 +48,21 @@ startup.import_jax()  # before anything imports JAX: without etils.epath (transl
 
 
 from translate import cli, compilation
-from translate.atomic import AtomicFile, remove_stale
 from translate.cli import Flag, parse_flags
 from translate.config import DecodeConfig, field_descriptions
-from translate.decoding import programs
+from translate.decoding import forced, programs
 from translate.decoding.settings import check_values, decode_settings
-from translate.workdir import check_output_path
+from translate.streams import (
+    Outputs,
+    Progress,
+    check_distinct_outputs,
+    check_output_file,
+    count_lines,
+    read_chunks,
+)
 
 # Most lines decoded and written at a time: bounds memory on arbitrarily long input.
 LINES_PER_CHUNK = 10_000
-# Bytes asked of the operating system per read.
-READ_BYTES = 1 << 16
-
-
-def read_chunks(stream: BinaryIO, name: str, size: int) -> Iterator[list[str]]:
-    """Lists of at most `size` lines without their line ends; only "\\n" ends a line.
-
-    A chunk ends at `size` lines or where the input pauses: the lines already written are
-    decoded while no more are waiting. A file, or a pipe that a fast writer keeps full, gives
-    chunks of `size` lines (decoded in length-sorted batches, fast); a terminal, or a pipe
-    written a line at a time, gives each line as soon as it arrives (interactive).
-    """
-    try:
-        fd = stream.fileno()
-    except (AttributeError, OSError, io.UnsupportedOperation):  # in memory: all there at once
-        fd = None
-    number = 0
-
-    def decode(raw: bytes) -> str:
-        try:
-            return raw.decode("utf-8").rstrip("\r")
-        except UnicodeDecodeError as e:
-            raise ValueError(f"{name}:{number}: not valid UTF-8 ({e.reason})") from None
-
-    pending = bytearray()  # read but not yet a whole line
-    chunk: list[str] = []
-    while True:
-        data = stream.read(READ_BYTES) if fd is None else os.read(fd, READ_BYTES)
-        if data:
-            pending += data
-            *whole, rest = pending.split(b"\n")
-            pending = bytearray(rest)
-            for raw in whole:
-                number += 1
-                chunk.append(decode(raw))
-                if len(chunk) == size:
-                    yield chunk
-                    chunk = []
-            if fd is None or waiting(fd):
-                continue
-        elif pending:  # the last line has no line end
-            number += 1
-            chunk.append(decode(bytes(pending)))
-            pending.clear()
-        if chunk:
-            yield chunk
-            chunk = []
-        if not data:
-            return
-
-
-def waiting(fd: int) -> bool:
-    """Whether reading `fd` would return at once (more input is there, or its end)."""
-    readable, _, _ = select.select([fd], [], [], 0)
-    return bool(readable)
-
-
-class Progress:
-    """One self-overwriting stderr line: sentences done (of the total, if known) and speed."""
-
-    def __init__(self, total: int | None):
-        self.total, self.done, self.start = total, 0, time.perf_counter()
-        self.showing = False
-
-    def update(self, count: int) -> None:
-        self.done += count
-        rate = self.done / max(time.perf_counter() - self.start, 1e-9)
-        line = f"{self.done} sentences  {rate:.1f} sentences/s"
-        if self.total:
-            filled = 30 * self.done // self.total
-            eta = (self.total - self.done) / max(rate, 1e-9)
-            line = (
-                f"[{'#' * filled}{'.' * (30 - filled)}] {self.done}/{self.total} sentences  "
-                f"{rate:.1f} sentences/s  ETA {time.strftime('%H:%M:%S', time.gmtime(eta))}"
-            )
-        sys.stderr.write("\r" + line)
-        sys.stderr.flush()
-        self.showing = True
-
-    def end_line(self) -> None:
-        """Ends the progress line, so that a message written next starts a line of its own."""
-        if self.showing:
-            sys.stderr.write("\n")
-            self.showing = False
-
-    def close(self) -> None:
-        self.end_line()
 
 
 def format_lines(first_index: int, results: list[list[tuple[float, str]]], nbest: int) -> str:
@@ -160,77 +73,6 @@ def format_lines(first_index: int, results: list[list[tuple[float, str]]], nbest
         for i, hypotheses in enumerate(results)
         for score, text in hypotheses
     )
-
-
-def count_lines(path: str | os.PathLike) -> int | None:
-    """The lines of a regular file, for the progress line; None for anything that can be read
-    only once (a pipe, `/dev/stdin`, `<(...)`): counting would consume what is to be translated.
-    """
-    try:
-        if not stat.S_ISREG(os.stat(path).st_mode):
-            return None
-    except OSError:
-        return None
-    with open(path, "rb") as f:
-        return sum(1 for _ in f)
-
-
-def same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
-    """Whether two paths name one file: the same resolved path, or one inode when both exist."""
-    if os.path.realpath(a) == os.path.realpath(b):
-        return True
-    try:
-        return os.path.samefile(a, b)
-    except OSError:  # one of them does not exist (yet)
-        return False
-
-
-def regular_stdin() -> os.stat_result | None:
-    """The status of the file standard input reads, when it is a regular file (`< x`)."""
-    try:
-        status = os.fstat(sys.stdin.fileno())
-    except (AttributeError, OSError, ValueError):  # replaced or closed (as under pytest)
-        return None
-    return status if stat.S_ISREG(status.st_mode) else None
-
-
-def check_output(output: str, input_path: str, workdirs: Sequence[str]) -> None:
-    """Refuses, before anything is opened, an --output whose writing would destroy data.
-
-    Raises SystemExit naming the flags when --output is the --input file (or the file that
-    standard input reads), and ValueError (`workdir.check_output_path`) when it is a directory,
-    a --workdir, or a file of a --workdir's run. A device or FIFO (/dev/stdout, /dev/null) is
-    written as a stream and destroys nothing.
-    """
-    with contextlib.suppress(OSError):
-        mode = os.stat(output).st_mode
-        if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
-            return
-    if input_path and same_file(output, input_path):
-        raise SystemExit(
-            f"--output={output} is the same file as --input={input_path}; writing the "
-            "translation would overwrite the text being translated: give another --output"
-        )
-    stdin = None if input_path else regular_stdin()
-    with contextlib.suppress(OSError):
-        if stdin and os.path.samestat(stdin, os.stat(output)):
-            raise SystemExit(
-                f"--output={output} is the file that standard input reads (no --input); "
-                "writing the translation would overwrite the text being translated: give "
-                "another --output"
-            )
-    check_output_path(output, "--output", workdirs, directory=False)
-    real = pathlib.Path(os.path.realpath(output))
-    if not real.parent.is_dir():
-        raise SystemExit(f"--output={output}: the directory {real.parent} does not exist")
-
-
-def open_output(path: str) -> tuple[BinaryIO | AtomicFile, bool]:
-    """(stream, whether it is an `AtomicFile`): a device, FIFO or socket is written as is."""
-    with contextlib.suppress(FileNotFoundError):
-        if not stat.S_ISREG(os.stat(path).st_mode):
-            return open(path, "wb"), False
-    return AtomicFile(path), True
 
 
 DECODE_FIELDS = field_descriptions(DecodeConfig)
@@ -259,6 +101,8 @@ FLAGS = {
         for name, unset in UNSET.items()
     },
     "nbest": Flag(0, "Write the N best translations of each line with their scores."),
+    **cli.alignment_flags(),
+    **cli.matmul_dtype_flag(),
     **cli.compilation_cache_flag(),
 }
 
@@ -328,60 +172,75 @@ def main(argv: Sequence[str]) -> None:
     if flags["input"] and (os.path.isdir(flags["input"]) or not os.path.exists(flags["input"])):
         what = "a directory" if os.path.isdir(flags["input"]) else "no such file"
         raise ValueError(f"--input={flags['input']}: {what}; give a file of sentences")
-    if flags["output"]:
-        check_output(flags["output"], flags["input"], flags["workdir"])
+    for flag in ("alignment_pieces", "alignment_layer"):
+        if flags[flag] != FLAGS[flag].default and not flags["alignment"]:
+            raise ValueError(f"--{flag} says how to align: give --alignment=FILE too")
+    outputs = {"--output": flags["output"], "--alignment": flags["alignment"]}
+    check_outputs(outputs, {"--input": flags["input"]}, flags["workdir"])
     step, average = cli.checkpoint_choice(flags)
     cache = compilation.use_persistent_cache(flags["compilation_cache"])
-    models = programs.OpenedModels(flags["workdir"], step, average, flags["params"], cache)
+    models = programs.OpenedModels(
+        flags["workdir"], step, average, flags["params"], cache, flags["matmul_dtype"]
+    )
     chosen = step is not None or average > 0
     sys.stderr.write(describe_models(flags["workdir"], models.steps, chosen, models.config) + "\n")
     if not flags["input"] and sys.stdin.isatty():  # a person at a terminal: say it waits
         sys.stderr.write("type a sentence and press Enter to translate it; Ctrl-D ends\n")
     settings = decode_settings(models.config.decode, given, flags["nbest"])
+    if flags["alignment"]:
+        forced.alignment_layer(models.config, flags["alignment_layer"])  # refused before reading
     tokenizer, max_len = models.tokenizer, models.config.data.max_len
 
     source = open(flags["input"], "rb") if flags["input"] else sys.stdin.buffer
-    target, atomic = sys.stdout.buffer, False
-    progress, done = None, False
+    progress = None
     try:
-        if flags["output"]:
-            remove_stale(flags["output"], "tmp")  # what a killed translation left there
-            try:
-                target, atomic = open_output(flags["output"])
-            except OSError as e:
-                raise ValueError(
-                    f"--output={flags['output']}: cannot write there ({e.strerror}); give an "
-                    "--output where you can write"
-                ) from None
-            progress = Progress(count_lines(flags["input"]) if flags["input"] else None)
-        first, truncated = 0, []
-        for chunk in read_chunks(source, flags["input"] or "<stdin>", LINES_PER_CHUNK):
-            warn_of_long_lines(tokenizer, chunk, first, max_len, truncated, progress)
-            results = models.translate(
-                chunk, settings, on_batch=progress.update if progress else None
-            )
-            try:
-                target.write(format_lines(first, results, settings.nbest).encode("utf-8"))
-                target.flush()
-            except OSError as e:  # a full disk or device: name where the lines were going
-                if e.filename is not None or e.errno is None:
-                    raise
-                raise OSError(e.errno, e.strerror, flags["output"] or "<stdout>") from None
-            first += len(chunk)
-        if atomic:
-            target.commit()
-        done = True
+        with Outputs(outputs) as out:
+            if flags["output"]:
+                progress = Progress(count_lines(flags["input"]) if flags["input"] else None)
+            first, truncated = 0, []
+            for chunk in read_chunks(source, flags["input"] or "<stdin>", LINES_PER_CHUNK):
+                warn_of_long_lines(tokenizer, chunk, first, max_len, truncated, progress)
+                results = models.translate(
+                    chunk, settings, on_batch=progress.update if progress else None
+                )
+                out.write("--output", format_lines(first, results, settings.nbest))
+                if "--alignment" in out:
+                    out.write("--alignment", alignment_lines(models, chunk, results, flags))
+                first += len(chunk)
+            out.commit()
     finally:
         if progress:
             progress.close()
         if source is not sys.stdin.buffer:
             source.close()
-        if atomic:
-            target.discard()  # after a commit: nothing to do
-        elif target is not sys.stdout.buffer:
-            # After an error, what the close would flush is lost with it: that error says why.
-            with contextlib.suppress(OSError) if not done else contextlib.nullcontext():
-                target.close()
+
+
+def check_outputs(outputs: dict[str, str], inputs: dict[str, str], workdirs: Sequence[str]):
+    """Refuses output files that would destroy an input or a run's files, or each other."""
+    for flag, path in outputs.items():
+        if path:
+            check_output_file(path, flag, inputs, workdirs)
+    check_distinct_outputs(outputs)
+
+
+def alignment_lines(models, chunk: list[str], results, flags: dict[str, Any]) -> str:
+    """The alignment of each output line to its input line (one line per output line)."""
+    graphdefs, params = models.load_model()
+    sources = [line for line, found in zip(chunk, results) for _ in found]
+    outputs = [text for found in results for _, text in found]
+    scored = forced.score_pairs(
+        graphdefs,
+        params,
+        models.tokenizer,
+        sources,
+        outputs,
+        models.config.decode.batch_size,
+        models.config.data.max_len,
+        alignment_layer=forced.alignment_layer(models.config, flags["alignment_layer"]),
+        alignment_pieces=flags["alignment_pieces"],
+        cut_sources=True,
+    )
+    return "".join(forced.format_links(pair.links) + "\n" for pair in scored)
 
 
 def console_main() -> None:

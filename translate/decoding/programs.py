@@ -176,9 +176,10 @@ class OpenedModels:
         average: int,
         params: str = "auto",
         cache: str | None = None,
+        matmul_dtype: str = "",
     ):
-        self.workdirs, self.choice = list(workdirs), (step, average, params)
-        self.setup = Setup.find(cache, self.workdirs, step, average, params)
+        self.workdirs, self.choice = list(workdirs), (step, average, params, matmul_dtype)
+        self.setup = Setup.find(cache, self.workdirs, *self.choice)
         saved = self.setup.load() if self.setup is not None else None
         self.models: tuple[tuple, tuple] | None = None
         if saved is not None:
@@ -189,7 +190,7 @@ class OpenedModels:
             self.tokenizer, self.config = Tokenizer(first.vocab), read_config(first)
         else:
             said, say = said_lines()
-            ensemble = load_ensemble(self.workdirs, step, average, log=say, params=params)
+            ensemble = load_ensemble(self.workdirs, step, average, say, params, matmul_dtype)
             self.leaves, self.steps = jax.tree.leaves(ensemble.params), ensemble.steps
             self.tokenizer, self.config = ensemble.tokenizer, ensemble.config
             self.models = ensemble[:2]
@@ -200,9 +201,9 @@ class OpenedModels:
     def load_model(self) -> tuple[tuple, tuple]:
         """The ensemble's (graphdefs, params), loaded on the first call when read from a setup."""
         if self.models is None:
-            step, average, params = self.choice
+            step, average, params, matmul_dtype = self.choice
             ensemble = load_ensemble(
-                self.workdirs, step, average, log=lambda line: None, params=params
+                self.workdirs, step, average, lambda line: None, params, matmul_dtype
             )
             self.models = ensemble[:2]
         return self.models
