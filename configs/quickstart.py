@@ -35,4 +35,6 @@ def get_config() -> Config:
     config.decode.eval_num_sentences = 100
     # The last step alone, as measured above (one pass over fresh sentences needs no averaging).
     config.decode.average_last = 1
+    # Its last decoder layer agreed with eflomal on dev (F1 83.0), the first did not (14.5).
+    config.decode.alignment_layer = 1
     return config

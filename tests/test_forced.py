@@ -139,8 +139,14 @@ def test_alignment_indices_stay_within_both_lines(tokenizer, pieces):
 
 def test_the_default_alignment_layer_and_its_limits(config):
     config.model.num_layers = 4
-    assert forced.alignment_layer(config) == 2
+    assert forced.alignment_layer(config) == 2  # the second-to-last
     assert forced.alignment_layer(config, 0) == 0
+    config.decode.alignment_layer = 1  # a recipe's choice
+    assert forced.alignment_layer(config) == 1
+    assert forced.alignment_layer(config, 3) == 3  # the flag wins
+    config.decode.alignment_layer = 4
+    with pytest.raises(ValueError, match="--config.decode.alignment_layer=4: must be -1 or"):
+        config.validate()
     with pytest.raises(ValueError, match=r"--alignment_layer=4: must be in \[0, 3\]"):
         forced.alignment_layer(config, 4)
     config.model.architecture = "decoder_only"

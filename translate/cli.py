@@ -454,7 +454,8 @@ def alignment_flags() -> dict[str, Flag]:
         "alignment_layer": Flag(
             -1,
             "The decoder layer (from 0) whose cross-attention, heads averaged, aligns; -1: the "
-            "default, the second-to-last layer (docs/translating.md says how it was chosen).",
+            "workdir's config.decode.alignment_layer (chosen on val for the recipes), else the "
+            "second-to-last layer.",
         ),
     }
 

@@ -208,6 +208,11 @@ class DecodeConfig:
     # The test report and the last dev BLEU of a training run decode the mean parameters of
     # the newest this many checkpoints (Sec. 6.1: 5 for base, 20 for big; 1 = the last step's).
     average_last: int = 5
+    # The decoder layer (from 0) whose cross-attention, heads averaged, gives word alignments
+    # (translate-text and translate-score --alignment); -1: the second-to-last, Garg et al.
+    # 2019's choice for the paper's 6 layers. Recipes choose theirs on val against eflomal
+    # (scripts/alignment_agreement.py).
+    alignment_layer: int = -1
 
 
 # A validation rule: (field as "section.name", condition on its value, what it must be).
@@ -467,6 +472,11 @@ class Config:
             *((f"decode.{name}", ok, rule) for name, (ok, rule) in SEARCH_RULES.items()),
             ("decode.eval_num_sentences", lambda v: v >= 0, "must be >= 0 (0 = whole dev set)"),
             ("decode.average_last", lambda v: v >= 1, "must be >= 1 (1 = the last step alone)"),
+            (
+                "decode.alignment_layer",
+                lambda v: v == -1 or 0 <= v < self.model.num_layers,
+                f"must be -1 or a decoder layer, 0 to {flag('model.num_layers')} - 1",
+            ),
             # Orbax deletes all but the newest keep_checkpoints: the older ones are gone by the
             # time the final evaluation would average them.
             (

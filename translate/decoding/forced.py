@@ -156,8 +156,8 @@ def cross_attention(graphdefs, params, batch: Batch, layer: int) -> jax.Array:
 
 
 def alignment_layer(config, layer: int = -1) -> int:
-    """The decoder layer that aligns: `layer`, or by default (-1) the second-to-last one
-    (chosen on Multi30k's val against eflomal's alignments: docs/translating.md).
+    """The decoder layer that aligns: `layer` (--alignment_layer), else the config's
+    `decode.alignment_layer`, else (-1) the second-to-last layer.
 
     Raises:
       ValueError: a decoder-only model (no cross-attention), or a layer it does not have.
@@ -168,11 +168,11 @@ def alignment_layer(config, layer: int = -1) -> int:
             "with; alignments need an encoder-decoder"
         )
     num = config.model.num_layers
-    if layer == -1:
-        return max(num - 2, 0)
-    if not 0 <= layer < num:
+    if layer != -1 and not 0 <= layer < num:
         raise ValueError(f"--alignment_layer={layer}: must be in [0, {num - 1}] or -1")
-    return layer
+    if layer == -1:
+        layer = config.decode.alignment_layer
+    return max(num - 2, 0) if layer == -1 else layer
 
 
 def score_pairs(
