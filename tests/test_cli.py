@@ -196,6 +196,7 @@ def test_pyproject_declares_requirements_txt():
         "translate-train",
         "translate-evaluate",
         "translate-text",
+        "translate-score",
         "translate-sample",
         "translate-export",
     }

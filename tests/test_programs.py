@@ -194,7 +194,7 @@ def test_with_the_cache_off_nothing_is_kept(workdir, tmp_path, monkeypatch):
 
 def test_the_least_recently_used_setups_go_past_the_bound(tmp_path, monkeypatch, caplog):
     leaves = [np.zeros(1000, np.float32)]
-    old, new = compilation.Setup(tmp_path, "old"), compilation.Setup(tmp_path, "new")
+    old, new = compilation.Setup(tmp_path, "0" * 32), compilation.Setup(tmp_path, "1" * 32)
     old.save(leaves, [[1]], [])
     os.utime(old.record, (1, 1))  # used long ago
     monkeypatch.setattr(compilation, "PROGRAMS_MAX_BYTES", 6000)
@@ -202,3 +202,108 @@ def test_the_least_recently_used_setups_go_past_the_bound(tmp_path, monkeypatch,
         new.save(leaves, [[1]], [])
     assert not old.directory.exists()
     assert new.load() is not None
+
+
+def test_a_step_that_is_a_link_is_followed_into_the_setups_name(workdir, tmp_path):
+    """Issue 59: a step under checkpoints/ that links to another run's was left out."""
+    run = tmp_path / "run"
+    shutil.copytree(workdir, run)
+    other = tmp_path / "other"
+    for name in ("a", "b"):
+        shutil.copytree(run / "checkpoints" / "6", other / name)
+    shutil.rmtree(run / "checkpoints" / "6")
+    (run / "checkpoints" / "6").symlink_to(other / "a", target_is_directory=True)
+    name = compilation.setup_name([str(run)], None, 0)
+    (run / "checkpoints" / "6").unlink()
+    (run / "checkpoints" / "6").symlink_to(other / "b", target_is_directory=True)
+    assert compilation.setup_name([str(run)], None, 0) != name  # the same files, elsewhere
+
+
+def test_a_file_replaced_in_place_or_chmodded_is_another_setup(workdir, tmp_path):
+    """Issue 59: a step made unreadable for one run (then readable again, its size and time
+    unchanged) kept every later run on the older step its fallback had chosen."""
+    run = tmp_path / "run"
+    shutil.copytree(workdir, run)
+    file = next(p for p in (run / "checkpoints" / "6").rglob("*") if p.is_file())
+    names = [compilation.setup_name([str(run)], None, 0)]
+    status = file.stat()
+    file.chmod(0)
+    names.append(compilation.setup_name([str(run)], None, 0))
+    file.chmod(status.st_mode)
+    names.append(compilation.setup_name([str(run)], None, 0))
+    data = file.read_bytes()
+    file.unlink()
+    file.write_bytes(data)  # another inode, the same bytes
+    os.utime(file, ns=(status.st_atime_ns, status.st_mtime_ns))
+    names.append(compilation.setup_name([str(run)], None, 0))
+    assert len(set(names)) == len(names)
+
+
+def test_a_fallback_to_an_older_step_is_not_kept_for_the_next_command(workdir, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(workdir, run)
+    assert not programs.passed_over([str(run)], None, 0, [[6]])
+    assert programs.passed_over([str(run)], None, 0, [[3]])  # step 6 was passed over
+    assert not programs.passed_over([str(run)], 3, 0, [[3]])  # asked for
+
+
+def test_a_users_own_searches_folder_is_neither_used_nor_cleaned(tmp_path, caplog):
+    """Issue 59: a cache directory of the user's own holding searches/ lost its subfolders."""
+    cache = tmp_path / "mine"
+    own = cache / compilation.SUBDIR / "holiday-photos"
+    own.mkdir(parents=True)
+    (own / "a.jpg").write_bytes(b"x" * 10_000)
+    with caplog.at_level(logging.WARNING):
+        assert compilation.Setup.find(str(cache), [str(tmp_path)], None, 0) is None
+    assert "holds files that translate did not write" in caplog.text
+    assert (own / "a.jpg").read_bytes() == b"x" * 10_000
+
+
+def test_the_store_deletes_only_what_it_made(tmp_path, monkeypatch):
+    leaves = [np.zeros(1000, np.float32)]
+    assert compilation.claim_store(tmp_path / compilation.SUBDIR)
+    stranger = tmp_path / compilation.SUBDIR / "not-a-setup"
+    stranger.mkdir()
+    (stranger / "big").write_bytes(b"x" * 20_000)
+    old, new = compilation.Setup(tmp_path, "0" * 32), compilation.Setup(tmp_path, "1" * 32)
+    old.save(leaves, [[1]], [])
+    os.utime(old.record, (1, 1))
+    monkeypatch.setattr(compilation, "PROGRAMS_MAX_BYTES", 6000)
+    new.save(leaves, [[1]], [])
+    assert not old.directory.exists() and new.load() is not None
+    assert (stranger / "big").stat().st_size == 20_000
+
+
+@pytest.mark.parametrize("damage", ["cut short", "other leaves", "empty"])
+def test_damaged_saved_parameters_are_made_again(tmp_path, damage, caplog):
+    setup = compilation.Setup(tmp_path, "2" * 32)
+    setup.save([np.ones(3, np.float32), np.zeros(2, np.float32)], [[6]], [])
+    if damage == "cut short":
+        setup.params.write_bytes(setup.params.read_bytes()[:-20])
+    elif damage == "other leaves":
+        record = json.loads(setup.record.read_text())
+        setup.record.write_text(json.dumps({**record, "leaves": 1}))
+    else:
+        setup.params.write_bytes(b"")
+    with caplog.at_level(logging.WARNING):
+        assert setup.load() is None
+    assert caplog.text.count("could not be used") == 1
+
+
+def test_a_saved_search_of_another_shape_is_traced_again(workdir):
+    """Issue 59: a saved search copied over another's name gave a traceback."""
+    graphdefs, params, tokenizer, config, steps = load_ensemble([workdir])
+    settings = decode_settings(config.decode)
+    leaves = jax.tree.leaves(params)
+    setup = compilation.Setup(workdir / "unused-cache-2", "3" * 32)
+    setup.save(leaves, steps, [])
+    made = programs.SavedSearches(setup, leaves, lambda: (graphdefs, params), settings)
+    small, large = np.zeros((1, 8), np.int32), np.zeros((2, 16), np.int32)
+    made.compile(small.shape)
+    source = setup.directory / (settings.program_name(small.shape) + compilation.EXPORTED)
+    target = setup.directory / (settings.program_name(large.shape) + compilation.EXPORTED)
+    shutil.copyfile(source, target)
+    again = programs.SavedSearches(setup, leaves, lambda: (graphdefs, params), settings)
+    expected = Searches(graphdefs, params, settings)(large)
+    for a, b in zip(jax.device_get(again(large)), jax.device_get(expected), strict=True):
+        np.testing.assert_array_equal(a, b)

@@ -63,7 +63,7 @@ def varied_outputs(monkeypatch):
     """
     load = trained_module.load_model
 
-    def load_untrained(workdir, step=None, average=0, log=print, params="auto"):
+    def load_untrained(workdir, step=None, average=0, log=print, params="auto", matmul_dtype=""):
         _, _, tokenizer, config, step = load(workdir, step, average, params=params)
         model = Transformer(config.model, tokenizer.vocab_size, rngs=nnx.Rngs(0))
         model.embed.embedding[...] = model.embed.embedding[...] * 8.0
@@ -577,7 +577,8 @@ def test_output_onto_anything_a_workdir_holds_is_refused(workdir, tmp_path):
         ("--length_penalty=-0.5", "--length_penalty=-0.5: must be a finite number >= 0"),
         ("--batch_size=-2", "--batch_size=-2: must be >= 1"),
         ("--parallel_batches=-1", "--parallel_batches=-1: must be >= 1"),
-        ("--max_extra_len=-5", "--max_extra_len=-5: must be >= 0"),
+        ("--max_extra_len=-5", "--max_extra_len=-5: must be in [0, 1024]"),
+        ("--max_extra_len=100000", "--max_extra_len=100000: must be in [0, 1024]"),
         ("--beam_stop=early", "--beam_stop=early: must be 'exact' or 'finished'"),
     ],
 )
@@ -733,7 +734,7 @@ def test_at_a_terminal_the_command_says_it_waits_for_a_sentence(workdir):
         ("--beam_size=0", "--beam_size=0: must be >= 1"),
         ("--batch_size=0", "--batch_size=0: must be >= 1"),
         ("--length_penalty=-1", "--length_penalty=-1.0: must be a finite number >= 0"),
-        ("--max_extra_len=-1", "--max_extra_len=-1: must be >= 0"),
+        ("--max_extra_len=-1", "--max_extra_len=-1: must be in [0, 1024]"),
     ],
 )
 def test_a_decoding_flag_given_its_unset_value_is_refused_not_ignored(flag, expected):
@@ -755,3 +756,42 @@ def test_an_output_device_that_is_full_is_named(workdir, tmp_path, varied_output
     with pytest.raises(OSError) as error:
         translate_text.main([f"--workdir={workdir}", f"--input={source}", "--output=/dev/full"])
     assert error.value.filename == "/dev/full" and error.value.errno == 28
+
+
+@pytest.mark.slow  # four fresh commands: 40-80 s on 2 cores
+def test_closed_or_broken_standard_streams_give_one_line_and_lose_no_output(workdir, tmp_path):
+    """Issue 59: stdout or stdin closed gave AttributeError tracebacks; a stderr whose reader
+    went away ended the command with --output never written."""
+    source = tmp_path / "in.txt"
+    source.write_text("the cat sleeps .\n", encoding="utf-8")
+    command = [sys.executable, "-m", "translate.translate_text", f"--workdir={workdir}"]
+
+    def run_with(*args, **kwargs):
+        return subprocess.run(
+            [*command, *args], cwd=ROOT, capture_output=False, timeout=300, **kwargs
+        )
+
+    closed_out = run_with(f"--input={source}", stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                          preexec_fn=lambda: os.close(1))  # fmt: skip
+    assert closed_out.returncode == 2
+    assert b"standard output is closed: give --output=FILE" in closed_out.stderr
+    closed_in = run_with(stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         preexec_fn=lambda: os.close(0))  # fmt: skip
+    assert closed_in.returncode == 2
+    assert b"standard input is closed: give --input=FILE" in closed_in.stderr
+    target = tmp_path / "out.txt"
+    written = run_with(
+        f"--input={source}",
+        f"--output={target}",
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        preexec_fn=lambda: (os.close(1), os.close(2)),
+    )
+    assert written.returncode == 0 and target.read_text(encoding="utf-8").count("\n") == 1
+    target.unlink()
+    reader, writer = os.pipe()
+    os.close(reader)  # stderr's reader went away before the command wrote to it
+    gone = run_with(f"--input={source}", f"--output={target}", stdout=subprocess.DEVNULL,
+                    stderr=writer)  # fmt: skip
+    os.close(writer)
+    assert gone.returncode == 0 and target.read_text(encoding="utf-8").count("\n") == 1

@@ -188,6 +188,41 @@ def readable_in_any_encoding() -> None:
             stream.reconfigure(errors="backslashreplace")
 
 
+class ClosedStream(io.TextIOBase):
+    """Stands in for standard input or output that the process was started without (`>&-`,
+    `<&-`): using it is a one-line error naming the flag that gives a file instead."""
+
+    def __init__(self, name: str, flag: str):
+        self.name, self.flag = name, flag
+        self.buffer = self
+
+    def _closed(self, *args: Any, **kwargs: Any) -> Any:
+        raise ValueError(f"{self.name} is closed: give {self.flag}=FILE")
+
+    read = readline = write = _closed
+
+    def fileno(self) -> int:
+        raise io.UnsupportedOperation(f"{self.name} is closed")
+
+    def isatty(self) -> bool:
+        return False
+
+    def flush(self) -> None:
+        pass
+
+
+def guard_standard_streams() -> None:
+    """Standard streams the process was started without give a one-line error (input,
+    output) or are done without (error: its lines are lost), never a traceback. (A stderr
+    whose reader goes away later is translate/streams.py's `say`'s to bear.)"""
+    if sys.stdin is None:
+        sys.stdin = ClosedStream("standard input", "--input")
+    if sys.stdout is None:
+        sys.stdout = ClosedStream("standard output", "--output")
+    if sys.stderr is None:
+        sys.stderr = open(os.devnull, "w")  # noqa: SIM115 - for the process's life
+
+
 def run(
     main: Callable[[list[str]], Any], argv: Sequence[str] | None = None, teardown: bool = True
 ) -> None:
@@ -206,6 +241,7 @@ def run(
     spec = getattr(sys.modules["__main__"], "__spec__", None)
     if program.endswith(".py") and spec is not None:
         program = f"python -m {spec.name}"  # run as python -m translate.train
+    guard_standard_streams()
     # Before XLA's threads allocate: one arena is chosen at a first malloc.
     devices.keep_freed_memory()
     readable_in_any_encoding()

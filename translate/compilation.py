@@ -159,6 +159,9 @@ def say_entry_errors_once(directory: pathlib.Path) -> None:
 # The store of setups: parameters, traced searches and executables (module docstring).
 
 SUBDIR = "searches"
+# The file that marks SUBDIR as this store's: a directory of that name without it is the user's,
+# and is neither used nor cleaned (`Setup.find`, `Setup.evict`).
+STORE_MARKER = ".translate-saved-searches"
 # The size all setups are kept under together; the least recently used go first.
 PROGRAMS_MAX_BYTES = 2 * 2**30
 # The first line of a saved search's file; the next holds the payload's SHA-256.
@@ -259,14 +262,22 @@ def machine() -> dict[str, Any]:
 
 
 def files_digest(workdir: Workdir) -> dict[str, Any]:
-    """A workdir's identity as decoding reads it: its files' contents or sizes and times."""
+    """A workdir's identity as decoding reads it: its files' contents or identities.
+
+    Every file under checkpoints/ is named by its path there, the file it resolves to (a step
+    that is a link to another run's is that run's), its size and modification time, and its
+    inode and change time: a file replaced in place, or whose permissions changed (an unreadable
+    step made readable again), is another setup.
+    """
     listing = []
-    for root, dirs, files in os.walk(workdir.checkpoints):
+    for root, dirs, files in os.walk(workdir.checkpoints, followlinks=True):
         dirs.sort()
         for name in sorted(files):
-            status = os.stat(os.path.join(root, name))
-            relative = os.path.relpath(os.path.join(root, name), workdir.checkpoints)
-            listing.append((relative, status.st_size, status.st_mtime_ns))
+            path = os.path.join(root, name)
+            status = os.stat(path)
+            identity = (status.st_size, status.st_mtime_ns, status.st_ino, status.st_ctime_ns)
+            relative = os.path.relpath(path, workdir.checkpoints)
+            listing.append((relative, os.path.realpath(path), *identity))
     return {
         "path": os.path.realpath(workdir.path),
         "config": hashlib.sha256(workdir.config.read_bytes()).hexdigest(),
@@ -295,6 +306,32 @@ def setup_name(
     return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:32]
 
 
+def claim_store(root: pathlib.Path) -> bool:
+    """Whether `root` is (or now becomes) the store's own: it holds the marker, or did not
+    exist, was empty or held only what the store writes (setups, executables; an earlier
+    version's store), and is marked now. False for a directory of someone else's."""
+    marker = root / STORE_MARKER
+    try:
+        if marker.is_file():
+            return True
+        # Unmarked: empty, or holding only what the store writes (an earlier version's).
+        ours = {".lock", EXECUTABLES}
+        if root.exists() and not all(
+            p.name in ours or (p.is_dir() and is_setup_name(p.name)) for p in root.iterdir()
+        ):
+            return False
+        root.mkdir(parents=True, exist_ok=True)
+        marker.write_text("Saved searches of translate (translate/compilation.py).\n")
+        return True
+    except OSError:
+        return False
+
+
+def is_setup_name(name: str) -> bool:
+    """Whether `name` is one `setup_name` gives: 32 lowercase hexadecimal digits."""
+    return len(name) == 32 and all(c in "0123456789abcdef" for c in name)
+
+
 class Setup:
     """One setup's directory under the cache: its parameters and saved searches."""
 
@@ -320,6 +357,15 @@ class Setup:
         """The setup of these workdirs and choice, or None with the cache off or unusable."""
         if cache is None:
             return None
+        root = pathlib.Path(cache) / SUBDIR
+        if not claim_store(root):
+            log.warning(
+                "WARNING: not keeping saved searches in %s: it holds files that translate did "
+                "not write (no %s); move them, or give another --compilation_cache",
+                root,
+                STORE_MARKER,
+            )
+            return None
         try:
             return cls(cache, setup_name(workdirs, step, average, params, matmul_dtype))
         except OSError as e:  # a file of a workdir is missing: loading says which
@@ -339,27 +385,33 @@ class Setup:
             )
 
     def load(self) -> tuple[list[np.ndarray], list[list[int]], list[str]] | None:
-        """(parameter leaves, steps per model, lines loading said), or None when not saved."""
+        """(parameter leaves, steps per model, lines loading said), or None when not saved or
+        unreadable for any reason (then it is made again, said once)."""
         if not self.record.is_file():
             return None
         try:
             record = json.loads(self.record.read_text(encoding="utf-8"))
             with np.load(self.params) as arrays:
+                if sorted(arrays.files) != sorted(f"leaf{i}" for i in range(record["leaves"])):
+                    raise ValueError("params.npz holds other leaves than setup.json counts")
                 leaves = [arrays[f"leaf{i}"] for i in range(record["leaves"])]
             os.utime(self.record)  # recently used: evicted last
             return leaves, record["steps"], record["said"]
-        except (OSError, ValueError, KeyError, TypeError) as e:
+        except Exception as e:  # noqa: BLE001 - whatever is wrong with it, it is made again
             self.say_once("the saved parameters", e)
             return None
 
     def save(self, leaves: Sequence[Any], steps: Sequence[list[int]], said: Sequence[str]):
-        """Keeps the parameters (then the record that says they are whole); never raises."""
+        """Keeps the parameters (then the record that says they are whole); never raises.
+
+        Both are flushed to disk before they are renamed into place: a crash leaves them whole
+        or absent."""
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
-            with atomic.file(self.params) as tmp, open(tmp, "wb") as f:
+            with atomic.file(self.params, fsync=True) as tmp, open(tmp, "wb") as f:
                 np.savez(f, **{f"leaf{i}": np.asarray(x) for i, x in enumerate(leaves)})
             record = {"leaves": len(leaves), "steps": [list(s) for s in steps], "said": list(said)}
-            atomic.write_text(self.record, json.dumps(record) + "\n")
+            atomic.write_text(self.record, json.dumps(record) + "\n", fsync=True)
             self.evict()
         except OSError as e:
             self.say_once("the directory for saved searches", e)
@@ -385,7 +437,7 @@ class Setup:
         digest = hashlib.sha256(payload).hexdigest().encode() + b"\n"
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            atomic.write_bytes(path, MAGIC + digest + payload)
+            atomic.write_bytes(path, MAGIC + digest + payload, fsync=True)
         except OSError as e:
             self.say_once("the directory for saved searches", e)
 
@@ -444,16 +496,17 @@ class Setup:
         self.root.mkdir(parents=True, exist_ok=True)
         with open(self.root / ".lock", "a+b") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
-            entries = []  # (last used, bytes, path)
+            entries = []  # (last used, bytes, path): only what this store made
             for path in self.root.iterdir():
-                if path.name.startswith(".") or not path.is_dir():
-                    continue
-                if path.name == EXECUTABLES:
+                if path.name == EXECUTABLES and path.is_dir():
                     for file in path.iterdir():
-                        status = file.stat()
-                        entries.append((status.st_mtime, status.st_size, file))
+                        if file.is_file() and file.suffix == EXECUTABLE:
+                            status = file.stat()
+                            entries.append((status.st_mtime, status.st_size, file))
                     continue
                 record = path / "setup.json"
+                if not (path.is_dir() and not path.is_symlink() and is_setup_name(path.name)):
+                    continue
                 used = record.stat().st_mtime if record.exists() else 0.0
                 size = sum(p.stat().st_size for p in path.iterdir() if p.is_file())
                 entries.append((used, size, path))

@@ -218,6 +218,8 @@ class DecodeConfig:
 # A validation rule: (field as "section.name", condition on its value, what it must be).
 Rule = tuple[str, Callable[[Any], bool], str]
 
+# The longest output past its source's length that decoding allows (decode.max_extra_len).
+MAX_EXTRA_LEN = 1024
 # The values of decode.beam_stop.
 BEAM_STOPS = ("exact", "finished")
 # The rules of the decoding settings that a command may also take as flags of its own
@@ -226,7 +228,9 @@ BEAM_STOPS = ("exact", "finished")
 SEARCH_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "beam_size": (lambda v: v >= 1, "must be >= 1"),
     "length_penalty": (lambda v: math.isfinite(v) and v >= 0.0, "must be a finite number >= 0"),
-    "max_extra_len": (lambda v: v >= 0, "must be >= 0"),
+    # A cap past MAX_EXTRA_LEN makes every search allocate and, on a model that does not end
+    # its outputs, run that many steps in one XLA call that no signal interrupts.
+    "max_extra_len": (lambda v: 0 <= v <= MAX_EXTRA_LEN, f"must be in [0, {MAX_EXTRA_LEN}]"),
     "beam_stop": (
         lambda v: v in BEAM_STOPS,
         "must be " + " or ".join(f"'{b}'" for b in BEAM_STOPS),

@@ -50,6 +50,7 @@ from translate.streams import (
     check_output_file,
     count_lines,
     read_chunks,
+    say,
 )
 from translate.trained import load_ensemble
 
@@ -224,12 +225,12 @@ def main(argv: Sequence[str]) -> None:
 def say_long_line(number: int, count: int, max_len: int) -> None:
     """Names on stderr a pair longer than the model was trained on (the first few)."""
     if count <= MAX_LENGTH_WARNINGS:
-        sys.stderr.write(
+        say(
             f"warning: pair {number} is longer than data.max_len={max_len} tokens on a side: "
             "scored whole, at lengths the model never saw in training\n"
         )
     elif count == MAX_LENGTH_WARNINGS + 1:
-        sys.stderr.write("warning: more pairs are longer than data.max_len; not named\n")
+        say("warning: more pairs are longer than data.max_len; not named\n")
 
 
 def console_main() -> None:

@@ -101,18 +101,25 @@ class Progress:
                 f"[{'#' * filled}{'.' * (30 - filled)}] {self.done}/{self.total} {unit}  "
                 f"{rate:.1f} {unit}/s  ETA {time.strftime('%H:%M:%S', time.gmtime(eta))}"
             )
-        sys.stderr.write("\r" + line)
-        sys.stderr.flush()
+        say("\r" + line)
         self.showing = True
 
     def end_line(self) -> None:
         """Ends the progress line, so that a message written next starts a line of its own."""
         if self.showing:
-            sys.stderr.write("\n")
+            say("\n")
             self.showing = False
 
     def close(self) -> None:
         self.end_line()
+
+
+def say(text: str) -> None:
+    """Writes `text` to stderr, flushed; a stderr that is closed or whose reader went away
+    (`... 2>&1 | head -2`) loses the text and never the command's work."""
+    with contextlib.suppress(OSError, ValueError):
+        sys.stderr.write(text)
+        sys.stderr.flush()
 
 
 def count_lines(path: str | os.PathLike) -> int | None:

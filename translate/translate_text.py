@@ -59,6 +59,7 @@ from translate.streams import (
     check_output_file,
     count_lines,
     read_chunks,
+    say,
 )
 
 # Most lines decoded and written at a time: bounds memory on arbitrarily long input.
@@ -157,12 +158,12 @@ def warn_of_long_lines(
         if progress is not None:
             progress.end_line()
         if len(said) <= MAX_TRUNCATION_WARNINGS:
-            sys.stderr.write(
+            say(
                 f"warning: line {first + i + 1} is longer than data.max_len={max_len} tokens "
                 f"({length} + EOS): only its first {max_len - 1} are translated\n"
             )
         elif len(said) == MAX_TRUNCATION_WARNINGS + 1:
-            sys.stderr.write("warning: more lines are longer than data.max_len; not named\n")
+            say("warning: more lines are longer than data.max_len; not named\n")
 
 
 def main(argv: Sequence[str]) -> None:
@@ -183,9 +184,9 @@ def main(argv: Sequence[str]) -> None:
         flags["workdir"], step, average, flags["params"], cache, flags["matmul_dtype"]
     )
     chosen = step is not None or average > 0
-    sys.stderr.write(describe_models(flags["workdir"], models.steps, chosen, models.config) + "\n")
+    say(describe_models(flags["workdir"], models.steps, chosen, models.config) + "\n")
     if not flags["input"] and sys.stdin.isatty():  # a person at a terminal: say it waits
-        sys.stderr.write("type a sentence and press Enter to translate it; Ctrl-D ends\n")
+        say("type a sentence and press Enter to translate it; Ctrl-D ends\n")
     settings = decode_settings(models.config.decode, given, flags["nbest"])
     if flags["alignment"]:
         forced.alignment_layer(models.config, flags["alignment_layer"])  # refused before reading

@@ -6,6 +6,7 @@ import hashlib
 import io
 import os
 import pathlib
+import re
 from collections.abc import Iterable, Sequence
 
 import sentencepiece as spm
@@ -80,6 +81,31 @@ def train_tokenizer(
     out_path = pathlib.Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     model = io.BytesIO()
+    try:
+        train_sentencepiece(texts, vocab_size, model)
+    except RuntimeError as e:
+        raise ValueError(sentencepiece_error(str(e), vocab_size)) from None
+    atomic.write_bytes(out_path, model.getvalue())
+    return Tokenizer(out_path)
+
+
+def sentencepiece_error(message: str, vocab_size: int) -> str:
+    """SentencePiece's training error in the words of our flags."""
+    found = re.search(r"smaller than required_chars\. (\d+) vs (\d+)", message)
+    if found:
+        return (
+            f"--config.data.vocab_size={vocab_size}: the training text needs {found.group(2)} "
+            "pieces for its distinct characters and the special tokens alone; give at least "
+            f"{found.group(2)} (nothing was trained, and the same command with a larger "
+            "vocab_size starts in this workdir)"
+        )
+    last = message.strip().splitlines()[-1] if message.strip() else message
+    flag = f"--config.data.vocab_size={vocab_size}"
+    return f"SentencePiece could not train the vocabulary ({flag}): {last}"
+
+
+def train_sentencepiece(texts: Sequence[str], vocab_size: int, model: io.BytesIO) -> None:
+    """SentencePiece's BPE trainer on `texts`, writing the model into `model`."""
     spm.SentencePieceTrainer.train(
         sentence_iterator=iter(texts),
         model_writer=model,
@@ -94,5 +120,3 @@ def train_tokenizer(
         num_threads=os.cpu_count() or 1,
         minloglevel=2,
     )
-    atomic.write_bytes(out_path, model.getvalue())
-    return Tokenizer(out_path)

@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -63,6 +62,7 @@ from translate.data.tokenizer import Tokenizer
 from translate.decoding.search import search
 from translate.decoding.sentences import DecodeTimes, Searches, translate_sentences
 from translate.decoding.settings import DecodeSettings
+from translate.streams import say
 from translate.trained import load_ensemble
 from translate.workdir import Workdir, read_config
 
@@ -81,6 +81,8 @@ class SavedSearches:
       leaves: the ensemble's parameter leaves, in `jax.tree.leaves(params)` order.
       load_model: gives (graphdefs, params) of the ensemble whose leaves these are.
       settings: the decoding settings the searches run.
+      record: the steps and the lines said that `setup` records with the parameters, kept
+        again with the model's own parameters when the saved ones do not fit it.
     """
 
     def __init__(
@@ -89,10 +91,12 @@ class SavedSearches:
         leaves: Sequence[Any],
         load_model: Callable[[], tuple[tuple, tuple]],
         settings: DecodeSettings,
+        record: tuple[Sequence[list[int]], Sequence[str]] = ((), ()),
     ):
         device = jax.local_devices()[0]
         self.leaves = [jax.device_put(x, device) for x in leaves]
         self.setup, self.load_model, self.settings = setup, load_model, settings
+        self.record = record
         self.programs: dict[tuple[int, int], Callable] = {}
 
     def compile(self, shape: tuple[int, int]) -> None:
@@ -102,6 +106,9 @@ class SavedSearches:
             return
         name = self.settings.program_name(shape) + EXPORTED
         found = self.setup.load_search(name) if self.setup is not None else None
+        if found is not None and not self._fits(found[0], shape):
+            self.setup.say_once("a saved search", ValueError(f"{name} was made for other shapes"))
+            found = None
         if found is not None:
             exported, payload = found
         else:
@@ -129,11 +136,28 @@ class SavedSearches:
                 self.setup.save_executable(key, compiled)
         self.programs[shape] = compiled
 
+    def _fits(self, exported, shape: tuple[int, int]) -> bool:
+        """Whether a saved search takes these parameters and batches of `shape`."""
+        expected = [(x.shape, x.dtype) for x in self.leaves] + [(shape, np.dtype(np.int32))]
+        found = [(tuple(a.shape), np.dtype(a.dtype)) for a in exported.in_avals]
+        return found == [(tuple(s), np.dtype(d)) for s, d in expected]
+
     def _export(self, shape: tuple[int, int]):
         graphdefs, params = self.load_model()
         treedef = jax.tree.structure(params)
-        if treedef.num_leaves != len(self.leaves):
-            raise RuntimeError("the loaded model's parameters are not the saved ones")
+        leaves = jax.tree.leaves(params)
+        shapes = [(x.shape, x.dtype) for x in leaves]
+        if shapes != [(x.shape, x.dtype) for x in self.leaves]:
+            # The saved parameters are not this model's (a damaged setup): the model's own
+            # are used, and kept in their place.
+            if self.setup is not None:
+                error = ValueError("they do not fit the model")
+                self.setup.say_once("the saved parameters", error)
+            device = jax.local_devices()[0]
+            self.leaves = [jax.device_put(x, device) for x in leaves]
+            self.programs.clear()
+            if self.setup is not None:
+                self.setup.save(self.leaves, *self.record)
         settings = self.settings
 
         def run(leaves, src):
@@ -152,11 +176,22 @@ def said_lines() -> tuple[list[str], Callable[[str], None]]:
     """A list and a logger that writes each line to stderr and keeps it in the list."""
     lines: list[str] = []
 
-    def say(line: str) -> None:
+    def keep(line: str) -> None:
         lines.append(line)
-        sys.stderr.write(line + "\n")
+        say(line + "\n")
 
-    return lines, say
+    return lines, keep
+
+
+def passed_over(workdirs: Sequence[str], step, average: int, steps) -> bool:
+    """Whether loading the newest checkpoint fell back to an older one (the newest unreadable
+    now): a decision of this run, never kept for the next (which tries the newest again)."""
+    if step is not None or average:
+        return False
+    from translate import checkpoint
+
+    newest = [checkpoint.latest_step(Workdir(w).checkpoints) for w in workdirs]
+    return any(s[-1] != n for s, n in zip(steps, newest))
 
 
 class OpenedModels:
@@ -183,19 +218,19 @@ class OpenedModels:
         saved = self.setup.load() if self.setup is not None else None
         self.models: tuple[tuple, tuple] | None = None
         if saved is not None:
-            self.leaves, self.steps, said = saved
-            for line in said:
-                sys.stderr.write(line + "\n")
+            self.leaves, self.steps, self.said = saved
+            for line in self.said:
+                say(line + "\n")
             first = Workdir(self.workdirs[0])
             self.tokenizer, self.config = Tokenizer(first.vocab), read_config(first)
         else:
-            said, say = said_lines()
-            ensemble = load_ensemble(self.workdirs, step, average, say, params, matmul_dtype)
+            self.said, keep = said_lines()
+            ensemble = load_ensemble(self.workdirs, step, average, keep, params, matmul_dtype)
             self.leaves, self.steps = jax.tree.leaves(ensemble.params), ensemble.steps
             self.tokenizer, self.config = ensemble.tokenizer, ensemble.config
             self.models = ensemble[:2]
-            if self.setup is not None:
-                self.setup.save(self.leaves, self.steps, said)
+            if self.setup is not None and not passed_over(self.workdirs, step, average, self.steps):
+                self.setup.save(self.leaves, self.steps, self.said)
         self._searches: dict[DecodeSettings, Any] = {}
 
     def load_model(self) -> tuple[tuple, tuple]:
@@ -215,7 +250,7 @@ class OpenedModels:
                 self._searches[settings] = Searches(*self.load_model(), settings)
             else:
                 self._searches[settings] = SavedSearches(
-                    self.setup, self.leaves, self.load_model, settings
+                    self.setup, self.leaves, self.load_model, settings, (self.steps, self.said)
                 )
         return self._searches[settings]
 
