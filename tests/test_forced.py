@@ -259,3 +259,12 @@ def test_translate_text_writes_one_alignment_line_per_output_line(workdir, tmp_p
         translate_text.main([*argv, f"--alignment={align}", "--alignment_layer=7"])
     with pytest.raises(ValueError, match="give --alignment=FILE too"):
         translate_text.main([*argv, "--alignment_pieces"])
+
+
+def test_a_dash_is_the_standard_stream_not_a_file(workdir, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    pairs = tmp_path / "pairs.tsv"
+    pairs.write_text("a man reads .\tein Mann liest .\n", encoding="utf-8")
+    score.main([f"--workdir={workdir}", f"--input={pairs}", "--output=-"])
+    assert len(capsys.readouterr().out.splitlines()) == 1
+    assert not (tmp_path / "-").exists()

@@ -307,3 +307,20 @@ def test_a_saved_search_of_another_shape_is_traced_again(workdir):
     expected = Searches(graphdefs, params, settings)(large)
     for a, b in zip(jax.device_get(again(large)), jax.device_get(expected), strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+def test_a_remade_file_does_not_inherit_an_unreadable_mode(tmp_path):
+    """Issue 59: an executable made unreadable was remade with mode 000, so on every run."""
+    setup = compilation.Setup(tmp_path, "4" * 32)
+    path = setup.executables / ("x" + compilation.EXECUTABLE)
+    setup.write(path, b"payload")
+    path.chmod(0)
+    setup.write(path, b"payload")
+    assert path.stat().st_mode & 0o444 == 0o444 & ~current_umask()
+    assert setup.read(path, "an executable") == b"payload"
+
+
+def current_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask

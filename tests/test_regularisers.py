@@ -299,3 +299,22 @@ def test_adamw_resumes_bit_for_bit_and_cannot_be_switched_on_or_off_by_a_resume(
     config.train.weight_decay = 0.0
     with pytest.raises(ValueError, match=r"config.train.weight_decay = 0.1, now 0.0 .*--force"):
         check_config(config, workdir, force=False)
+
+
+@pytest.mark.slow  # one run with a dev evaluation: 15-30 s on 2 cores
+def test_best_keeps_the_parameters_and_their_average_apart(config, tmp_path):
+    """Issue 59: best/ of a run with train.ema_decay stored the average as its parameters,
+    so --params=raw decoded the average and --params=ema said there was none."""
+
+    config = regularised(config, 6)
+    config.train.keep_best_by = "dev_bleu"
+    config.train.eval_every_steps = 6
+    train_and_evaluate(config, tmp_path)
+    best = Workdir(Workdir(tmp_path).best)
+    for choice in ("raw", "ema"):
+        kept = load_model(best.path, params=choice).params
+        run = load_model(tmp_path, step=6, params=choice).params
+        for a, b in zip(jax.tree.leaves(kept), jax.tree.leaves(run), strict=True):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    raw, ema = (jax.tree.leaves(load_model(best.path, params=c).params) for c in ("raw", "ema"))
+    assert any(not np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(raw, ema))

@@ -357,12 +357,16 @@ def average_params(
 
 
 def save_params(
-    manager: ocp.CheckpointManager, step: int, params: Any, meta: dict[str, Any]
+    manager: ocp.CheckpointManager,
+    step: int,
+    params: Any,
+    meta: dict[str, Any],
+    ema: Any | None = None,
 ) -> None:
-    """Saves parameters without optimizer state (an averaged model is for decoding only)."""
-    manager.save(
-        step,
-        args=ocp.args.Composite(params=ocp.args.StandardSave(params), meta=ocp.args.JsonSave(meta)),
-        force=True,
-    )
+    """Saves parameters without optimizer state (an averaged model, a run's best/: for
+    decoding only), and their moving average as item "ema" when given, as `save` does."""
+    items = {"params": ocp.args.StandardSave(params), "meta": ocp.args.JsonSave(meta)}
+    if ema is not None:
+        items["ema"] = ocp.args.StandardSave(ema)
+    manager.save(step, args=ocp.args.Composite(**items), force=True)
     manager.wait_until_finished()

@@ -437,6 +437,9 @@ class Setup:
         digest = hashlib.sha256(payload).hexdigest().encode() + b"\n"
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
+            # A file made unreadable would lend its mode to its replacement (`AtomicFile`),
+            # which would then be made again on every run: the new file gets the default mode.
+            path.unlink(missing_ok=True)
             atomic.write_bytes(path, MAGIC + digest + payload, fsync=True)
         except OSError as e:
             self.say_once("the directory for saved searches", e)

@@ -164,6 +164,8 @@ def output_lines(first: int, scored: Sequence[forced.PairScore]) -> dict[str, st
 
 def main(argv: Sequence[str]) -> None:
     flags, _ = parse_flags(list(argv), FLAGS, doc=__doc__, sections=())
+    for flag in ("input", "output"):  # "-" is the standard stream, as for most commands
+        flags[flag] = "" if flags[flag] == "-" else flags[flag]
     cli.quiet_libraries()
     check_flags(flags)
     outputs = {f"--{n}": flags[n] for n in ("output", "per_token", "alignment")}

@@ -241,7 +241,14 @@ def load_model(
 
 
 def write_params_workdir(
-    target: Workdir, config_json: str, vocab_from: Workdir, manager, step: int, params, meta
+    target: Workdir,
+    config_json: str,
+    vocab_from: Workdir,
+    manager,
+    step: int,
+    params,
+    meta,
+    ema=None,
 ) -> bool:
     """Writes a parameters-only workdir: config.json, vocab.model and one checkpoint.
 
@@ -255,6 +262,8 @@ def write_params_workdir(
       vocab_from: the workdir whose vocab.model is copied, unless `target` holds one.
       manager: `target`'s checkpoint manager (translate/checkpoint.py).
       step, params, meta: the checkpoint: its step, parameters and JSON metadata.
+      ema: the moving average of the parameters, kept beside them (item "ema") when the run
+        has one, so that --params=raw and --params=ema read what they say.
 
     Returns:
       Whether the checkpoint was written: False when `manager` holds `step` already.
@@ -267,7 +276,7 @@ def write_params_workdir(
     copy_vocabulary(vocab_from, target)
     if step in manager.all_steps():
         return False
-    checkpoint.save_params(manager, step, params, meta)
+    checkpoint.save_params(manager, step, params, meta, ema)
     return True
 
 

@@ -168,6 +168,8 @@ def warn_of_long_lines(
 
 def main(argv: Sequence[str]) -> None:
     flags, _ = parse_flags(list(argv), FLAGS, doc=__doc__, sections=())
+    for flag in ("input", "output"):  # "-" is the standard stream, as for most commands
+        flags[flag] = "" if flags[flag] == "-" else flags[flag]
     cli.quiet_libraries()
     given = given_decoding_flags(flags, named_flags(argv))  # refused before anything is loaded
     if flags["input"] and (os.path.isdir(flags["input"]) or not os.path.exists(flags["input"])):

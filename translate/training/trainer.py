@@ -475,9 +475,9 @@ class Trainer:
         bleu = metrics_eval["eval/bleu"]
         self.dev_history.add(step, bleu)
         if self.best is not None and (self.kept_bleu is None or bleu > self.kept_bleu):
-            save_best(
-                self.best, self.config, self.workdir, self.data, self.state.evaluated, step, bleu
-            )
+            ema = None if self.state.ema is None else self.state.ema.tree()
+            params = self.state.params.tree()
+            save_best(self.best, self.config, self.workdir, self.data, params, ema, step, bleu)
             self.kept_bleu = bleu
         if not self.dev_history.exhausted(t.early_stopping_patience) or step == t.num_train_steps:
             return False
@@ -625,9 +625,10 @@ def write_test_report(
 
 
 def save_best(
-    manager, config: Config, workdir: Workdir, data: Data, params, step: int, bleu: float
+    manager, config: Config, workdir: Workdir, data: Data, params, ema, step: int, bleu: float
 ) -> None:
-    """Keeps `params` as the workdir's best checkpoint (`train.keep_best_by`), replacing the last.
+    """Keeps `params` (and their moving average `ema`, when the run keeps one) as the
+    workdir's best checkpoint (`train.keep_best_by`), replacing the last.
 
     best/ is a workdir of its own, so every command that reads a workdir reads it. Orbax
     writes the step beside and renames it when whole, then deletes the one it replaces.
@@ -636,7 +637,7 @@ def save_best(
     meta = {"step": step, "dev_bleu": bleu, "vocab_sha256": data.tokenizer.sha256}
     try:
         written = write_params_workdir(
-            best, config_text(config), workdir, manager, step, params, meta
+            best, config_text(config), workdir, manager, step, params, meta, ema
         )
     except Exception as e:
         then = "make room, and the same command resumes (it keeps the best from then on)"
