@@ -284,3 +284,23 @@ def test_average_checkpoints_names_the_flag_of_a_bad_number(run):
         script.main([f"--workdir={workdir}", "--steps=abc"])
     with pytest.raises(SystemExit, match=r"--num=0: the number of checkpoints to average"):
         script.main([f"--workdir={workdir}", "--num=0"])
+
+
+def test_checkpoints_of_which_only_some_hold_an_average_are_never_mixed(tmp_path):
+    """Issue 59: the moving average switched on by a resume, then --average mixed the
+    parameters of some steps with the averages of others, saying "the moving average"."""
+    import jax.numpy as jnp
+
+    from translate import checkpoint
+    from translate.trained import mean_params
+
+    manager = checkpoint.make_manager(tmp_path / "checkpoints", keep=5)
+    tree = lambda v: {"w": jnp.full((2,), v, jnp.float32)}  # noqa: E731
+    checkpoint.save(manager, 3, tree(1.0), tree(0.0), {"step": 3})
+    checkpoint.save(manager, 6, tree(3.0), tree(0.0), {"step": 6}, ema=tree(100.0))
+    manager.wait_until_finished()
+    said = []
+    mean = mean_params(manager, [3, 6], tree(0.0), "auto", log=said.append)
+    assert float(mean["w"][0]) == 2.0  # the parameters of both, not 1.0 and 100.0
+    assert "only some hold a moving average" in said[0]
+    assert float(mean_params(manager, [6], tree(0.0), "auto")["w"][0]) == 100.0

@@ -234,6 +234,7 @@ def test_export_directory_holds_the_vocabulary_and_the_marker(exported):
     record = json.loads((export_dir / exporter.MARKER).read_text())
     assert record["format"] == "ctranslate2" and record["steps"] == [1]
     assert record["workdir"] == str(workdir.resolve())
+    assert record["parameters"] == "raw"  # issue 59: which parameters (no moving average here)
 
 
 def test_int8_quantization_stores_every_projection_in_8_bits(workdirs, tmp_path, monkeypatch):

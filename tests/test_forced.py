@@ -205,6 +205,7 @@ def test_bad_input_is_named_and_nothing_is_written(workdir, tmp_path):
     (tmp_path / "s.en").write_text("a\nb\nc\n", encoding="utf-8")
     (tmp_path / "s.de").write_text("a\nb\n", encoding="utf-8")
     (tmp_path / "bad.tsv").write_text("a\tb\nno tab here\n", encoding="utf-8")
+    (tmp_path / "empty.de").write_text("", encoding="utf-8")
     out = tmp_path / "out.tsv"
     out.write_text("earlier\n")
     base = [f"--workdir={workdir}", f"--output={out}"]
@@ -213,6 +214,7 @@ def test_bad_input_is_named_and_nothing_is_written(workdir, tmp_path):
             [f"--src={tmp_path / 's.en'}", f"--tgt={tmp_path / 's.de'}"],
             "different numbers of lines",
         ),
+        ([f"--src={tmp_path / 's.en'}", f"--tgt={tmp_path / 'empty.de'}"], "--tgt ends at line 0"),
         ([f"--input={tmp_path / 'bad.tsv'}"], "bad.tsv:2: 0 tabs"),
         ([f"--src={tmp_path / 's.en'}"], "give --src and --tgt together"),
         ([f"--input={tmp_path / 'bad.tsv'}", "--alignment_pieces"], "give --alignment=FILE too"),

@@ -3,6 +3,7 @@
 import contextlib
 import importlib
 import json
+import logging
 import os
 import pathlib
 import re
@@ -746,3 +747,27 @@ def test_a_reader_of_an_interrupted_force_run_is_told_to_train_again(tmp_path):
     (run.previous_run / "config.json").write_text("{}")
     with pytest.raises(FileNotFoundError, match="interrupted --force run.*run translate-train"):
         read_config(run)
+
+
+@pytest.mark.slow  # a 6-step run with a dev evaluation, 10-20 s
+def test_a_full_disk_while_keeping_the_first_best_checkpoint_is_one_line(
+    config, tmp_path, monkeypatch, caplog
+):
+    """Issue 59 (from round 3): hundreds of lines with a traceback and no one-line error."""
+    config.train.keep_best_by = "dev_bleu"
+    config.train.eval_every_steps = 3
+    save_params = checkpoint.save_params
+
+    def disk_full(manager, step, *args, **kwargs):
+        with file_size_limit(20_000):  # the parameters take 200 kB
+            save_params(manager, step, *args, **kwargs)
+
+    monkeypatch.setattr(checkpoint, "save_params", disk_full)
+    cli.quiet_libraries()  # as every command does
+    with caplog.at_level(logging.ERROR), pytest.raises(OSError) as error:
+        trainer.train_and_evaluate(config, tmp_path)
+    message = cli.user_error_message(error.value)
+    assert not [r for r in caplog.records if r.name in ("asyncio", "absl")], caplog.text[:2000]
+    best = Workdir(Workdir(tmp_path).best)
+    assert message.startswith(f"could not write the checkpoint of step 3 in {best.checkpoints}")
+    assert "\n" not in message

@@ -532,19 +532,25 @@ class WriteFailuresSaidOnce(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         error = record.exc_info[1] if record.exc_info else None
-        seen = set()
+        texts, seen = [record.getMessage()], set()
         while error is not None and id(error) not in seen:
             if isinstance(error, OSError):
                 return False
+            texts.append(str(error))
             seen.add(id(error))
             error = error.__cause__ or error.__context__
-        return "os_error_code=" not in record.getMessage()
+        text = "\n".join(texts)
+        # Orbax's own report ends in the OS error's code; tensorstore's (a parameters-only save,
+        # best/ or an average, reaching asyncio's "never retrieved" report) names the write.
+        failed_write = "Error writing" in text and "Failed writing" in text
+        return "os_error_code=" not in text and not failed_write
 
 
 def quiet_libraries() -> None:
     """Keeps Orbax's per-save INFO lines and read-only manager warnings off the console, and
     the tracebacks of its save threads for a failed write (the command says it once)."""
     absl_logging.set_verbosity(absl_logging.ERROR)
-    absl = logging.getLogger("absl")
-    if not any(isinstance(f, WriteFailuresSaidOnce) for f in absl.filters):
-        absl.addFilter(WriteFailuresSaidOnce())
+    for name in ("absl", "asyncio"):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, WriteFailuresSaidOnce) for f in logger.filters):
+            logger.addFilter(WriteFailuresSaidOnce())

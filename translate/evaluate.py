@@ -41,7 +41,7 @@ from translate.data.text import read_lines
 from translate.decoding import scoring
 from translate.decoding.report import sha256_of_file, translate_and_score, write_report
 from translate.decoding.settings import decode_settings
-from translate.trained import load_ensemble
+from translate.trained import load_ensemble, parameters_read
 from translate.workdir import Workdir, check_output_path
 
 
@@ -53,7 +53,7 @@ def default_output(
 
     `evaluations/newstest2014.en.step100000`, `...average5.step100000` or `...ensemble2.step..`,
     with `.raw` or `.ema` after the step when `parameters` says which a run's moving average
-    made a choice of (`parameters_decoded`); `.2`, `.3`, ... are added while a directory of
+    made a choice of (`trained.parameters_read`); `.2`, `.3`, ... are added while a directory of
     that name exists, so nothing is overwritten.
 
     Raises:
@@ -209,7 +209,7 @@ def main(argv: Sequence[str]) -> None:
     config.validate()
     settings = decode_settings(config.decode)  # --config.decode.* over the workdir's
     sources, references, other = read_test_set(flags)
-    parameters = parameters_decoded(workdirs, members, flags["params"])
+    parameters = parameters_read(workdirs, members, flags["params"])
     if flags["output"]:
         output = claim_output(flags["output"])
     else:
@@ -248,20 +248,6 @@ def main(argv: Sequence[str]) -> None:
         write_report(out.path, report, sources, references, hypotheses, plots_dir=workdirs[0])
     print(out.report_txt.read_text(), end="")
     print(f"(written to {out.path})")
-
-
-def parameters_decoded(workdirs: Sequence[str], members, choice: str) -> str:
-    """ "ema" or "raw" when a decoded checkpoint holds a moving average of its parameters
-    (train.ema_decay), so which of the two was decoded is worth saying; else ""."""
-    from translate import checkpoint
-
-    held = [
-        checkpoint.holds_ema(Workdir(w).checkpoints, steps[-1])
-        for w, steps in zip(workdirs, members)
-    ]
-    if not any(held):
-        return ""
-    return "raw" if choice == "raw" else "ema" if all(held) else "mixed"
 
 
 def console_main() -> None:

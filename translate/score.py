@@ -30,6 +30,7 @@ them only once every pair is scored; an output that is an input, another output,
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import sys
@@ -90,7 +91,7 @@ def read_pairs(flags, source: BinaryIO | None) -> Iterator[tuple[list[str], list
             sources = read_chunks(src, flags["src"], LINES_PER_CHUNK)
             targets = read_chunks(tgt, flags["tgt"], LINES_PER_CHUNK)
             read = 0
-            for chunk, other in zip(sources, targets):
+            for chunk, other in itertools.zip_longest(sources, targets, fillvalue=[]):
                 # Files give chunks of LINES_PER_CHUNK lines until their ends.
                 if len(chunk) != len(other):
                     shorter = "--src" if len(chunk) < len(other) else "--tgt"
@@ -100,12 +101,6 @@ def read_pairs(flags, source: BinaryIO | None) -> Iterator[tuple[list[str], list
                     )
                 read += len(chunk)
                 yield chunk, other
-            for extra, flag in ((next(sources, None), "--src"), (next(targets, None), "--tgt")):
-                if extra:
-                    raise ValueError(
-                        f"--src={flags['src']} and --tgt={flags['tgt']} have different numbers "
-                        f"of lines: {flag} has more than {read}"
-                    )
         return
     name, first = flags["input"] or "<stdin>", 0
     for chunk in read_chunks(source, name, LINES_PER_CHUNK):
@@ -217,6 +212,8 @@ def main(argv: Sequence[str]) -> None:
                     progress.update(len(scored))
                 first += len(sources)
             out.commit()
+        if long_lines > MAX_LENGTH_WARNINGS:
+            say(f"warning: {long_lines} pairs in all were longer than data.max_len\n")
     finally:
         if progress:
             progress.close()

@@ -49,13 +49,25 @@ class TrainedModel(NamedTuple):
     steps: list[int]  # the checkpoint's step, or the steps averaged
 
 
-def mean_params(manager, steps: Sequence[int], abstract_params, choice: str = "auto", said=None):
+def mean_params(
+    manager, steps: Sequence[int], abstract_params, choice: str = "auto", said=None, log=say
+):
     """The mean of the parameters saved at `steps`: the one averaging policy (Sec. 6.1).
 
     Each checkpoint gives its moving average when it holds one and `choice` allows it
-    (`checkpoint.params_item`); `said` is called whenever a moving average is read.
+    (`checkpoint.params_item`); `said` is called whenever a moving average is read. With
+    "auto", checkpoints of which only some hold an average (`train.ema_decay` switched on or
+    off by a resume) are averaged as their parameters themselves, never mixed, and `log` says so.
     """
     from translate import checkpoint
+
+    held = [checkpoint.holds_ema(manager.directory, step) for step in steps]
+    if choice == "auto" and any(held) and not all(held):
+        log(
+            f"{manager.directory}: of the checkpoints {list(steps)}, only some hold a moving "
+            "average of the parameters; averaging the parameters themselves (--params=raw)"
+        )
+        choice = "raw"
 
     def item(step: int) -> str:
         chosen = checkpoint.params_item(manager.directory, step, choice)
@@ -115,7 +127,8 @@ class _Reader:
                         f"{manager.all_steps()})"
                     )
             try:
-                return mean_params(manager, steps, self.abstract, choice, said), steps
+                mean = mean_params(manager, steps, self.abstract, choice, said, self.log)
+                return mean, steps
             except Exception:
                 manager.reload()
                 if set(steps) <= set(manager.all_steps()):
@@ -278,6 +291,18 @@ def write_params_workdir(
         return False
     checkpoint.save_params(manager, step, params, meta, ema)
     return True
+
+
+def parameters_read(workdirs: Sequence[str], steps: Sequence[list[int]], choice: str) -> str:
+    """ "ema" or "raw" when a decoded checkpoint holds a moving average of its parameters
+    (train.ema_decay), so which of the two was read is worth saying ("mixed" across an
+    ensemble); "" when none holds one (the parameters are all there is)."""
+    from translate import checkpoint
+
+    held = [checkpoint.holds_ema(Workdir(w).checkpoints, s[-1]) for w, s in zip(workdirs, steps)]
+    if not any(held):
+        return ""
+    return "raw" if choice == "raw" else "ema" if all(held) else "mixed"
 
 
 class Ensemble(NamedTuple):

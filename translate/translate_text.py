@@ -211,6 +211,8 @@ def main(argv: Sequence[str]) -> None:
                     out.write("--alignment", alignment_lines(models, chunk, results, flags))
                 first += len(chunk)
             out.commit()
+        if len(truncated) > MAX_TRUNCATION_WARNINGS:
+            say(f"warning: {len(truncated)} lines in all were longer than data.max_len\n")
     finally:
         if progress:
             progress.close()

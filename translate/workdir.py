@@ -311,7 +311,7 @@ def check_output_path(
             if Workdir(workdir).holds(output):
                 raise ValueError(
                     f"{flag}={output} is a file of --workdir={workdir} ({real}); writing there "
-                    "would damage that run: give an --output outside the files the workdir "
+                    f"would damage that run: give a {flag} outside the files the workdir "
                     "holds and a run writes there (its config, vocabulary, checkpoints, logs, "
                     "reports, curves, best/, evaluations/ and data/)"
                 )

@@ -31,7 +31,7 @@ from flax import nnx
 from translate import atomic, provenance
 from translate.config import Config
 from translate.engines import ctranslate2, huggingface
-from translate.trained import load_ensemble
+from translate.trained import load_ensemble, parameters_read
 from translate.workdir import EXPORT_MARKER, Workdir, check_output_path, read_config
 
 # --format's names and their modules. Each module gives the same interface: PACKAGE and
@@ -213,6 +213,8 @@ def write_export(
         "format": fmt,
         "workdir": os.path.realpath(workdir),
         "steps": list(steps[0]),
+        # The moving average of the parameters (train.ema_decay), or the parameters themselves.
+        "parameters": parameters_read([workdir], steps, params) or "raw",
         "quantization": quantization or "float32",
         "architecture": config.model.architecture,
         "norm_position": config.model.norm_position,

@@ -703,7 +703,8 @@ def final_params(
     steps = checkpoint.steps_to_average(manager, num, config.train.keep_checkpoints, among)
     # The mean of the moving averages (of those that hold one) when the run keeps them.
     choice = "auto" if config.train.ema_decay else "raw"
-    return mean_params(manager, steps, abstract_params, choice), steps
+    warn = lambda line: log.warning("WARNING: %s", line)  # noqa: E731
+    return mean_params(manager, steps, abstract_params, choice, log=warn), steps
 
 
 def dev_bleu(graphdef, params, data: Data, config: Config, step: int) -> dict[str, float]:
