@@ -304,3 +304,33 @@ def test_checkpoints_of_which_only_some_hold_an_average_are_never_mixed(tmp_path
     assert float(mean["w"][0]) == 2.0  # the parameters of both, not 1.0 and 100.0
     assert "only some hold a moving average" in said[0]
     assert float(mean_params(manager, [6], tree(0.0), "auto")["w"][0]) == 100.0
+
+
+def test_a_step_unreadable_while_a_live_run_saves_a_newer_one_is_chosen_again(
+    tmp_path, monkeypatch
+):
+    """Issue 59: translate-evaluate beside a run keeping one checkpoint failed "no readable
+    checkpoint" when the step it read was being replaced: its directory was still there, its
+    files going. The newer step saved meanwhile means the listing is to be made again."""
+    import jax.numpy as jnp
+
+    from translate import checkpoint
+
+    manager = checkpoint.make_manager(tmp_path / "checkpoints", keep=5)
+    tree = {"w": jnp.ones((2,), jnp.float32)}
+    checkpoint.save(manager, 3, tree, tree, {"step": 3})
+    manager.wait_until_finished()
+    reader = checkpoint.make_manager(tmp_path / "checkpoints", read_only=True)
+    read_meta = checkpoint.read_meta
+
+    def being_replaced(manager, step):
+        (tmp_path / "checkpoints" / "6").mkdir()  # the live run's next step, saved meanwhile
+        raise FileNotFoundError("its files are being deleted")
+
+    monkeypatch.setattr(checkpoint, "read_meta", being_replaced)
+    with pytest.raises(checkpoint.StepDeleted):
+        checkpoint.restore_latest(reader, tree)
+    monkeypatch.setattr(checkpoint, "read_meta", read_meta)
+    (tmp_path / "checkpoints" / "6").rmdir()
+    step, params, _, _ = checkpoint.restore_latest(reader, tree)  # a whole step: read as ever
+    assert step == 3 and float(params["w"][0]) == 1.0

@@ -6,6 +6,7 @@ import dataclasses
 import os
 import pathlib
 import re
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -172,6 +173,25 @@ def step_exists(manager: ocp.CheckpointManager, step: int) -> bool:
     return (pathlib.Path(manager.directory) / str(step)).exists()
 
 
+# How long an unreadable step is given to finish disappearing (a live run's deletion of it in
+# progress leaves its directory for a moment, its files gone) before it counts as unreadable.
+DELETION_GRACE_SECONDS = 0.2
+
+
+def deleted_meanwhile(manager: ocp.CheckpointManager, step: int, newest: int) -> bool:
+    """Whether a step that could not be read was being deleted by a run training there: it is
+    gone (now or a moment later), or a step newer than `newest` was saved since the listing."""
+    if not step_exists(manager, step):
+        return True
+    time.sleep(DELETION_GRACE_SECONDS)
+    if not step_exists(manager, step):
+        return True
+    listed = sorted(
+        int(p.name) for p in pathlib.Path(manager.directory).iterdir() if p.name.isdigit()
+    )
+    return bool(listed) and listed[-1] > newest
+
+
 def restore_latest(
     manager: ocp.CheckpointManager,
     abstract_params: Any,
@@ -203,7 +223,7 @@ def restore_latest(
     errors, unreadable = [], []
 
     def fall_back(step: int, e: Exception) -> None:
-        if not step_exists(manager, step):
+        if deleted_meanwhile(manager, step, steps[0]):
             raise StepDeleted(step) from e
         errors.append(f"step {step}: {type(e).__name__}: {str(e)[:200]}")
         unreadable.append(step)
