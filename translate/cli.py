@@ -496,6 +496,14 @@ def alignment_flags() -> dict[str, Flag]:
     }
 
 
+def check_alignment_flags(flags: dict[str, Any]) -> None:
+    """Refuses `alignment_flags` that say how to align without --alignment, which asks for it."""
+    defaults = alignment_flags()
+    for name in ("alignment_pieces", "alignment_layer"):
+        if flags[name] != defaults[name].default and not flags["alignment"]:
+            raise ValueError(f"--{name} says how to align: give --alignment=FILE too")
+
+
 def checkpoint_choice(flags: dict[str, Any]) -> tuple[int | None, int]:
     """(step, average) from `checkpoint_flags`' values: step None means the newest."""
     return (None if flags["step"] == -1 else flags["step"]), flags["average"]

@@ -47,9 +47,9 @@ from translate.decoding import forced
 from translate.streams import (
     Outputs,
     Progress,
-    check_distinct_outputs,
-    check_output_file,
+    check_output_files,
     count_lines,
+    dash_is_standard,
     read_chunks,
     say,
 )
@@ -130,9 +130,7 @@ def check_flags(flags) -> None:
             raise ValueError(f"--{flag}={path}: {what}")
     if flags["batch_size"] < 1:
         raise ValueError(f"--batch_size={flags['batch_size']}: must be >= 1")
-    for flag in ("alignment_pieces", "alignment_layer"):
-        if flags[flag] != FLAGS[flag].default and not flags["alignment"]:
-            raise ValueError(f"--{flag} says how to align: give --alignment=FILE too")
+    cli.check_alignment_flags(flags)
 
 
 def output_lines(first: int, scored: Sequence[forced.PairScore]) -> dict[str, str]:
@@ -159,16 +157,12 @@ def output_lines(first: int, scored: Sequence[forced.PairScore]) -> dict[str, st
 
 def main(argv: Sequence[str]) -> None:
     flags, _ = parse_flags(list(argv), FLAGS, doc=__doc__, sections=())
-    for flag in ("input", "output"):  # "-" is the standard stream, as for most commands
-        flags[flag] = "" if flags[flag] == "-" else flags[flag]
+    dash_is_standard(flags)
     cli.quiet_libraries()
     check_flags(flags)
     outputs = {f"--{n}": flags[n] for n in ("output", "per_token", "alignment")}
     inputs = {f"--{n}": flags[n] for n in ("src", "tgt", "input")}
-    for flag, path in outputs.items():
-        if path:
-            check_output_file(path, flag, inputs, flags["workdir"])
-    check_distinct_outputs(outputs)
+    check_output_files(outputs, inputs, flags["workdir"])
     step, average = cli.checkpoint_choice(flags)
     compilation.use_persistent_cache(flags["compilation_cache"])
     graphdefs, params, tokenizer, config, _ = load_ensemble(

@@ -196,6 +196,23 @@ def check_output_file(
         raise SystemExit(f"{flag}={output}: the directory {os.path.dirname(real)} does not exist")
 
 
+def check_output_files(
+    outputs: Mapping[str, str], inputs: Mapping[str, str], workdirs: Sequence[str]
+) -> None:
+    """Refuses output files ({flag: path}, "" for none) that would destroy an input or a run's
+    files (`check_output_file`), or that name one file twice."""
+    for flag, path in outputs.items():
+        if path:
+            check_output_file(path, flag, inputs, workdirs)
+    check_distinct_outputs(outputs)
+
+
+def dash_is_standard(flags: dict, names: Sequence[str] = ("input", "output")) -> None:
+    """Reads `--input=-` and `--output=-` as the standard streams, as most commands do."""
+    for name in names:
+        flags[name] = "" if flags[name] == "-" else flags[name]
+
+
 def check_distinct_outputs(outputs: Mapping[str, str]) -> None:
     """Refuses two output flags that name one file (however spelled)."""
     given = [(flag, path) for flag, path in outputs.items() if path]

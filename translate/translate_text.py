@@ -55,9 +55,9 @@ from translate.decoding.settings import check_values, decode_settings
 from translate.streams import (
     Outputs,
     Progress,
-    check_distinct_outputs,
-    check_output_file,
+    check_output_files,
     count_lines,
+    dash_is_standard,
     read_chunks,
     say,
 )
@@ -168,18 +168,15 @@ def warn_of_long_lines(
 
 def main(argv: Sequence[str]) -> None:
     flags, _ = parse_flags(list(argv), FLAGS, doc=__doc__, sections=())
-    for flag in ("input", "output"):  # "-" is the standard stream, as for most commands
-        flags[flag] = "" if flags[flag] == "-" else flags[flag]
+    dash_is_standard(flags)
     cli.quiet_libraries()
     given = given_decoding_flags(flags, named_flags(argv))  # refused before anything is loaded
     if flags["input"] and (os.path.isdir(flags["input"]) or not os.path.exists(flags["input"])):
         what = "a directory" if os.path.isdir(flags["input"]) else "no such file"
         raise ValueError(f"--input={flags['input']}: {what}; give a file of sentences")
-    for flag in ("alignment_pieces", "alignment_layer"):
-        if flags[flag] != FLAGS[flag].default and not flags["alignment"]:
-            raise ValueError(f"--{flag} says how to align: give --alignment=FILE too")
+    cli.check_alignment_flags(flags)
     outputs = {"--output": flags["output"], "--alignment": flags["alignment"]}
-    check_outputs(outputs, {"--input": flags["input"]}, flags["workdir"])
+    check_output_files(outputs, {"--input": flags["input"]}, flags["workdir"])
     step, average = cli.checkpoint_choice(flags)
     cache = compilation.use_persistent_cache(flags["compilation_cache"])
     models = programs.OpenedModels(
@@ -218,14 +215,6 @@ def main(argv: Sequence[str]) -> None:
             progress.close()
         if source is not sys.stdin.buffer:
             source.close()
-
-
-def check_outputs(outputs: dict[str, str], inputs: dict[str, str], workdirs: Sequence[str]):
-    """Refuses output files that would destroy an input or a run's files, or each other."""
-    for flag, path in outputs.items():
-        if path:
-            check_output_file(path, flag, inputs, workdirs)
-    check_distinct_outputs(outputs)
 
 
 def alignment_lines(models, chunk: list[str], results, flags: dict[str, Any]) -> str:
