@@ -199,6 +199,7 @@ def test_pyproject_declares_requirements_txt():
         "translate-score",
         "translate-sample",
         "translate-export",
+        "translate-data",
     }
 
 
