@@ -1,8 +1,9 @@
 r"""Training and decoding speed of a config on this machine's devices, with utilisation.
 
+    translate-data wmt_sample --dir=data/wmt_sample     # the 10,000 WMT pairs, once
     python -m scripts.benchmark --config=configs/small.py \
-        --src=../shared/data/opennmt_toy_ende/train.en \
-        --tgt=../shared/data/opennmt_toy_ende/train.de \
+        --src=data/wmt_sample/train.en \
+        --tgt=data/wmt_sample/train.de \
         --batch_tokens=2048 [--vocab=SPM_MODEL] [--steps=30] [--warmup=3] \
         [--decode_src=FILE] [--decode_workdir=DIR] [--decode_num=N] [--json=PATH] \
         [--config.a.b=value ...]

@@ -1,6 +1,6 @@
 r"""Measure the batcher (planning an epoch + `make_batch`) on one CPU core in real tokens/s.
 
-    python -m scripts.benchmark_batcher [--data_dir=../shared/data/opennmt_toy_ende] \
+    python -m scripts.benchmark_batcher [--data_dir=data/wmt_sample] \
         [--num_pairs=1000000] [--num_batches=500]
 
 The corpus is the parallel text in `data_dir` (train.en, train.de), or synthetic pairs when that
@@ -77,7 +77,7 @@ def main(argv: list[str]) -> None:
         argv,
         {
             "data_dir": Flag(
-                str(ROOT.parent / "shared" / "data" / "opennmt_toy_ende"),
+                str(ROOT / "data" / "wmt_sample"),
                 "Directory of train.en and train.de; synthetic pairs when it is missing.",
             ),
             "num_pairs": Flag(1_000_000, "Pairs in the corpus (the text replicated to this many)."),
