@@ -146,6 +146,12 @@ def write_report(
         f"                {report['tokenized_bleu_recipe']}",
         f"chrF            {report['chrf']:.2f}   {report['chrf_signature']}",
     ]
+    if "literature_bleu" in report:  # reports written before it was recorded lack it
+        lines[5:5] = [
+            f"lc tok BLEU     {report['literature_bleu']:.2f}   (the Multi30k papers' metric; key "
+            "`literature_bleu`; not comparable with sacreBLEU)",
+            f"                {report['literature_bleu_recipe']}",
+        ]
     if "bleu_lowercase" in report:
         lines.insert(
             3, f"lowercased      {report['bleu_lowercase']:.2f}   {report['signature_lowercase']}"

@@ -17,7 +17,7 @@ from typing import Any
 
 import sacrebleu
 from sacrebleu.significance import PairedTest
-from sacremoses import MosesTokenizer
+from sacremoses import MosesPunctNormalizer, MosesTokenizer
 
 
 def split_compounds(text: str) -> str:
@@ -48,18 +48,47 @@ def tokenized_bleu_recipe(lang: str) -> str:
 def tokenized_bleu(hypotheses: Sequence[str], references: Sequence[str], lang: str) -> float:
     """Corpus BLEU on Moses-tokenized, compound-split text: the recipe of the paper's numbers."""
     # No smoothing: multi-bleu.perl scores 0 when an n-gram order has no match, and so does this.
+    return tokens_bleu(tokenize_for_bleu(hypotheses, lang), tokenize_for_bleu(references, lang))
+
+
+def normalise_for_literature(lines: Sequence[str], lang: str) -> list[str]:
+    """Multi30k's `lc.norm.tok` form: lowercased, Moses punctuation normalisation -l lang, Moses
+    tokenizer -l lang (escaping on), in that order, as the dataset's scripts/task1-tokenize.sh."""
+    normaliser, moses = MosesPunctNormalizer(lang=lang), MosesTokenizer(lang=lang)
+    return [
+        moses.tokenize(normaliser.normalize(line.lower()), return_str=True, escape=True)
+        for line in lines
+    ]
+
+
+def literature_bleu_recipe(lang: str) -> str:
+    return (
+        f"lowercased, Moses normalize-punctuation and tokenizer -l {lang} (sacremoses "
+        f"{importlib.metadata.version('sacremoses')}) on hypotheses and references, BLEU on the "
+        "tokens (sacreBLEU tokenize=none, no smoothing, as multi-bleu.perl): Multi30k's "
+        "lc.norm.tok references (scripts/task1-tokenize.sh), the Multi30k papers' metric"
+    )
+
+
+def literature_bleu(hypotheses: Sequence[str], references: Sequence[str], lang: str) -> float:
+    """Corpus BLEU as the Multi30k literature scores it: on lowercased, normalised, Moses-
+    tokenized text (`normalise_for_literature`), with multi-bleu.perl's arithmetic."""
+    return tokens_bleu(
+        normalise_for_literature(hypotheses, lang), normalise_for_literature(references, lang)
+    )
+
+
+def tokens_bleu(hypotheses: Sequence[str], references: Sequence[str]) -> float:
+    """Corpus BLEU of text tokenized already, as multi-bleu.perl computes it (no smoothing)."""
     bleu = sacrebleu.BLEU(tokenize="none", smooth_method="none")
     # sacreBLEU warns that the input looks tokenized: here that is the point.
     sacrebleu_log = logging.getLogger("sacrebleu")
     level = sacrebleu_log.level
     sacrebleu_log.setLevel(logging.ERROR)
     try:
-        result = bleu.corpus_score(
-            tokenize_for_bleu(hypotheses, lang), [tokenize_for_bleu(references, lang)]
-        )
+        return bleu.corpus_score(list(hypotheses), [list(references)]).score
     finally:
         sacrebleu_log.setLevel(level)
-    return result.score
 
 
 def score(
@@ -86,6 +115,8 @@ def score(
         "chrf_signature": str(chrf.get_signature()),
         "tokenized_bleu": round(tokenized_bleu(hypotheses, references, lang), 2),
         "tokenized_bleu_recipe": tokenized_bleu_recipe(lang),
+        "literature_bleu": round(literature_bleu(hypotheses, references, lang), 2),
+        "literature_bleu_recipe": literature_bleu_recipe(lang),
     }
     if lowercase:
         uncased = sacrebleu.BLEU(trg_lang=lang, lowercase=True)
