@@ -90,7 +90,7 @@ def test_offline_copies_are_read_from_a_directory_gzipped_or_not(server, tmp_pat
     assert [p.read_text(encoding="utf-8") for p in paths] == list(TEXTS.values())
     with pytest.raises(OSError, match="could not download .*give it as --from=DIR"):
         fetch.fetch("tiny", tmp_path / "out2", log=lambda line: None, datasets={"tiny": bad})
-    with pytest.raises(FileNotFoundError, match="holds neither train.en.gz nor train.en"):
+    with pytest.raises(FileNotFoundError, match="holds none of train.en.gz, train.en"):
         fetch.fetch("tiny", tmp_path / "out3", tmp_path, log=lambda line: None, datasets=datasets)
 
 

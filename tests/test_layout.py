@@ -7,7 +7,16 @@ import tomllib
 
 PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "translate"
 # The commands: flags, logging and `main`. Nothing in the library may import them.
-COMMANDS = {"train", "evaluate", "translate_text", "translate", "score", "sample", "export", "get_data"}
+COMMANDS = {
+    "train",
+    "evaluate",
+    "translate_text",
+    "translate",
+    "score",
+    "sample",
+    "export",
+    "get_data",
+}
 # The library's families, one folder each (STYLE.md's layout).
 FAMILIES = {"models", "data", "decoding", "training", "engines"}
 

@@ -107,4 +107,7 @@ def test_the_literature_bleu_scores_lowercased_normalised_moses_tokens():
     assert scoring.literature_bleu(hypotheses, references, "de") == pytest.approx(100.0)
     assert scoring.score(hypotheses, references, "de")["bleu"] < 100.0
     report = scoring.score(hypotheses, references, "de")
-    assert report["literature_bleu"] == pytest.approx(100.0) and "lc.norm.tok" in report["literature_bleu_recipe"]
+    assert (
+        report["literature_bleu"] == pytest.approx(100.0)
+        and "lc.norm.tok" in report["literature_bleu_recipe"]
+    )

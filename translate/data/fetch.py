@@ -113,12 +113,11 @@ def read_source(file: DataFile, copies: pathlib.Path | None) -> tuple[bytes, str
       OSError: the download failed (named with its URL).
     """
     if copies is not None:
-        for candidate in (copies / file.source_name, copies / file.name):
-            if candidate.is_file():
-                return candidate.read_bytes(), str(candidate)
-        raise FileNotFoundError(
-            f"--from={copies}: holds neither {file.source_name} nor {file.name}"
-        )
+        names = dict.fromkeys((file.source_name, file.name, file.name + ".gz"))
+        for name in names:
+            if (copies / name).is_file():
+                return (copies / name).read_bytes(), str(copies / name)
+        raise FileNotFoundError(f"--from={copies}: holds none of {', '.join(names)}")
     try:
         with urllib.request.urlopen(file.url, timeout=TIMEOUT) as response:
             return response.read(), file.url
