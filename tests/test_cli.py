@@ -541,3 +541,19 @@ def test_a_platform_without_its_plugin_is_one_line_naming_jax_platforms():
     )
     assert done.returncode == 2, done.stderr
     assert done.stderr.count("\n") == 1 and "JAX_PLATFORMS=cuda: JAX could not start" in done.stderr
+
+
+def test_a_libraries_first_log_line_does_not_prefix_ours():
+    """Issue 59: "WARNING:translate: WARNING: ..." once absl (Orbax's logger) had logged a line:
+    absl's first call configures the root logger with Python's default format."""
+    code = (
+        "import logging\n"
+        "from absl import logging as absl_logging\n"
+        "from translate import cli\n"
+        "cli.quiet_libraries()\n"
+        "absl_logging.error('a library line')\n"
+        "logging.getLogger('translate').warning('WARNING: ours')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.splitlines()[-1] == "WARNING: ours", done.stderr

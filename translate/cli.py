@@ -558,6 +558,13 @@ def quiet_libraries() -> None:
     """Keeps Orbax's per-save INFO lines and read-only manager warnings off the console, and
     the tracebacks of its save threads for a failed write (the command says it once)."""
     absl_logging.set_verbosity(absl_logging.ERROR)
+    if not logging.root.handlers:
+        # absl calls logging.basicConfig() at its first log call when the root logger has no
+        # handler, and that handler would print our own lines as "WARNING:translate:WARNING:
+        # ...". A handler of our own first: every line as it is written.
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        logging.root.addHandler(handler)
     for name in ("absl", "asyncio"):
         logger = logging.getLogger(name)
         if not any(isinstance(f, WriteFailuresSaidOnce) for f in logger.filters):
