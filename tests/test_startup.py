@@ -34,3 +34,40 @@ def test_translate_text_imports_jax_without_etils_epath_and_leaves_it_importable
 
 def test_a_cache_directory_only_etils_epath_can_reach_keeps_jaxs_usual_import():
     assert run(JAX_COMPILATION_CACHE_DIR="gs://a-bucket/xla")[0] == "epath True"
+
+
+def test_a_ctrl_c_while_a_command_imports_is_one_line_and_status_130():
+    """Issue 59: Ctrl-C during the imports printed a 22-line traceback (or an ImportError from
+    an extension's initialisation)."""
+    import signal
+    import subprocess
+    import sys
+
+    code = (
+        "import os, signal, time\n"
+        "from translate import startup\n"
+        "startup.interrupts_said_in_one_line()\n"
+        "os.kill(os.getpid(), signal.SIGINT)\n"
+        "time.sleep(10)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    assert done.returncode == 130
+    assert done.stderr.strip().splitlines() == ["-c: stopped by SIGINT"]
+
+
+def test_the_import_time_handler_is_undone_once_the_imports_are_in():
+    import signal
+
+    from translate import startup
+
+    before = signal.getsignal(signal.SIGINT)
+    undo = startup.interrupts_said_in_one_line()
+    assert signal.getsignal(signal.SIGINT) is not before
+    undo()
+    assert signal.getsignal(signal.SIGINT) is before

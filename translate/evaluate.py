@@ -34,6 +34,10 @@ import pathlib
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from translate import startup
+
+_imports_done = startup.interrupts_said_in_one_line()  # Ctrl-C meanwhile: one line
+
 from translate import cli, compilation
 from translate.cli import Flag, parse_flags
 from translate.config import apply_override
@@ -43,6 +47,8 @@ from translate.decoding.report import sha256_of_file, translate_and_score, write
 from translate.decoding.settings import decode_settings
 from translate.trained import load_ensemble, parameters_read
 from translate.workdir import Workdir, check_output_path
+
+_imports_done()
 
 
 def default_output(

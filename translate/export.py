@@ -16,9 +16,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from translate import startup
+
+_imports_done = startup.interrupts_said_in_one_line()  # Ctrl-C meanwhile: one line
+
 from translate import cli
 from translate.cli import Flag, parse_flags
 from translate.engines.writer import export
+
+_imports_done()
 
 FLAGS = {
     "workdir": Flag("", "Required. A training workdir (or one written by average_checkpoints)."),

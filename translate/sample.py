@@ -14,6 +14,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from translate import startup
+
+_imports_done = startup.interrupts_said_in_one_line()  # Ctrl-C meanwhile: one line
+
 import jax
 import numpy as np
 
@@ -22,6 +26,8 @@ from translate.cli import Flag, parse_flags
 from translate.data.tokenizer import BOS_ID, EOS_ID
 from translate.decoding.search import sample
 from translate.trained import load_ensemble
+
+_imports_done()
 
 
 def main(argv: Sequence[str]) -> None:

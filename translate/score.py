@@ -39,6 +39,7 @@ from typing import BinaryIO
 
 from translate import startup
 
+_imports_done = startup.interrupts_said_in_one_line()  # Ctrl-C meanwhile: one line
 startup.import_jax()  # before anything imports JAX: without etils.epath (translate/startup.py)
 
 from translate import cli, compilation
@@ -54,6 +55,8 @@ from translate.streams import (
     say,
 )
 from translate.trained import load_ensemble
+
+_imports_done()
 
 # Most lines scored and written at a time: bounds memory on arbitrarily long input.
 LINES_PER_CHUNK = 10_000

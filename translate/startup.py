@@ -1,4 +1,10 @@
-"""Importing JAX for a command that starts often: without the file-path library it does not need.
+"""What a command does first: Ctrl-C while it imports said in one line, and JAX imported
+without the file-path library it does not need.
+
+`interrupts_said_in_one_line()` is called at the top of every command module, before its heavy
+imports (JAX, Flax, Orbax: a second or more), and undone once they are in: a Ctrl-C meanwhile
+ends the command with one line, as it does later (translate/cli.py), not with a traceback of
+the interrupted import (or an abort inside an extension's initialisation).
 
 `import jax` prefers `etils.epath` for its own file I/O (the persistent compilation cache's
 directory) whenever it is installed, and Orbax installs it. Importing it costs about 0.1 s on a
@@ -15,7 +21,12 @@ JAX's usual import.
 from __future__ import annotations
 
 import os
+import pathlib
+import signal
 import sys
+import threading
+from collections.abc import Callable
+from typing import Any
 
 _EPATH = "etils.epath"
 
@@ -34,3 +45,26 @@ def import_jax() -> None:
         import jax  # noqa: F401
     finally:
         del sys.modules[_EPATH]
+
+
+def interrupts_said_in_one_line() -> Callable[[], None]:
+    """Until the returned function is called, Ctrl-C (SIGINT) ends the process at once with one
+    line, `PROGRAM: stopped by SIGINT`, and status 130: nothing has been read or written while
+    a command's modules import, and an exception raised inside an extension's initialisation
+    would come out as an ImportError's traceback, or abort the process."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    previous = signal.getsignal(signal.SIGINT)
+
+    def stop(signum: int, frame: Any) -> None:
+        program = pathlib.Path(sys.argv[0]).name if sys.argv and sys.argv[0] else "translate"
+        os.write(2, f"{program}: stopped by SIGINT\n".encode())
+        os._exit(128 + signum)
+
+    signal.signal(signal.SIGINT, stop)
+
+    def undo() -> None:
+        if signal.getsignal(signal.SIGINT) is stop:
+            signal.signal(signal.SIGINT, previous)
+
+    return undo

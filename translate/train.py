@@ -11,11 +11,17 @@ from __future__ import annotations
 
 import logging
 
+from translate import startup
+
+_imports_done = startup.interrupts_said_in_one_line()  # Ctrl-C meanwhile: one line
+
 from translate import cli, compilation, sharding
 from translate.cli import Flag, parse_flags
 from translate.config import load_config, packaged_config_names
 from translate.training.monitor import Interrupted
 from translate.training.trainer import train_and_evaluate
+
+_imports_done()
 
 log = logging.getLogger("translate")
 

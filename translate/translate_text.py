@@ -44,6 +44,7 @@ from typing import Any
 
 from translate import startup
 
+_imports_done = startup.interrupts_said_in_one_line()  # Ctrl-C meanwhile: one line
 startup.import_jax()  # before anything imports JAX: without etils.epath (translate/startup.py)
 
 
@@ -61,6 +62,8 @@ from translate.streams import (
     read_chunks,
     say,
 )
+
+_imports_done()
 
 # Most lines decoded and written at a time: bounds memory on arbitrarily long input.
 LINES_PER_CHUNK = 10_000
