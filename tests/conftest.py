@@ -139,3 +139,30 @@ def read_only(path: pathlib.Path):
         yield
     finally:
         subprocess.run([chattr, "-i", str(path)], check=True)
+
+
+@pytest.fixture
+def varied_outputs(monkeypatch):
+    """Makes `load_model` (through which the command loads) give an untrained, peaked model.
+
+    Six steps teach the tiny model to end every sentence at once, so its translations are all
+    empty and their order cannot be seen; an untrained model with a larger embedding (as in
+    test_decode.py) writes outputs that differ with the source.
+    """
+    from flax import nnx
+
+    from translate import compilation
+    from translate import trained as trained_module
+    from translate.models.transformer import Transformer
+
+    load = trained_module.load_model
+
+    def load_untrained(workdir, step=None, average=0, log=print, params="auto", matmul_dtype=""):
+        _, _, tokenizer, config, step = load(workdir, step, average, params=params)
+        model = Transformer(config.model, tokenizer.vocab_size, rngs=nnx.Rngs(0))
+        model.embed.embedding[...] = model.embed.embedding[...] * 8.0
+        return trained_module.TrainedModel(*nnx.split(model, nnx.Param), tokenizer, config, step)
+
+    monkeypatch.setattr(trained_module, "load_model", load_untrained)
+    # Nor kept as the workdir's saved parameters, which a later command would read.
+    monkeypatch.setattr(compilation.Setup, "find", lambda *args: None)

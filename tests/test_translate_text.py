@@ -19,9 +19,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import copy_of_tiny_run, read_only
-from flax import nnx
 
-from translate import atomic, cli, compilation, evaluate, translate_text
+from translate import atomic, cli, evaluate, translate_text
 from translate import trained as trained_module
 from translate.data.batching import source_batches
 from translate.data.tokenizer import train_tokenizer
@@ -29,7 +28,6 @@ from translate.decoding import programs, sentences
 from translate.decoding.search import beam_search, greedy_search
 from translate.decoding.sentences import DecodeTimes, translate_sentences
 from translate.decoding.settings import decode_settings
-from translate.models.transformer import Transformer
 from translate.trained import load_ensemble, load_model
 from translate.workdir import Workdir, read_config
 
@@ -51,27 +49,6 @@ def workdir(tiny_run, tmp_path_factory):
     """A tiny model trained for 6 steps, with checkpoints at steps 3 and 6:
     this module's copy of the session's tiny run."""
     return copy_of_tiny_run(tiny_run, tmp_path_factory)
-
-
-@pytest.fixture
-def varied_outputs(monkeypatch):
-    """Makes `load_model` (through which the command loads) give an untrained, peaked model.
-
-    Six steps teach the tiny model to end every sentence at once, so its translations are all
-    empty and their order cannot be seen; an untrained model with a larger embedding (as in
-    test_decode.py) writes outputs that differ with the source.
-    """
-    load = trained_module.load_model
-
-    def load_untrained(workdir, step=None, average=0, log=print, params="auto", matmul_dtype=""):
-        _, _, tokenizer, config, step = load(workdir, step, average, params=params)
-        model = Transformer(config.model, tokenizer.vocab_size, rngs=nnx.Rngs(0))
-        model.embed.embedding[...] = model.embed.embedding[...] * 8.0
-        return trained_module.TrainedModel(*nnx.split(model, nnx.Param), tokenizer, config, step)
-
-    monkeypatch.setattr(trained_module, "load_model", load_untrained)
-    # Nor kept as the workdir's saved parameters, which a later command would read.
-    monkeypatch.setattr(compilation.Setup, "find", lambda *args: None)
 
 
 def run(tmp_path, lines, *flags, name="out.txt"):

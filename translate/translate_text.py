@@ -37,9 +37,10 @@ file already there) is refused before any file is opened.
 
 from __future__ import annotations
 
+import itertools
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from translate import startup
@@ -52,7 +53,12 @@ from translate import cli, compilation
 from translate.cli import Flag, parse_flags
 from translate.config import DecodeConfig, field_descriptions
 from translate.decoding import forced, programs
-from translate.decoding.settings import check_values, decode_settings
+from translate.decoding.settings import (
+    DecodeSettings,
+    check_combination,
+    check_values,
+    decode_settings,
+)
 from translate.streams import (
     Outputs,
     Progress,
@@ -104,7 +110,29 @@ FLAGS = {
         name: Flag(unset, DECODE_FIELDS[name] + " Left at the default shown: the workdir's config.")
         for name, unset in UNSET.items()
     },
-    "nbest": Flag(0, "Write the N best translations of each line with their scores."),
+    "nbest": Flag(
+        0,
+        "Write the N best translations of each line with their scores (the beam's, the "
+        "samples' or, with --mbr, by expected utility).",
+    ),
+    "sampling": Flag(
+        "",
+        "Sample in place of beam search: ancestral, topk, topp or epsilon (docs/translating.md).",
+    ),
+    "temperature": Flag(1.0, "Sampling: divides the log-probabilities; lower is closer to greedy."),
+    "top_k": Flag(0, "--sampling=topk: draw from the k likeliest pieces (1: greedy)."),
+    "top_p": Flag(1.0, "--sampling=topp: draw from the nucleus of this probability."),
+    "epsilon": Flag(0.0, "--sampling=epsilon: draw from the pieces of probability >= this."),
+    "num_candidates": Flag(
+        1, "Candidates per line: samples, or the beam's n-best (for --mbr and --nbest)."
+    ),
+    "seed": Flag(0, "Sampling: the seed; a line's samples depend only on it and the line."),
+    "mbr": Flag(
+        "", "Choose each line's output among the candidates by minimum Bayes risk: chrf or bleu."
+    ),
+    "prefix": Flag(
+        "", "A file of target prefixes, one per input line (empty: none): outputs start with it."
+    ),
     **cli.alignment_flags(),
     **cli.matmul_dtype_flag(),
     **cli.compilation_cache_flag(),
@@ -116,9 +144,15 @@ def named_flags(argv: Sequence[str]) -> set[str]:
     return {arg[2:].partition("=")[0] for arg in argv if arg.startswith("--")}
 
 
+# The sampling and candidate flags: fields of DecodeSettings that no config holds.
+SAMPLING_FLAGS = ("sampling", "temperature", "top_k", "top_p", "epsilon", "num_candidates")
+SAMPLING_FLAGS += ("seed", "mbr")
+
+
 def given_decoding_flags(flags: dict[str, Any], named: set[str] = frozenset()) -> dict[str, Any]:
     """The decoding flags given a value of their own (not left at "unset"), checked by
-    config.py's rules (translate/decoding/settings.py), with --nbest.
+    config.py's rules (translate/decoding/settings.py), with --nbest; the sampling flags
+    named or set, checked by theirs.
 
     Raises:
       ValueError: naming a flag whose value cannot decode (before any model is loaded).
@@ -128,6 +162,13 @@ def given_decoding_flags(flags: dict[str, Any], named: set[str] = frozenset()) -
     given = {
         name: flags[name] for name, unset in UNSET.items() if flags[name] != unset or name in named
     }
+    given.update(
+        {
+            name: flags[name]
+            for name in SAMPLING_FLAGS
+            if name in named or flags.get(name, FLAGS[name].default) != FLAGS[name].default
+        }
+    )
     check_values(given)
     if flags["nbest"] < 0:
         raise ValueError(f"--nbest={flags['nbest']}: must be >= 0 (0: the best translation alone)")
@@ -174,12 +215,25 @@ def main(argv: Sequence[str]) -> None:
     dash_is_standard(flags)
     cli.quiet_libraries()
     given = given_decoding_flags(flags, named_flags(argv))  # refused before anything is loaded
-    if flags["input"] and (os.path.isdir(flags["input"]) or not os.path.exists(flags["input"])):
-        what = "a directory" if os.path.isdir(flags["input"]) else "no such file"
-        raise ValueError(f"--input={flags['input']}: {what}; give a file of sentences")
+    # What goes together is checked at the defaults too, before anything loads; again below at
+    # the workdir's settings (its beam size).
+    check_combination(DecodeSettings(**given, nbest=flags["nbest"]), given, beam_known=False)
+    for name, what in (("input", "sentences"), ("prefix", "target prefixes")):
+        path = flags[name]
+        if path and (os.path.isdir(path) or not os.path.exists(path)):
+            found = "a directory" if os.path.isdir(path) else "no such file"
+            raise ValueError(f"--{name}={path}: {found}; give a file of {what}")
+    if flags["prefix"] and flags["input"]:
+        lines = count_lines(flags["input"]), count_lines(flags["prefix"])
+        if lines[0] != lines[1]:
+            raise ValueError(
+                f"--prefix={flags['prefix']} has {lines[1]} lines and --input={flags['input']} "
+                f"{lines[0]}: give one prefix per input line (an empty line: none)"
+            )
     cli.check_alignment_flags(flags)
     outputs = {"--output": flags["output"], "--alignment": flags["alignment"]}
-    check_output_files(outputs, {"--input": flags["input"]}, flags["workdir"])
+    inputs = {"--input": flags["input"], "--prefix": flags["prefix"]}
+    check_output_files(outputs, inputs, flags["workdir"])
     step, average = cli.checkpoint_choice(flags)
     cache = compilation.use_persistent_cache(flags["compilation_cache"])
     models = programs.OpenedModels(
@@ -195,21 +249,33 @@ def main(argv: Sequence[str]) -> None:
     tokenizer, max_len = models.tokenizer, models.config.data.max_len
 
     source = open(flags["input"], "rb") if flags["input"] else sys.stdin.buffer
+    prefix_file = open(flags["prefix"], "rb") if flags["prefix"] else None
     progress = None
     try:
+        prefixes = prefix_lines(prefix_file, flags["prefix"])
         with Outputs(outputs) as out:
             if flags["output"]:
                 progress = Progress(count_lines(flags["input"]) if flags["input"] else None)
             first, truncated = 0, []
             for chunk in read_chunks(source, flags["input"] or "<stdin>", LINES_PER_CHUNK):
                 warn_of_long_lines(tokenizer, chunk, first, max_len, truncated, progress)
+                chunk_prefixes = take_prefixes(prefixes, len(chunk), first, flags["prefix"])
                 results = models.translate(
-                    chunk, settings, on_batch=progress.update if progress else None
+                    chunk,
+                    settings,
+                    on_batch=progress.update if progress else None,
+                    prefixes=chunk_prefixes,
+                    first_line=first,
                 )
                 out.write("--output", format_lines(first, results, settings.nbest))
                 if "--alignment" in out:
                     out.write("--alignment", alignment_lines(models, chunk, results, flags))
                 first += len(chunk)
+            if prefix_file is not None and next(prefixes, None) is not None:
+                raise ValueError(
+                    f"--prefix={flags['prefix']} has more lines than the input's {first}: give "
+                    "one prefix per input line"
+                )
             out.commit()
         if len(truncated) > MAX_TRUNCATION_WARNINGS:
             say(f"warning: {len(truncated)} lines in all were longer than data.max_len\n")
@@ -218,6 +284,32 @@ def main(argv: Sequence[str]) -> None:
             progress.close()
         if source is not sys.stdin.buffer:
             source.close()
+        if prefix_file is not None:
+            prefix_file.close()
+
+
+def prefix_lines(stream, name: str) -> Iterator[str]:
+    """The prefix file's lines one by one (none without a file), checked as input lines are."""
+    if stream is None:
+        return iter(())
+    return (line for chunk in read_chunks(stream, name, LINES_PER_CHUNK) for line in chunk)
+
+
+def take_prefixes(prefixes: Iterator[str], count: int, first: int, name: str) -> list[str] | None:
+    """The prefixes of the next `count` input lines (None without --prefix).
+
+    Raises:
+      ValueError: the prefix file ends first (nothing of this run's output is kept).
+    """
+    if not name:
+        return None
+    taken = list(itertools.islice(prefixes, count))
+    if len(taken) < count:
+        raise ValueError(
+            f"--prefix={name} has {first + len(taken)} lines and the input more: give one "
+            "prefix per input line (an empty line: none)"
+        )
+    return taken
 
 
 def alignment_lines(models, chunk: list[str], results, flags: dict[str, Any]) -> str:

@@ -60,7 +60,13 @@ from translate.compilation import (
 )
 from translate.data.tokenizer import Tokenizer
 from translate.decoding.search import search
-from translate.decoding.sentences import DecodeTimes, Searches, translate_sentences
+from translate.decoding.sentences import (
+    DecodeTimes,
+    Searches,
+    inputs_shape,
+    search_inputs,
+    translate_sentences,
+)
 from translate.decoding.settings import DecodeSettings
 from translate.streams import say
 from translate.trained import load_ensemble
@@ -97,11 +103,13 @@ class SavedSearches:
         self.leaves = [jax.device_put(x, device) for x in leaves]
         self.setup, self.load_model, self.settings = setup, load_model, settings
         self.record = record
-        self.programs: dict[tuple[int, int], Callable] = {}
+        self.programs: dict[tuple[int, int, int], Callable] = {}
 
-    def compile(self, shape: tuple[int, int]) -> None:
-        """Makes the program for batches of `shape` ready: its executable loaded, or compiled
-        from the saved or newly traced search (XLA's persistent cache may hold it)."""
+    def compile(self, shape: Sequence[int]) -> None:
+        """Makes the program for batches of `shape` ready, (B, S) or (B, S, P) with prefixes:
+        its executable loaded, or compiled from the saved or newly traced search (XLA's
+        persistent cache may hold it)."""
+        shape = inputs_shape(shape)
         if shape in self.programs:
             return
         name = self.settings.program_name(shape) + EXPORTED
@@ -117,14 +125,13 @@ class SavedSearches:
         key = None
         if payload is not None:
             key = hashlib.sha256(payload + json.dumps(machine()).encode()).hexdigest()[:32]
-            in_tree = jax.tree.structure(((list(range(len(self.leaves))), 0), {}))
+            in_tree = jax.tree.structure(((list(range(len(self.leaves))), 0, 0, 0), {}))
             loaded = self.setup.load_executable(key, in_tree, jax.tree.structure((0, 0)))
             if loaded is not None:
                 self.programs[shape] = loaded
                 return
-        spec = jax.ShapeDtypeStruct(shape, np.int32)
         hits = cache_hits()
-        lowered = jax.jit(exported.call).lower(self.leaves, spec)
+        lowered = jax.jit(exported.call).lower(self.leaves, *input_specs(shape))
         if key is None:  # nothing can be kept here: JAX's cache may hold it
             compiled = lowered.compile()
         else:
@@ -136,13 +143,14 @@ class SavedSearches:
                 self.setup.save_executable(key, compiled)
         self.programs[shape] = compiled
 
-    def _fits(self, exported, shape: tuple[int, int]) -> bool:
+    def _fits(self, exported, shape: tuple[int, int, int]) -> bool:
         """Whether a saved search takes these parameters and batches of `shape`."""
-        expected = [(x.shape, x.dtype) for x in self.leaves] + [(shape, np.dtype(np.int32))]
+        expected = [(x.shape, x.dtype) for x in self.leaves]
+        expected += [(s.shape, s.dtype) for s in input_specs(shape)]
         found = [(tuple(a.shape), np.dtype(a.dtype)) for a in exported.in_avals]
         return found == [(tuple(s), np.dtype(d)) for s, d in expected]
 
-    def _export(self, shape: tuple[int, int]):
+    def _export(self, shape: tuple[int, int, int]):
         graphdefs, params = self.load_model()
         treedef = jax.tree.structure(params)
         leaves = jax.tree.leaves(params)
@@ -160,16 +168,28 @@ class SavedSearches:
                 self.setup.save(self.leaves, *self.record)
         settings = self.settings
 
-        def run(leaves, src):
-            return search(graphdefs, jax.tree.unflatten(treedef, leaves), src, settings)
+        def run(leaves, src, stream, prefix):
+            params = jax.tree.unflatten(treedef, leaves)
+            return search(graphdefs, params, src, settings, stream=stream, prefix=prefix)
 
-        spec = jax.ShapeDtypeStruct(shape, np.int32)
         with source_lines_left_out():
-            return jax.export.export(jax.jit(run))(self.leaves, spec)
+            return jax.export.export(jax.jit(run))(self.leaves, *input_specs(shape))
 
-    def __call__(self, src: np.ndarray):
-        self.compile(src.shape)
-        return self.programs[src.shape](self.leaves, src)
+    def __call__(self, src: np.ndarray, stream=None, prefix=None):
+        inputs = search_inputs(src, stream, prefix)
+        shape = (*src.shape, inputs[2].shape[1])
+        self.compile(shape)
+        return self.programs[shape](self.leaves, *inputs)
+
+
+def input_specs(shape: tuple[int, int, int]) -> list[jax.ShapeDtypeStruct]:
+    """The shapes of `search_inputs`' arrays for batches of (B, S, P)."""
+    rows, width, prefix = shape
+    return [
+        jax.ShapeDtypeStruct((rows, width), np.int32),
+        jax.ShapeDtypeStruct((rows, 2), np.uint32),
+        jax.ShapeDtypeStruct((rows, prefix), np.int32),
+    ]
 
 
 def said_lines() -> tuple[list[str], Callable[[str], None]]:
@@ -260,6 +280,8 @@ class OpenedModels:
         settings: DecodeSettings,
         times: DecodeTimes | None = None,
         on_batch: Callable[[int], None] | None = None,
+        prefixes: Sequence[str] | None = None,
+        first_line: int = 0,
     ) -> list[list[tuple[float, str]]]:
         """`translate_sentences` with this ensemble's searches at `settings`."""
         return translate_sentences(
@@ -272,4 +294,6 @@ class OpenedModels:
             times=times,
             on_batch=on_batch,
             searches=self.searches(settings),
+            prefixes=prefixes,
+            first_line=first_line,
         )

@@ -19,6 +19,7 @@ translations (length-sorted batches, n-best lists) that evaluation and the trans
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -74,19 +75,72 @@ def cache_lengths(max_len: int, rows: int, min_rows: int) -> list[int]:
     return [*lengths, max_len]
 
 
+def _limits(src: jax.Array, max_extra_len: int) -> tuple[jax.Array, jax.Array, int]:
+    """Source segments [B, S], each sentence's output limit [B] and the output length L."""
+    src_segments = (src != PAD_ID).astype(jnp.int32)  # [B, S]
+    # Output tokens before EOS may number at most (source tokens before EOS) + max_extra_len.
+    limit = jnp.maximum(jnp.sum(src_segments, axis=1) - 1, 0) + max_extra_len  # [B]
+    limit = jnp.where(src_segments[:, 0] > 0, limit, 0)  # batch-filler rows end at once
+    return src_segments, limit, src.shape[1] + max_extra_len + 1
+
+
 def _encode_for_decoding(models, src, max_extra_len, copies, min_rows):
     """Reads the source once per model (`prefill`); returns caches, output limit and length L.
 
     The caches have room for the first of `cache_lengths` steps; `_loop` grows them.
     """
-    src_segments = (src != PAD_ID).astype(jnp.int32)  # [B, S]
-    # Output tokens before EOS may number at most (source tokens before EOS) + max_extra_len.
-    limit = jnp.maximum(jnp.sum(src_segments, axis=1) - 1, 0) + max_extra_len  # [B]
-    limit = jnp.where(src_segments[:, 0] > 0, limit, 0)  # batch-filler rows end at once
-    max_len = src.shape[1] + max_extra_len + 1
+    src_segments, limit, max_len = _limits(src, max_extra_len)
     first = cache_lengths(max_len, src.shape[0] * copies, min_rows)[0]
     caches = [model.prefill(src, src_segments, copies, first) for model in models]
     return caches, limit, max_len
+
+
+class PrefixStart(NamedTuple):
+    """Where a search with forced target prefixes starts (`_start_after_prefix`)."""
+
+    caches: list  # one per model, B * copies rows, slots 0..P-1 written
+    limit: jax.Array  # [B] output tokens before EOS, at most
+    max_len: int  # L, the output buffer's length
+    first: int  # the cache's length: the first of `cache_lengths` past P
+    t: jax.Array  # the first step searched: the shortest real prefix's length
+    state: dict  # "prefix" [B, P] (PAD after each) and "plen" [B], for `_force_prefix`
+    score: jax.Array  # [B] the log-probability of each prefix's first t pieces
+
+
+def _start_after_prefix(models, src, prefix, max_extra_len, copies, min_rows) -> PrefixStart:
+    """Reads the source, then each target prefix [B, P] in one causal pass (`decode_block`).
+
+    Every output starts with its prefix's pieces. The pass fills the cache for positions 0..P-1
+    of every row; the search starts at the shortest real prefix's length and forces the rest of
+    the longer ones (`_force_prefix`), each such step rewriting its slot with the same token.
+    """
+    src_segments, limit, max_len = _limits(src, max_extra_len)
+    batch, p = prefix.shape
+    first = next(n for n in cache_lengths(max_len, batch * copies, min_rows) if n > p)
+    plen = jnp.sum(prefix != PAD_ID, axis=1).astype(jnp.int32)  # [B]
+    t = jnp.min(jnp.where(src_segments[:, 0] > 0, plen, p))  # batch fillers do not count
+    block = jnp.concatenate([jnp.full((batch, 1), BOS_ID, jnp.int32), prefix[:, :-1]], 1)
+    total, caches = 0.0, []
+    for model in models:
+        logits, cache = model.decode_block(block, model.prefill(src, src_segments, 1, first))
+        total = total + jax.nn.log_softmax(logits)  # [B, P, V]
+        # Each sentence's cache once per hypothesis: every leaf leads with the batch.
+        caches.append(jax.tree.map(lambda a: jnp.repeat(a, copies, axis=0), cache))
+    pieces = jnp.take_along_axis(total / len(models), prefix[:, :, None], axis=2)[:, :, 0]
+    score = jnp.sum(jnp.where(jnp.arange(p) < t, pieces, 0.0), axis=1)  # [B]
+    return PrefixStart(caches, limit, max_len, first, t, {"prefix": prefix, "plen": plen}, score)
+
+
+def _force_prefix(log_probs: jax.Array, s: dict) -> jax.Array:
+    """log_probs [B, ..., V] with only each prefix's piece allowed at a step inside it."""
+    if "prefix" not in s:
+        return log_probs
+    prefix, t = s["prefix"], s["t"]
+    piece = prefix[:, jnp.minimum(t, prefix.shape[1] - 1)]  # [B]
+    inside = t < s["plen"]  # [B]
+    shape = (-1,) + (1,) * (log_probs.ndim - 1)
+    allowed = jnp.arange(log_probs.shape[-1]) == piece.reshape(shape)
+    return jnp.where(inside.reshape(shape) & ~allowed, NEG_INF, log_probs)
 
 
 # The fewest rows (hypotheses) a search step runs on once sentences leave the batch.
@@ -138,7 +192,7 @@ def _put(state: dict, index: jax.Array, sub: dict, width: int) -> dict:
     }
 
 
-def _loop(models, done, step, state, max_len, width, min_rows):
+def _loop(models, done, step, state, max_len, width, min_rows, first=0):
     """Runs `step` on `state` until every sentence is `done` or t = max_len.
 
     The whole batch first, one `while_loop` per cache length: each runs until its cache is full,
@@ -155,6 +209,8 @@ def _loop(models, done, step, state, max_len, width, min_rows):
         return (s["t"] < end) & (jnp.sum(~done(s)) > floor)
 
     for length in cache_lengths(max_len, state["limit"].shape[0] * width, min_rows):
+        if length < first:  # the cache starts longer (a prefix filled its first slots)
+            continue
         state["cache"] = [m.extend_cache(c, length) for m, c in zip(models, state["cache"])]
         state = jax.lax.while_loop(
             functools.partial(going, end=length, floor=floors[0]), step, state
@@ -221,27 +277,63 @@ def top_k(x: jax.Array, k: int, block: int = 128) -> jax.Array:
     return values, index
 
 
+def _with_prefix(tokens: jax.Array, start: PrefixStart) -> jax.Array:
+    """Output buffers [B, ..., L] with each prefix written in their first slots."""
+    prefix = start.state["prefix"]  # [B, P]
+    shape = (prefix.shape[0],) + (1,) * (tokens.ndim - 2) + (prefix.shape[1],)
+    prefix = jnp.broadcast_to(prefix.reshape(shape), (*tokens.shape[:-1], prefix.shape[1]))
+    return tokens.at[..., : prefix.shape[-1]].set(prefix)
+
+
+def _last_token(tokens: jax.Array, t: jax.Array) -> jax.Array:
+    """The token each row feeds at step t [B, ...]: BOS at t = 0, else the output at t - 1."""
+    return jnp.where(t == 0, BOS_ID, tokens[..., jnp.maximum(t - 1, 0)]).astype(jnp.int32)
+
+
 @functools.partial(jax.jit, static_argnames=("graphdefs", "max_extra_len", "min_level_rows"))
 def greedy_search(
-    graphdefs, params, src: jax.Array, max_extra_len: int = 50, min_level_rows: int = MIN_LEVEL_ROWS
+    graphdefs,
+    params,
+    src: jax.Array,
+    max_extra_len: int = 50,
+    min_level_rows: int = MIN_LEVEL_ROWS,
+    prefix: jax.Array | None = None,
 ):
     """Arg-max decoding: tokens [B, L] (PAD after EOS) and their log-probabilities [B].
 
     `graphdefs` and `params` are an ensemble's tuples (module docstring); `min_level_rows` is
-    `batch_levels`'.
+    `batch_levels`'; `prefix` [B, P] (PAD after each), target pieces every output starts with
+    (`_start_after_prefix`), the score then counting them too.
     """
     models = merge_models(graphdefs, params)
     batch = src.shape[0]
-    cache, limit, max_len = _encode_for_decoding(models, src, max_extra_len, 1, min_level_rows)
-    state = {
-        "t": jnp.array(0),
-        "tokens": jnp.full((batch, max_len), PAD_ID, jnp.int32),  # [B, L]
-        "last": jnp.full((batch,), BOS_ID, jnp.int32),  # [B]
-        "score": jnp.zeros((batch,), jnp.float32),  # [B]
-        "done": jnp.zeros((batch,), bool),  # [B]
-        "limit": limit,  # [B]
-        "cache": cache,  # one per model
-    }
+    first = 0
+    if prefix is None or prefix.shape[1] == 0:
+        cache, limit, max_len = _encode_for_decoding(models, src, max_extra_len, 1, min_level_rows)
+        state = {
+            "t": jnp.array(0),
+            "tokens": jnp.full((batch, max_len), PAD_ID, jnp.int32),  # [B, L]
+            "last": jnp.full((batch,), BOS_ID, jnp.int32),  # [B]
+            "score": jnp.zeros((batch,), jnp.float32),  # [B]
+        }
+    else:
+        start = _start_after_prefix(models, src, prefix, max_extra_len, 1, min_level_rows)
+        cache, limit, max_len, first = start.caches, start.limit, start.max_len, start.first
+        tokens = _with_prefix(jnp.full((batch, max_len), PAD_ID, jnp.int32), start)
+        state = {
+            "t": start.t,
+            "tokens": tokens,
+            "last": _last_token(tokens, start.t),
+            "score": start.score,
+            **start.state,
+        }
+    state.update(
+        {
+            "done": jnp.zeros((batch,), bool),  # [B]
+            "limit": limit,  # [B]
+            "cache": cache,  # one per model
+        }
+    )
 
     def step(s):
         log_probs, cache = _next_log_probs(models, s["last"], s["t"], s["cache"])  # [B, V]
@@ -249,19 +341,20 @@ def greedy_search(
         log_probs = jnp.where(
             at_limit & (jnp.arange(log_probs.shape[1]) != EOS_ID), NEG_INF, log_probs
         )
+        log_probs = _force_prefix(log_probs, s)
         token, token_lp = _argmax(log_probs)  # [B], [B]
         written = jnp.where(s["done"], PAD_ID, token)
         return {
+            **s,
             "t": s["t"] + 1,
             "tokens": s["tokens"].at[:, s["t"]].set(written),
             "last": token,
             "score": s["score"] + jnp.where(s["done"], 0.0, token_lp),
             "done": s["done"] | (token == EOS_ID),
-            "limit": s["limit"],
             "cache": cache,
         }
 
-    state = _loop(models, lambda s: s["done"], step, state, max_len, 1, min_level_rows)
+    state = _loop(models, lambda s: s["done"], step, state, max_len, 1, min_level_rows, first)
     return state["tokens"], state["score"]
 
 
@@ -278,6 +371,7 @@ def beam_search(
     max_extra_len: int = 50,
     stop: str = "exact",
     min_level_rows: int = MIN_LEVEL_ROWS,
+    prefix: jax.Array | None = None,
 ):
     """Beam search with the GNMT length penalty, of one model or an ensemble (module docstring).
 
@@ -287,7 +381,8 @@ def beam_search(
     falls as a hypothesis grows, so a live beam's best possible score is log P / lp(longest
     allowed length). With "finished" (fairseq's and CTranslate2's rule) only an EOS among the W
     best extensions finishes a hypothesis, and a sentence stops once W have finished.
-    `min_level_rows` is `batch_levels`'.
+    `min_level_rows` is `batch_levels`'; `prefix` [B, P] (PAD after each), target pieces every
+    hypothesis starts with (`_start_after_prefix`), counted in its score.
 
     Returns:
       tokens [B, W, L] of the finished hypotheses, best first (PAD after EOS), and their
@@ -295,19 +390,31 @@ def beam_search(
     """
     models = merge_models(graphdefs, params)
     batch, width = src.shape[0], beam_size
-    cache, limit, max_len = _encode_for_decoding(models, src, max_extra_len, width, min_level_rows)
-    state = {
-        "t": jnp.array(0),
-        "live_tokens": jnp.full((batch, width, max_len), PAD_ID, jnp.int32),  # [B, W, L]
-        # Only beam 0 starts live, so the first step does not pick W copies of one token.
-        "live_lp": jnp.tile(
-            jnp.array([0.0] + [NEG_INF] * (width - 1), jnp.float32), (batch, 1)
-        ),  # [B, W]
-        "fin_tokens": jnp.full((batch, width, max_len), PAD_ID, jnp.int32),  # [B, W, L]
-        "fin_scores": jnp.full((batch, width), NEG_INF, jnp.float32),  # [B, W]
-        "limit": limit,  # [B]
-        "cache": cache,  # one per model, batch B * W
-    }
+    # Only beam 0 starts live, so the first step does not pick W copies of one token.
+    live_lp = jnp.tile(jnp.array([0.0] + [NEG_INF] * (width - 1), jnp.float32), (batch, 1))
+    live_tokens = jnp.full((batch, width, max_extra_len + src.shape[1] + 1), PAD_ID, jnp.int32)
+    first = 0
+    if prefix is None or prefix.shape[1] == 0:
+        cache, limit, max_len = _encode_for_decoding(
+            models, src, max_extra_len, width, min_level_rows
+        )
+        state = {"t": jnp.array(0)}
+    else:
+        start = _start_after_prefix(models, src, prefix, max_extra_len, width, min_level_rows)
+        cache, limit, max_len, first = start.caches, start.limit, start.max_len, start.first
+        live_lp = live_lp.at[:, 0].set(start.score)
+        live_tokens = _with_prefix(live_tokens, start)
+        state = {"t": start.t, **start.state}
+    state.update(
+        {
+            "live_tokens": live_tokens,  # [B, W, L]
+            "live_lp": live_lp,  # [B, W]
+            "fin_tokens": jnp.full((batch, width, max_len), PAD_ID, jnp.int32),  # [B, W, L]
+            "fin_scores": jnp.full((batch, width), NEG_INF, jnp.float32),  # [B, W]
+            "limit": limit,  # [B]
+            "cache": cache,  # one per model, batch B * W
+        }
+    )
 
     def is_done(s):
         limit = s["limit"]
@@ -325,6 +432,7 @@ def beam_search(
         log_probs = log_probs.reshape(batch, width, vocab)  # [B, W, V]
         at_limit = (t >= limit)[:, None, None]
         log_probs = jnp.where(at_limit & (jnp.arange(vocab) != EOS_ID), NEG_INF, log_probs)
+        log_probs = _force_prefix(log_probs, s)
         candidates = (s["live_lp"][:, :, None] + log_probs).reshape(batch, width * vocab)
         cand_lp, cand_idx = top_k(candidates, 2 * width)  # [B, 2W]
         parent, token = cand_idx // vocab, (cand_idx % vocab).astype(jnp.int32)  # [B, 2W]
@@ -348,6 +456,7 @@ def beam_search(
         rows = (jnp.arange(batch)[:, None] * width + live_parent).reshape(-1)  # [B * W]
         cache = [model.reorder_cache(c, rows) for model, c in zip(models, cache)]
         return {
+            **s,
             "t": t + 1,
             "live_tokens": live_tokens,
             "live_lp": live_lp,
@@ -357,8 +466,204 @@ def beam_search(
             "cache": cache,
         }
 
-    state = _loop(models, is_done, step, state, max_len, width, min_level_rows)
+    state = _loop(models, is_done, step, state, max_len, width, min_level_rows, first)
     return state["fin_tokens"], state["fin_scores"]
+
+
+# The ways `sample_search` draws a token (settings.DecodeSettings.sampling).
+SAMPLING = ("ancestral", "topk", "topp", "epsilon")
+
+
+def _largest_threshold(w: jax.Array, goal: jax.Array, mass: bool) -> jax.Array:
+    """Per row of weights w [R, V] in [0, 1], the largest float32 tau [R] such that the weights
+    >= tau number (mass=False) or sum to (mass=True) at least `goal` [R].
+
+    Found exactly by bisection on the bits of tau: non-negative floats order as their bits do,
+    and every tau in [0, 1] is one of 2^30 bit patterns, so 31 halvings find it. Each is one
+    pass over the row, where a sort of the vocabulary (XLA's CPU sort and top-k) took 1.1-1.3 s
+    on [1,024, 8,000] on 2 cores.
+    """
+    lo = jnp.zeros(w.shape[:1], jnp.int32)  # tau = 0 keeps every weight: always enough
+    hi = jnp.full(w.shape[:1], jax.lax.bitcast_convert_type(jnp.float32(1.0), jnp.int32) + 1)
+
+    def halve(_, bounds):
+        lo, hi = bounds
+        mid = lo + (hi - lo) // 2
+        kept = w >= jax.lax.bitcast_convert_type(mid, jnp.float32)[:, None]  # [R, V]
+        measure = jnp.sum(jnp.where(kept, w, 0.0), -1) if mass else jnp.sum(kept, -1)
+        enough = measure >= goal
+        return jnp.where(enough, mid, lo), jnp.where(enough, hi, mid)
+
+    lo, _ = jax.lax.fori_loop(0, 31, halve, (lo, hi))
+    return jax.lax.bitcast_convert_type(lo, jnp.float32)
+
+
+def draw(
+    log_probs: jax.Array,
+    uniform: jax.Array,
+    method: str,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    epsilon: float = 0.0,
+) -> jax.Array:
+    """One token per row of log-probabilities [R, V], drawn with `uniform` [R] in (0, 1].
+
+    The distribution is the model's at `temperature` (log-probabilities divided by it), cut as
+    `method` says, then renormalised:
+      ancestral: the whole vocabulary;
+      topk: the pieces at least as likely as the k-th likeliest (ties at the k-th all kept, as
+        in Hugging Face's top-k); k = 1 is arg-max, greedy decoding's token;
+      topp: the nucleus (Holtzman et al. 2020), the fewest likeliest pieces whose probability
+        reaches top_p (with the pieces as likely as its least likely one);
+      epsilon: the pieces of probability >= epsilon (Hewitt et al. 2022), the likeliest
+        always kept.
+    The draw is by inversion: the first piece whose cumulative weight reaches uniform x total,
+    one random number per row and step. A piece of weight 0 (cut, or forced away) is never
+    drawn, since uniform > 0.
+    """
+    if method == "topk" and top_k == 1:
+        return _argmax(log_probs)[0]
+    x = log_probs / temperature
+    w = jnp.exp(x - jnp.max(x, axis=-1, keepdims=True))  # [R, V], the likeliest 1.0
+    if method == "topk" and top_k:
+        w = jnp.where(w >= _largest_threshold(w, top_k, False)[:, None], w, 0.0)
+    elif method == "topp":
+        goal = top_p * jnp.sum(w, axis=-1)
+        w = jnp.where(w >= _largest_threshold(w, goal, True)[:, None], w, 0.0)
+    elif method == "epsilon":
+        w = jnp.where((w >= epsilon * jnp.sum(w, axis=-1, keepdims=True)) | (w == 1.0), w, 0.0)
+    cumulative = jnp.cumsum(w, axis=-1)  # [R, V]
+    target = uniform * cumulative[:, -1]  # [R]
+    index = jnp.sum(cumulative < target[:, None], axis=-1)
+    return jnp.minimum(index, w.shape[-1] - 1).astype(jnp.int32)
+
+
+def stream_keys(stream: jax.Array, width: int) -> jax.Array:
+    """The random keys [B, N] of N candidates of each sentence from its stream [B, 2]: the seed
+    and the sentence's line in the input. A candidate's draws depend on these alone, never on
+    the batch, its size or the other sentences in it."""
+
+    def keys(seed_and_line):
+        base = jax.random.fold_in(jax.random.key(seed_and_line[0]), seed_and_line[1])
+        return jax.vmap(lambda n: jax.random.fold_in(base, n))(jnp.arange(width))
+
+    return jax.vmap(keys)(stream)
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=(
+        "graphdefs",
+        "method",
+        "temperature",
+        "top_k",
+        "top_p",
+        "epsilon",
+        "num_candidates",
+        "alpha",
+        "max_extra_len",
+        "min_level_rows",
+    ),
+)
+def sample_search(
+    graphdefs,
+    params,
+    src: jax.Array,
+    stream: jax.Array,
+    prefix: jax.Array | None = None,
+    *,
+    method: str = "ancestral",
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    epsilon: float = 0.0,
+    num_candidates: int = 1,
+    alpha: float = 0.6,
+    max_extra_len: int = 50,
+    min_level_rows: int = MIN_LEVEL_ROWS,
+):
+    """N sampled outputs of each source sentence, of one model or an ensemble, batched.
+
+    Each row draws its tokens (`draw`) from its own key: the sentence's stream [B, 2] (the
+    seed and the input line, `stream_keys`), the candidate n and the step t; so a candidate is
+    the same whatever the batch, its size, the batches in flight or a restart. An ensemble
+    draws from the mean of its models' log-probabilities, as the beam scores. At the length
+    limit only EOS may follow; `prefix` [B, P] forces each output's first pieces.
+
+    Returns:
+      tokens [B, N, L] (PAD after EOS) best first, and scores [B, N]: each output's
+      log-probability under the model (not the tempered, cut distribution it was drawn from),
+      divided by the GNMT length penalty at `alpha`, as beam search's finished hypotheses are.
+    """
+    models = merge_models(graphdefs, params)
+    batch, width = src.shape[0], num_candidates
+    first = 0
+    if prefix is None or prefix.shape[1] == 0:
+        cache, limit, max_len = _encode_for_decoding(
+            models, src, max_extra_len, width, min_level_rows
+        )
+        t, score, extra = jnp.array(0), jnp.zeros((batch,), jnp.float32), {}
+        tokens = jnp.full((batch, width, max_len), PAD_ID, jnp.int32)
+    else:
+        start = _start_after_prefix(models, src, prefix, max_extra_len, width, min_level_rows)
+        cache, limit, max_len, first = start.caches, start.limit, start.max_len, start.first
+        t, score, extra = start.t, start.score, start.state
+        tokens = _with_prefix(jnp.full((batch, width, max_len), PAD_ID, jnp.int32), start)
+    state = {
+        "t": t,
+        "tokens": tokens,  # [B, N, L]
+        "last": _last_token(tokens, t),  # [B, N]
+        "score": jnp.broadcast_to(score[:, None], (batch, width)),  # [B, N]
+        "done": jnp.zeros((batch, width), bool),  # [B, N]
+        "stream": stream,  # [B, 2]
+        "limit": limit,  # [B]
+        "cache": cache,  # one per model, batch B * N
+        **extra,
+    }
+
+    def step(s):
+        t, b = s["t"], s["limit"].shape[0]
+        log_probs, cache = _next_log_probs(models, s["last"].reshape(-1), t, s["cache"])
+        vocab = log_probs.shape[-1]
+        log_probs = log_probs.reshape(b, width, vocab)  # [B, N, V]
+        at_limit = (t >= s["limit"])[:, None, None]
+        log_probs = jnp.where(at_limit & (jnp.arange(vocab) != EOS_ID), NEG_INF, log_probs)
+        log_probs = _force_prefix(log_probs, s)
+        keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(
+            stream_keys(s["stream"], width).reshape(-1), t
+        )  # [B * N]
+        uniform = 1.0 - jax.vmap(jax.random.uniform)(keys)  # (0, 1]
+        token = draw(
+            log_probs.reshape(-1, vocab), uniform, method, temperature, top_k, top_p, epsilon
+        ).reshape(b, width)  # [B, N]
+        token_lp = jnp.take_along_axis(log_probs, token[..., None], axis=-1)[..., 0]
+        written = jnp.where(s["done"], PAD_ID, token)
+        return {
+            **s,
+            "t": t + 1,
+            "tokens": s["tokens"].at[:, :, t].set(written),
+            "last": token,
+            "score": s["score"] + jnp.where(s["done"], 0.0, token_lp),
+            "done": s["done"] | (token == EOS_ID),
+            "cache": cache,
+        }
+
+    state = _loop(
+        models,
+        lambda s: jnp.all(s["done"], axis=1),
+        step,
+        state,
+        max_len,
+        width,
+        min_level_rows,
+        first,
+    )
+    lengths = jnp.sum(state["tokens"] != PAD_ID, axis=-1)  # [B, N], EOS included
+    scores = state["score"] / length_penalty(lengths, alpha)
+    order = jnp.argsort(-scores, axis=1, stable=True)  # best first, ties in drawn order
+    tokens = jnp.take_along_axis(state["tokens"], order[:, :, None], axis=1)
+    return tokens, jnp.take_along_axis(scores, order, axis=1)
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "top_k", "max_new"))
@@ -430,14 +735,37 @@ def search(
     src: jax.Array,
     settings: DecodeSettings,
     min_level_rows: int = MIN_LEVEL_ROWS,
+    stream: jax.Array | None = None,
+    prefix: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """Hypotheses [B, W, L] best first and their scores [B, W], as `settings` say.
 
     Beam size 1 is greedy decoding (W = 1, plain log-probabilities as scores) unless
     `settings.nbest` asks for beam search's length-normalised scores whatever the width.
     `settings.beam_stop` is beam search's stopping rule (`beam_search`); `min_level_rows` is
-    `batch_levels`'.
+    `batch_levels`'. With `settings.sampling` the W are `num_candidates` samples
+    (`sample_search`), drawn from each sentence's `stream` [B, 2] (seed, line; zeros by
+    default). `prefix` [B, P] (PAD after each) forces the outputs' first pieces.
     """
+    if settings.sampling:
+        if stream is None:
+            stream = jnp.zeros((src.shape[0], 2), jnp.uint32)
+        return sample_search(
+            graphdefs,
+            params,
+            src,
+            stream,
+            prefix,
+            method=settings.sampling,
+            temperature=settings.temperature,
+            top_k=settings.top_k,
+            top_p=settings.top_p,
+            epsilon=settings.epsilon,
+            num_candidates=settings.num_candidates,
+            alpha=settings.length_penalty,
+            max_extra_len=settings.max_extra_len,
+            min_level_rows=min_level_rows,
+        )
     if settings.beam_size == 1 and not settings.nbest:
         tokens, scores = greedy_search(
             graphdefs,
@@ -445,6 +773,7 @@ def search(
             src,
             max_extra_len=settings.max_extra_len,
             min_level_rows=min_level_rows,
+            prefix=prefix,
         )
         return tokens[:, None], scores[:, None]
     return beam_search(
@@ -456,6 +785,7 @@ def search(
         max_extra_len=settings.max_extra_len,
         stop=settings.beam_stop,
         min_level_rows=min_level_rows,
+        prefix=prefix,
     )
 
 

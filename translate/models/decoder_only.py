@@ -178,6 +178,34 @@ class DecoderOnlyTransformer(TranslationModel):
             keys=[k[rows] for k in cache.keys], values=[v[rows] for v in cache.values]
         )
 
+    def decode_block(self, tokens: jax.Array, cache: PrefixCache) -> tuple[jax.Array, PrefixCache]:
+        """Tokens [B, P] at target positions 0..P-1 in one pass -> logits [B, P, V] and the
+        cache with their keys and values in the slots after the source (a forced prefix)."""
+        b, p = tokens.shape
+        s = cache.prefix_valid.shape[1]
+        positions = cache.prefix_len[:, None] + jnp.arange(p)  # [B, P]
+        y = self.embed_tokens(tokens, positions, None)  # [B, P, D]
+        causal = jnp.broadcast_to(jnp.tril(jnp.ones((p, p), bool)), (b, p, p))
+        source = jnp.broadcast_to(cache.prefix_valid[:, None, :], (b, p, s))
+        mask = jnp.concatenate([source, causal], axis=2)[:, None]  # [B, 1, P, S + P]
+        keys, values = [], []
+        for layer, k, v in zip(self.decoder, cache.keys, cache.values):
+            attn = layer.self_attention
+            h = layer.normed(layer.norm1, y)  # [B, P, D]
+            k_t, v_h = attn.project_kv_cached(h)  # [B, H, K, P], [B, H, P, K]
+            k = jax.lax.dynamic_update_slice_in_dim(k, k_t.astype(k.dtype), s, 3)
+            v = jax.lax.dynamic_update_slice_in_dim(v, v_h.astype(v.dtype), s, 2)
+            seen_k = k[..., : s + p].transpose(0, 3, 1, 2)  # [B, S + P, H, K]
+            seen_v = v[:, :, : s + p].transpose(0, 2, 1, 3)  # [B, S + P, H, K]
+            y = layer.add(layer.norm1, y, attn.attend(h, seen_k, seen_v, mask), None)
+            y = layer.sublayer(layer.norm2, y, layer.feed_forward, None)
+            keys.append(k)
+            values.append(v)
+        if self.decoder_norm is not None:
+            y = self.decoder_norm(y)
+        new_cache = cache._replace(keys=keys, values=values)
+        return self.logits(y).astype(jnp.float32), new_cache
+
     def decode_step(
         self, tokens: jax.Array, index: jax.Array, cache: PrefixCache
     ) -> tuple[jax.Array, PrefixCache]:

@@ -283,6 +283,40 @@ class Transformer(TranslationModel):
         """
         return [c._replace(k=c.k[rows], v=c.v[rows]) for c in cache]
 
+    def decode_block(self, tokens: jax.Array, cache: Cache) -> tuple[jax.Array, Cache]:
+        """Tokens [B, P] at positions 0..P-1 in one pass -> logits [B, P, V] and the cache with
+        their keys and values in slots 0..P-1 (a forced target prefix, search.py).
+
+        What P calls of `decode_step` compute, in one causal pass: each position's query sees
+        the keys of the positions up to its own, and the encoder's through the cache.
+        """
+        b, p = tokens.shape
+        y = self.embed_tokens(tokens, jnp.broadcast_to(jnp.arange(p), (b, p)), None)  # [B, P, D]
+        causal = jnp.tril(jnp.ones((p, p), bool))[None, None]  # [1, 1, P, P]
+        new_cache = []
+        for layer, c in zip(self.decoder, cache):
+            attn = layer.self_attention
+            h = layer.normed(layer.norm1, y)  # [B, P, D]
+            k_t, v_h = attn.project_kv_cached(h)  # [B, H, K, P], [B, H, P, K]
+            keys, values = k_t.transpose(0, 3, 1, 2), v_h.transpose(0, 2, 1, 3)  # [B, P, H, K]
+            cross_k = c.cross_k.transpose(0, 3, 1, 2)  # [B, S, H, K]
+            cross_v = c.cross_v.transpose(0, 2, 1, 3)  # [B, S, H, K]
+            cross_mask = c.src_valid[:, None, None, :]  # [B, 1, 1, S]
+            y = layer.finish(
+                y,
+                attn.attend(h, keys.astype(c.k.dtype), values.astype(c.v.dtype), causal),
+                functools.partial(
+                    layer.cross_attention.attend, k=cross_k, v=cross_v, mask=cross_mask
+                ),
+                None,
+            )
+            k = jax.lax.dynamic_update_slice_in_dim(c.k, k_t.astype(c.k.dtype), 0, 3)
+            v = jax.lax.dynamic_update_slice_in_dim(c.v, v_h.astype(c.v.dtype), 0, 2)
+            new_cache.append(c._replace(k=k, v=v))
+        if self.decoder_norm is not None:
+            y = self.decoder_norm(y)
+        return self.logits(y).astype(jnp.float32), new_cache
+
     def decode_step(
         self, tokens: jax.Array, index: jax.Array, cache: Cache
     ) -> tuple[jax.Array, Cache]:

@@ -1,0 +1,394 @@
+"""Sampling, forced target prefixes (translate/decoding/search.py) and their sentence loop."""
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from test_decode import ensembles, make_model, sources
+
+from translate.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from translate.decoding import search as search_module
+from translate.decoding.search import draw, greedy_search, search
+from translate.decoding.settings import DecodeSettings
+
+MAX_EXTRA = 6
+# Prefixes of the three sources of test_decode.sources(): two pieces, one, none.
+PREFIXES = np.array([[7, 8, 0], [9, 0, 0], [0, 0, 0]], np.int32)
+
+
+def streams(lines, seed=0):
+    return jnp.asarray([[seed, line] for line in lines], jnp.uint32)
+
+
+def sampled(settings, src, lines, prefix=None, model=None):
+    graphdef, params = model or make_model()
+    tokens, scores = search(
+        (graphdef,), (params,), src, settings, stream=streams(lines), prefix=prefix
+    )
+    return np.asarray(tokens), np.asarray(scores)
+
+
+@pytest.mark.parametrize("method", ["ancestral", "topk", "topp", "epsilon"])
+def test_a_line_draws_the_same_samples_alone_or_in_any_batch(method):
+    settings = DecodeSettings(
+        beam_size=1,
+        max_extra_len=MAX_EXTRA,
+        sampling=method,
+        top_k=5,
+        top_p=0.8,
+        epsilon=0.05,
+        num_candidates=4,
+        temperature=1.5,
+    )
+    src = sources()
+    together, scores = sampled(settings, src, [10, 11, 12])
+    for row in range(3):
+        alone, alone_scores = sampled(settings, src[row : row + 1], [10 + row])
+        np.testing.assert_array_equal(alone[0], together[row])
+        np.testing.assert_allclose(alone_scores[0], scores[row], rtol=1e-5)
+    # Another order of the batch, padded with a filler row: the same samples per line.
+    shuffled = jnp.concatenate([src[2:3], src[0:1], jnp.zeros_like(src[:1]), src[1:2]])
+    again, _ = sampled(settings, shuffled, [12, 10, 0, 11])
+    np.testing.assert_array_equal(again[[1, 3, 0]], together)
+    # Another seed or another line: other samples (a model of 24 pieces at temperature 1.5).
+    other, _ = sampled(settings, src, [13, 14, 15])
+    assert not np.array_equal(other, together)
+
+
+def test_samples_vary_and_are_ranked_by_their_length_normalised_score():
+    settings = DecodeSettings(
+        beam_size=1,
+        max_extra_len=MAX_EXTRA,
+        sampling="ancestral",
+        num_candidates=8,
+        temperature=2.0,
+    )
+    tokens, scores = sampled(settings, sources(), [0, 1, 2])
+    assert all(len({tuple(c) for c in row}) > 1 for row in tokens)
+    assert (np.diff(scores, axis=1) <= 0).all()
+    assert all(
+        EOS_ID in list(c) for row in tokens for c in row
+    )  # each ends, at the limit at the latest
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        DecodeSettings(beam_size=1, sampling="topk", top_k=1, num_candidates=3),
+        DecodeSettings(beam_size=1, sampling="ancestral", temperature=1e-4, num_candidates=3),
+        DecodeSettings(beam_size=1, sampling="topp", top_p=1e-6, num_candidates=2),
+    ],
+    ids=["top-k 1", "temperature 1e-4", "top-p 1e-6"],
+)
+def test_sampling_that_keeps_only_the_likeliest_piece_is_greedy_decoding(settings):
+    settings = DecodeSettings(**{**settings.__dict__, "max_extra_len": MAX_EXTRA})
+    graphdef, params = make_model()
+    src = sources()
+    greedy, greedy_lp = greedy_search((graphdef,), (params,), src, max_extra_len=MAX_EXTRA)
+    tokens, _ = sampled(settings, src, [0, 1, 2])
+    for candidate in range(settings.num_candidates):
+        np.testing.assert_array_equal(tokens[:, candidate], np.asarray(greedy))
+
+
+def test_draw_keeps_what_each_method_says():
+    """Drawn many times from one distribution, each method draws only the pieces it keeps,
+    and ancestral sampling draws each piece about as often as its probability."""
+    probs = jnp.array([0.5, 0.25, 0.15, 0.07, 0.03], jnp.float32)
+    log_probs = jnp.tile(jnp.log(probs), (4000, 1))
+    uniform = 1.0 - jax.random.uniform(jax.random.key(0), (4000,))
+    found = {
+        name: np.bincount(np.asarray(draw(log_probs, uniform, *args)), minlength=5)
+        for name, args in {
+            "ancestral": ("ancestral",),
+            "topk": ("topk", 1.0, 2),
+            "topp": ("topp", 1.0, 0, 0.8),  # 0.5 + 0.25 < 0.8 <= 0.9: three pieces
+            "epsilon": ("epsilon", 1.0, 0, 1.0, 0.1),
+        }.items()
+    }
+    np.testing.assert_allclose(found["ancestral"] / 4000, probs, atol=0.03)
+    assert found["topk"][2:].sum() == 0 and found["topk"][:2].all()
+    assert found["topp"][3:].sum() == 0 and found["topp"][:3].all()
+    assert found["epsilon"][3:].sum() == 0 and found["epsilon"][:3].all()
+    # Kept pieces keep their relative odds: top-2 draws piece 0 about twice as often as 1.
+    assert 1.7 < found["topk"][0] / found["topk"][1] < 2.3
+
+
+def forced_reference(graphdefs, params, src, prefix, max_extra_len):
+    """Greedy decoding after each row's prefix, one `decode_step` at a time, row by row:
+    (tokens, log-probability of the whole output) per row, the prefix's pieces included."""
+    models = search_module.merge_models(graphdefs, params)
+    found = []
+    for row in range(src.shape[0]):
+        source = src[row : row + 1]
+        n = int((np.asarray(source) != PAD_ID).sum())
+        limit = n - 1 + max_extra_len
+        length = src.shape[1] + max_extra_len + 1
+        caches = [
+            m.prefill(source, (source != PAD_ID).astype(jnp.int32), 1, length) for m in models
+        ]
+        pieces = [int(p) for p in prefix[row] if p != PAD_ID]
+        out, total, last = [], 0.0, BOS_ID
+        for t in range(length):
+            log_probs, caches = search_module._next_log_probs(models, jnp.array([last]), t, caches)
+            log_probs = np.asarray(log_probs[0])
+            if t < len(pieces):
+                token = pieces[t]
+            elif t >= limit:
+                token = EOS_ID
+            else:
+                token = int(np.argmax(log_probs))
+            out.append(token)
+            total += float(log_probs[token])
+            last = token
+            if token == EOS_ID:
+                break
+        found.append((out, total))
+    return found
+
+
+@pytest.mark.parametrize("name", list(ensembles()))
+def test_a_prefix_search_continues_as_one_forced_step_at_a_time_would(name):
+    """The one pass over the prefixes (`decode_block`) fills the cache as forced steps would."""
+    graphdefs, params = ensembles()[name]
+    src = sources()
+    tokens, scores = greedy_search(graphdefs, params, src, MAX_EXTRA, prefix=jnp.asarray(PREFIXES))
+    for row, (expected, total) in enumerate(
+        forced_reference(graphdefs, params, src, PREFIXES, MAX_EXTRA)
+    ):
+        assert list(np.asarray(tokens[row])[: len(expected)]) == expected
+        np.testing.assert_allclose(float(scores[row]), total, rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        DecodeSettings(beam_size=1),
+        DecodeSettings(beam_size=3, nbest=3),
+        DecodeSettings(beam_size=3, beam_stop="finished", nbest=2),
+        DecodeSettings(beam_size=1, sampling="ancestral", num_candidates=5, temperature=2.0),
+        DecodeSettings(beam_size=1, sampling="topk", top_k=3, num_candidates=5),
+    ],
+    ids=["greedy", "beam n-best", "beam finished", "ancestral", "top-k"],
+)
+def test_every_output_starts_with_its_prefix(settings):
+    settings = DecodeSettings(**{**settings.__dict__, "max_extra_len": MAX_EXTRA})
+    for graphdefs, params in ensembles().values():
+        tokens, scores = search(
+            graphdefs,
+            params,
+            sources(),
+            settings,
+            stream=streams([0, 1, 2]),
+            prefix=jnp.asarray(PREFIXES),
+        )
+        tokens, scores = np.asarray(tokens), np.asarray(scores)
+        for row, prefix in enumerate(PREFIXES):
+            pieces = [int(p) for p in prefix if p]
+            for hypothesis, score in zip(tokens[row], scores[row]):
+                if score > search_module.NEG_INF / 2:
+                    assert list(hypothesis[: len(pieces)]) == pieces
+                    assert EOS_ID in list(hypothesis[len(pieces) :])
+
+
+def test_a_prefix_as_long_as_the_limit_ends_there():
+    """A prefix of exactly `limit` pieces leaves room for EOS alone."""
+    graphdef, params = make_model()
+    src = sources()[1:2]  # two pieces + EOS: limit 2 + MAX_EXTRA
+    prefix = jnp.asarray([[5] * (2 + MAX_EXTRA)], jnp.int32)
+    tokens, _ = greedy_search((graphdef,), (params,), src, MAX_EXTRA, prefix=prefix)
+    assert list(np.asarray(tokens[0])[: 3 + MAX_EXTRA]) == [5] * (2 + MAX_EXTRA) + [EOS_ID]
+
+
+# The text command: the sentence loop, flags and files (the tiny run, made to vary its outputs).
+from conftest import copy_of_tiny_run  # noqa: E402
+from test_translate_text import run  # noqa: E402
+
+from translate import translate_text  # noqa: E402
+from translate.decoding.mbr import mbr_order  # noqa: E402
+
+SENTENCES = [
+    "the small dog sees the cat .",
+    "",
+    "a man reads .",
+    "the old woman who lives in the house gives the child a red apple .",
+    "the cat sleeps .",
+    "a dog .",
+]
+
+
+@pytest.fixture(scope="module")
+def workdir(tiny_run, tmp_path_factory):
+    """A tiny model trained for 6 steps: this module's copy of the session's tiny run."""
+    return copy_of_tiny_run(tiny_run, tmp_path_factory)
+
+
+SAMPLE = ["--sampling=ancestral", "--temperature=2.0", "--num_candidates=4", "--seed=7"]
+
+
+def test_samples_do_not_depend_on_batches_in_flight_or_where_the_input_was_cut(
+    workdir, tmp_path, varied_outputs
+):
+    one = run(
+        tmp_path,
+        SENTENCES,
+        f"--workdir={workdir}",
+        *SAMPLE,
+        "--nbest=4",
+        "--batch_size=1",
+        "--parallel_batches=1",
+        name="one.txt",
+    )
+    many = run(
+        tmp_path,
+        SENTENCES,
+        f"--workdir={workdir}",
+        *SAMPLE,
+        "--nbest=4",
+        "--batch_size=4",
+        "--parallel_batches=3",
+        name="many.txt",
+    )
+    assert one == many and len(one) == 4 * 5 + 1  # four samples per line; a blank line's one
+    # A restart from line 3: the lines from there draw what they drew in the whole run.
+    tail = run(
+        tmp_path, SENTENCES[3:], f"--workdir={workdir}", *SAMPLE, "--nbest=4", name="tail.txt"
+    )
+    whole = [line.split("\t", 1)[1] for line in one if int(line.split("\t")[0]) >= 3]
+    assert [line.split("\t", 1)[1] for line in tail] != whole  # its lines count from 0 again...
+    # ...so the same lines at the same places draw the same samples:
+    shifted = run(
+        tmp_path,
+        ["", "", "", *SENTENCES[3:]],
+        f"--workdir={workdir}",
+        *SAMPLE,
+        "--nbest=4",
+        name="shifted.txt",
+    )
+    assert [line.split("\t", 1)[1] for line in shifted if int(line.split("\t")[0]) >= 3] == whole
+    other_seed = run(
+        tmp_path,
+        SENTENCES,
+        f"--workdir={workdir}",
+        *SAMPLE[:-1],
+        "--seed=8",
+        "--nbest=4",
+        name="other.txt",
+    )
+    assert other_seed != one
+
+
+def test_mbr_output_is_the_mbr_choice_among_the_printed_candidates(
+    workdir, tmp_path, varied_outputs
+):
+    flags = [f"--workdir={workdir}", *SAMPLE]
+    listed = run(tmp_path, SENTENCES, *flags, "--nbest=4", name="all.txt")
+    chosen = run(tmp_path, SENTENCES, *flags, "--mbr=chrf", name="mbr.txt")
+    for line, sentence in enumerate(SENTENCES):
+        rows = [r.split("\t") for r in listed if int(r.split("\t")[0]) == line]
+        if not sentence.strip():
+            assert chosen[line] == ""
+            continue
+        texts, scores = [r[2] for r in rows], [float(r[1]) for r in rows]
+        order, _ = mbr_order(texts, scores, "chrf")
+        assert chosen[line] == texts[order[0]]
+    # Over the beam's n-best too, and --nbest then ranks by expected utility.
+    ranked = run(
+        tmp_path,
+        SENTENCES,
+        f"--workdir={workdir}",
+        "--beam_size=4",
+        "--num_candidates=4",
+        "--mbr=bleu",
+        "--nbest=2",
+        name="beam.txt",
+    )
+    utilities = [float(r.split("\t")[1]) for r in ranked if r.split("\t")[2]]
+    assert all(0.0 <= u <= 100.0 for u in utilities)
+
+
+def test_prefixes_start_the_outputs_and_an_empty_line_has_none(workdir, tmp_path, varied_outputs):
+    prefixes = tmp_path / "prefixes.txt"
+    wanted = ["the small", "", "a", "the old woman", "", "dog"]
+    prefixes.write_text("".join(p + "\n" for p in wanted), encoding="utf-8")
+    plain = run(tmp_path, SENTENCES, f"--workdir={workdir}", name="plain.txt")
+    for flags in ([], ["--beam_size=1"], ["--nbest=3"], SAMPLE + ["--nbest=4"]):
+        out = run(tmp_path, SENTENCES, f"--workdir={workdir}", f"--prefix={prefixes}", *flags)
+        texts = [line.split("\t")[-1] for line in out]
+        lines = [int(line.split("\t")[0]) for line in out] if "--nbest" in str(flags) else range(6)
+        for line, text in zip(lines, texts):
+            if wanted[line]:
+                assert text.startswith(wanted[line]), (flags, line, text)
+        if not flags:  # lines without a prefix translate as they do without the flag
+            assert [texts[i] for i in (1, 4)] == [plain[i] for i in (1, 4)]
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--num_candidates=0"], "--num_candidates=0: must be >= 1"),
+        (["--sampling=topp", "--top_p=0"], "--top_p=0.0: must be in (0, 1]"),
+        (["--sampling=topp", "--top_p=1.5"], "--top_p=1.5: must be in (0, 1]"),
+        (["--sampling=epsilon", "--epsilon=-0.1"], "--epsilon=-0.1: must be in [0, 1)"),
+        (["--sampling=beam"], "--sampling=beam: must be one of ancestral, topk, topp, epsilon"),
+        (["--sampling=ancestral", "--temperature=0"], "--temperature=0.0: must be a finite"),
+        (["--top_k=5"], "--top_k=5 needs --sampling=topk"),
+        (["--sampling=topk"], "--sampling=topk needs --top_k >= 1"),
+        (["--mbr=comet"], "--mbr=comet: must be one of chrf, bleu"),
+        (["--mbr=chrf"], "--mbr=chrf needs --num_candidates >= 2"),
+        (["--seed=3"], "--seed=3 needs --sampling"),
+        (["--sampling=ancestral", "--num_candidates=2", "--nbest=3"], "--nbest=3 needs --num_c"),
+        (["--num_candidates=9", "--beam_size=4"], "--num_candidates=9 needs --beam_size >= 9"),
+    ],
+)
+def test_sampling_values_that_cannot_work_are_one_line_errors_before_anything_loads(
+    workdir, tmp_path, flags, message, monkeypatch
+):
+    from translate import cli
+    from translate.decoding import programs
+
+    loaded = []
+    monkeypatch.setattr(programs, "load_ensemble", lambda *a, **k: loaded.append(1))
+    target = tmp_path / "never.txt"
+    with pytest.raises(ValueError, match=re.escape(message)) as error:
+        translate_text.main([f"--workdir={workdir}", f"--output={target}", *flags])
+    assert cli.user_error_message(error.value) is not None and not loaded
+    assert not target.exists()
+
+
+def test_a_prefix_file_that_does_not_fit_the_input_is_refused_and_nothing_is_written(
+    workdir, tmp_path, varied_outputs
+):
+    source = tmp_path / "in.txt"
+    source.write_text("a dog .\nthe cat .\n", encoding="utf-8")
+    target = tmp_path / "out.txt"
+    target.write_text("earlier output\n", encoding="utf-8")
+    prefixes = tmp_path / "prefixes.txt"
+    for text, message in [
+        ("a\n", "has 1 lines and --input="),
+        ("a\nb\nc\n", "has 3 lines and --input="),
+        ("a\n" + "dog " * 80 + "\n", "--prefix line 2: "),
+    ]:
+        prefixes.write_text(text, encoding="utf-8")
+        with pytest.raises(ValueError, match=re.escape(message)):
+            translate_text.main(
+                [
+                    f"--workdir={workdir}",
+                    f"--input={source}",
+                    f"--output={target}",
+                    f"--prefix={prefixes}",
+                ]
+            )
+        assert target.read_text(encoding="utf-8") == "earlier output\n"
+    with pytest.raises(ValueError, match="--prefix=.*: no such file"):
+        translate_text.main([f"--workdir={workdir}", f"--prefix={tmp_path / 'missing'}"])
+    with pytest.raises(SystemExit, match="is the same file as --prefix="):
+        translate_text.main(
+            [
+                f"--workdir={workdir}",
+                f"--input={source}",
+                f"--output={prefixes}",
+                f"--prefix={prefixes}",
+            ]
+        )
