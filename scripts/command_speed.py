@@ -39,7 +39,7 @@ import ctranslate2, sentencepiece
 model, src, out, beam, alpha, extra, batch, threads = sys.argv[1:]
 pieces = sentencepiece.SentencePieceProcessor(model_file=model + "/vocab.model")
 lines = open(src, encoding="utf-8").read().split("\\n")[:-1]
-tokens = [pieces.encode(line, out_type=str) + ["</s>"] for line in lines]
+tokens = [pieces.encode(line, out_type=str) for line in lines]  # the export adds EOS
 translator = ctranslate2.Translator(model, intra_threads=int(threads), inter_threads=1)
 results = translator.translate_batch(
     tokens, beam_size=int(beam), length_penalty=float(alpha), min_decoding_length=0,

@@ -1,15 +1,20 @@
 """CTranslate2's decoding speed on an export, alone in its process (no JAX beside it).
 
     python -m scripts.ctranslate2_speed --model=DIR --src=test2016.en [--threads=2] \
-        [--batch_size=64] [--length_penalty=1.2] [--max_extra_len=50] [--repeats=3]
+        [--batch_size=64] [--length_penalty=1.2] [--max_extra_len=50] [--repeats=3] \
+        [--num_hypotheses=N --sampling_topk=0,10]
 
 DIR is a `translate-export --format=ctranslate2` directory. The sentences are tokenized with its
-`vocab.model`, end in `</s>` as ours do, are sorted by length and decoded in batches of
+`vocab.model` (the export adds `</s>` to each, `add_source_eos`, as ours end in EOS; before
+2026-11-27 this script added a second one), are sorted by length and decoded in batches of
 `batch_size`, with an empty output allowed and at most (the batch's longest source) +
 `max_extra_len` tokens. After one untimed pass of each search, beam 4 and greedy are each timed
-`repeats` times; the median is printed. scripts/benchmark.py times the engines inside its own
-process, after JAX has run there, and in groups of equal source length: on 2 cores that gave
-CTranslate2 well under half the speed it has here (BENCHMARKS.md, issue 26).
+`repeats` times; the median is printed. With `--num_hypotheses=N`, random sampling of N
+candidates per sentence is timed instead, once per value of `--sampling_topk` (0: the whole
+vocabulary), in candidates/s (scripts/sampling_speed.py). scripts/benchmark.py times the
+engines inside its own process, after JAX has run there, and in groups of equal source
+length: on 2 cores that gave CTranslate2 well under half the speed it has here (BENCHMARKS.md,
+issue 26).
 """
 
 from __future__ import annotations
@@ -28,6 +33,8 @@ def main() -> None:
     parser.add_argument("--length_penalty", type=float, default=1.2)
     parser.add_argument("--max_extra_len", type=int, default=50)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--num_hypotheses", type=int, default=0)
+    parser.add_argument("--sampling_topk", default="0")
     args = parser.parse_args()
 
     import ctranslate2
@@ -35,12 +42,12 @@ def main() -> None:
 
     pieces = sentencepiece.SentencePieceProcessor(model_file=f"{args.model}/vocab.model")
     with open(args.src, encoding="utf-8") as f:
-        sources = [pieces.encode(line.rstrip("\n"), out_type=str) + ["</s>"] for line in f]
+        sources = [pieces.encode(line.rstrip("\n"), out_type=str) for line in f]
     order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
     batches = [order[b : b + args.batch_size] for b in range(0, len(order), args.batch_size)]
     translator = ctranslate2.Translator(args.model, intra_threads=args.threads, inter_threads=1)
 
-    def one_pass(beam: int) -> float:
+    def one_pass(beam: int, **sampling) -> float:
         start = time.perf_counter()
         for batch in batches:
             translator.translate_batch(
@@ -49,15 +56,25 @@ def main() -> None:
                 length_penalty=args.length_penalty,
                 min_decoding_length=0,
                 max_decoding_length=max(len(sources[i]) for i in batch) + args.max_extra_len,
+                **sampling,
             )
         return time.perf_counter() - start
 
-    for name, beam in (("beam4", 4), ("greedy", 1)):
-        one_pass(beam)
-        seconds = [one_pass(beam) for _ in range(args.repeats)]
+    if args.num_hypotheses:
+        runs = [
+            (f"sampling topk={k} x{args.num_hypotheses}", 1, int(k), args.num_hypotheses)
+            for k in args.sampling_topk.split(",")
+        ]
+    else:
+        runs = [("beam4", 4, None, 1), ("greedy", 1, None, 1)]
+    for name, beam, topk, n in runs:
+        sampling = {} if topk is None else {"sampling_topk": topk, "num_hypotheses": n}
+        one_pass(beam, **sampling)
+        seconds = [one_pass(beam, **sampling) for _ in range(args.repeats)]
         median = statistics.median(seconds)
+        unit = "sentences/s" if topk is None else "candidates/s"
         print(
-            f"ctranslate2 {name}: {len(sources) / median:.1f} sentences/s "
+            f"ctranslate2 {name}: {len(sources) * n / median:.1f} {unit} "
             f"(median of {', '.join(f'{s:.2f}' for s in seconds)} s; {args.threads} threads)"
         )
 

@@ -75,8 +75,9 @@ def main() -> None:
         subprocess.run(command, check=True, env=environment, stderr=subprocess.DEVNULL)
         seconds = time.perf_counter() - start
         hypotheses = target.read_text(encoding="utf-8").splitlines()
-        bleu = sacrebleu.corpus_bleu(hypotheses, [references])
-        chrf = sacrebleu.corpus_chrf(hypotheses, [references])
+        bleu_metric, chrf_metric = sacrebleu.BLEU(), sacrebleu.CHRF()
+        bleu = bleu_metric.corpus_score(hypotheses, [references])
+        chrf = chrf_metric.corpus_score(hypotheses, [references])
         rows.append(
             {
                 "setting": name,
@@ -84,8 +85,8 @@ def main() -> None:
                 "bleu": round(bleu.score, 2),
                 "chrf": round(chrf.score, 2),
                 "seconds": round(seconds, 1),
-                "bleu_signature": str(sacrebleu.BLEU().get_signature()),
-                "chrf_signature": str(sacrebleu.CHRF().get_signature()),
+                "bleu_signature": str(bleu_metric.get_signature()),
+                "chrf_signature": str(chrf_metric.get_signature()),
             }
         )
         print(f"{name:34s} BLEU {bleu.score:6.2f}  chrF {chrf.score:6.2f}  {seconds:7.1f} s")

@@ -26,6 +26,13 @@ is loaded. A line longer than the model's `data.max_len` tokens is translated fr
 tokens only, and stderr says which line. Writing to --output shows progress and sentences/s on
 stderr.
 
+`--sampling=ancestral|topk|topp|epsilon` samples in place of the beam (`--temperature`, `--top_k`,
+`--top_p`, `--epsilon`), `--num_candidates=N` per line, each line's samples fixed by `--seed`
+and the line's place in the input; `--mbr=chrf|bleu` chooses each line's output among the
+candidates (samples or the beam's n-best) by minimum Bayes risk; `--prefix=FILE` gives one target
+prefix per input line that the outputs start with (docs/translating.md, "Sampling, MBR and
+prefixes").
+
 --output is written to a temporary file beside it that replaces it only once every line is
 translated, so a failed or interrupted run (Ctrl-C, SIGTERM) leaves an existing --output as it
 was, and the temporary file of one killed outright is removed by the next run into that file

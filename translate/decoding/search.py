@@ -498,6 +498,21 @@ def _largest_threshold(w: jax.Array, goal: jax.Array, mass: bool) -> jax.Array:
     return jax.lax.bitcast_convert_type(lo, jnp.float32)
 
 
+def _kth_largest(w: jax.Array, k: int) -> jax.Array:
+    """Per row of weights w [R, V] >= 0, the k-th largest [R] (ties counted: the largest tau
+    with at least k weights >= tau), by stepping down the distinct values from the largest:
+    k - 1 passes over the row, fewer than `_largest_threshold`'s 31 for k <= 31."""
+    if k - 1 > 31:
+        return _largest_threshold(w, k, False)
+
+    def step_down(_, tau):
+        count = jnp.sum(w >= tau[:, None], axis=-1)
+        below = jnp.max(jnp.where(w < tau[:, None], w, -1.0), axis=-1)  # the next value down
+        return jnp.where((count < k) & (below >= 0.0), below, tau)
+
+    return jax.lax.fori_loop(0, k - 1, step_down, jnp.max(w, axis=-1))
+
+
 def draw(
     log_probs: jax.Array,
     uniform: jax.Array,
@@ -527,7 +542,7 @@ def draw(
     x = log_probs / temperature
     w = jnp.exp(x - jnp.max(x, axis=-1, keepdims=True))  # [R, V], the likeliest 1.0
     if method == "topk" and top_k:
-        w = jnp.where(w >= _largest_threshold(w, top_k, False)[:, None], w, 0.0)
+        w = jnp.where(w >= _kth_largest(w, top_k)[:, None], w, 0.0)
     elif method == "topp":
         goal = top_p * jnp.sum(w, axis=-1)
         w = jnp.where(w >= _largest_threshold(w, goal, True)[:, None], w, 0.0)
