@@ -17,6 +17,7 @@ from translate.training.losses import (
     loss_keep,
     projected_cross_entropy,
     smoothed_cross_entropy,
+    transposed_copy,
 )
 from translate.training.optim import decay_to_zero_schedule, inverse_sqrt_schedule, make_schedule
 from translate.training.steps import make_steps, resolve_loss_keep
@@ -65,6 +66,33 @@ def test_fused_projection_and_loss_match_the_unfused_loss_and_its_gradients(keep
         got = jax.grad(lambda *a, i=output: fused(*a)[i], argnums=(0, 1))(y, embedding)
         for a, b in zip(got, expected):
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_transposed_copy_is_the_transpose():
+    x = jnp.arange(12.0).reshape(3, 4)
+    np.testing.assert_array_equal(jax.jit(transposed_copy)(x), x.T)
+
+
+def test_bfloat16_embedding_gradient_in_row_major_products_matches_the_plain_product():
+    # The CPU's path ("exp") takes the embedding's gradient as (y^T d_logits)^T with copied
+    # transposes for bfloat16 operands; the GPU's ("logits") as d_logits^T y. The same
+    # bfloat16 products summed in another order: equal up to float32 rounding.
+    keys = jax.random.split(jax.random.key(0), 4)
+    y = jax.random.normal(keys[0], (4, 6, 32)).astype(jnp.bfloat16)  # [B, T, D]
+    embedding = 0.3 * jax.random.normal(keys[1], (80, 32))  # [V, D]
+    targets = jax.random.randint(keys[2], (4, 6), 0, 80)
+    weights = (jax.random.uniform(keys[3], (4, 6)) > 0.3).astype(jnp.float32)
+    grads = {}
+    for keep in ("exp", "logits"):
+
+        def loss(y, embedding, keep=keep):
+            return projected_cross_entropy(y, embedding, targets, weights, 0.1, keep)[0]
+
+        grads[keep] = jax.jit(jax.grad(loss, argnums=(0, 1)))(y, embedding)
+    np.testing.assert_array_equal(
+        grads["exp"][0].astype(jnp.float32), grads["logits"][0].astype(jnp.float32)
+    )
+    np.testing.assert_allclose(grads["exp"][1], grads["logits"][1], rtol=1e-5, atol=1e-6)
 
 
 def synthetic_batch(config: Config, mesh):
