@@ -74,9 +74,10 @@ def test_transposed_copy_is_the_transpose():
 
 
 def test_bfloat16_embedding_gradient_in_row_major_products_matches_the_plain_product():
-    # The CPU's path ("exp") takes the embedding's gradient as (y^T d_logits)^T with copied
-    # transposes for bfloat16 operands; the GPU's ("logits") as d_logits^T y. The same
-    # bfloat16 products summed in another order: equal up to float32 rounding.
+    # For bfloat16 operands the CPU's path ("exp") takes the embedding's gradient as
+    # (y^T d_logits)^T with copied transposes and d_y with a float32 result rounded after; the
+    # GPU's ("logits") writes d_logits^T y and a bfloat16 d_y. The same bfloat16 products
+    # summed in another order: equal up to float32 rounding.
     keys = jax.random.split(jax.random.key(0), 4)
     y = jax.random.normal(keys[0], (4, 6, 32)).astype(jnp.bfloat16)  # [B, T, D]
     embedding = 0.3 * jax.random.normal(keys[1], (80, 32))  # [V, D]

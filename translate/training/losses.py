@@ -114,12 +114,14 @@ def _loss_grads(
 ):
     """Gradients for y and the embedding, the softmax being `probs / total` ([N, V], [N]).
 
-    `row_major` (the CPU's path, `keep="exp"`), for bfloat16 operands (`model.matmul_dtype`),
-    computes the embedding's gradient as
-    (y^T d_logits)^T with both transposes copied (`transposed_copy`): d_logits^T y contracts
-    the first axis of both [N, V] and [N, D] operands, which the CPU runs in float32 at a
-    quarter of the bfloat16 rate (46 ms against 12 ms for Multi30k's [2016, 8000] on the
-    development CPU). The sums are the same products added in another order.
+    `row_major` (the CPU's path, `keep="exp"`) with bfloat16 operands (`model.matmul_dtype`)
+    arranges both products for the CPU's bfloat16 path (docs/speed.md): d_y accumulates in
+    float32 and is rounded after (a product with a bfloat16 result ran in float32, 38 ms
+    against 10 ms for Multi30k's [2016, 8000] on the development CPU), and the embedding's
+    gradient is (y^T d_logits)^T with both transposes copied (`transposed_copy`), since
+    d_logits^T y contracts the first axis of both [N, V] and [N, D] operands (float32 again,
+    46 ms against 12 ms). The same products, their sums added in another order. Otherwise
+    (float32, or the GPU's path) the products are written plainly.
     """
     g_loss, g_nll, _ = cotangents
     vocab = probs.shape[-1]
@@ -132,19 +134,18 @@ def _loss_grads(
     is_target = jnp.arange(vocab)[None, :] == targets[:, None]  # [N, V]
     d_logits = scale * probs - jnp.where(is_target, hot, 0.0) - flat
     d_logits = d_logits.astype(y.dtype)  # [N, V]
-    # Accumulated in float32 and rounded after: a bfloat16 product with a bfloat16 result ran
-    # as a float32 product on the CPU (operands converted back), 4x the time of the others.
-    d_y = jnp.einsum(
-        "nv,vd->nd", d_logits, embedding.astype(y.dtype), preferred_element_type=jnp.float32
-    ).astype(y.dtype)  # [N, D]
+    product_embedding = embedding.astype(y.dtype)
+    f32 = jnp.float32
     if row_major and y.dtype == jnp.bfloat16:  # float32 products run at one rate either way
-        d_embedding = transposed_copy(
-            jnp.einsum(
-                "dn,nv->dv", transposed_copy(y), d_logits, preferred_element_type=jnp.float32
-            )
-        )  # [V, D]
+        d_y = jnp.einsum("nv,vd->nd", d_logits, product_embedding, preferred_element_type=f32)
+        d_y = d_y.astype(y.dtype)  # [N, D]
+        d_embedding_t = jnp.einsum(
+            "dn,nv->dv", transposed_copy(y), d_logits, preferred_element_type=f32
+        )
+        d_embedding = transposed_copy(d_embedding_t)  # [V, D]
     else:
-        d_embedding = jnp.einsum("nv,nd->vd", d_logits, y, preferred_element_type=jnp.float32)
+        d_y = jnp.einsum("nv,vd->nd", d_logits, product_embedding)  # [N, D]
+        d_embedding = jnp.einsum("nv,nd->vd", d_logits, y, preferred_element_type=f32)
     return d_y, d_embedding.astype(embedding.dtype), None, jnp.zeros_like(weights)
 
 
