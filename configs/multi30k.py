@@ -15,12 +15,10 @@ or more (BENCHMARKS.md, "Multi30k recipe search"; the seed alone moves val by up
 1,014 val sentences 41.62 and 41.25 for seeds 0 and 1, against 40.52 and 40.55 with dropout 0.2
 and weight decay 0.2 (issue 39, fifteenth round); seed 2, run afterwards, scored 40.04.
 
-Expect about 26 minutes for the whole command on 2 CPU cores on a day with a float32 matmul
-near 180-200 GFLOP/s (an estimate, 1.5x the 4,800-step recipe's 17.5 minutes measured from a
-fresh clone; the 7,200-step runs of issue 58 ran two at a time and were not timed alone), and
-test2016 sacreBLEU 40.66 / 40.08 / 40.05 for seeds 0-2 (mean 40.26; 1,000 sentences,
-beam 4, alpha 1.2). Without AVX512-BF16 the bfloat16 products may
-be slower than float32: `--config.model.matmul_dtype=compute` turns them off (docs/speed.md).
+Expect about 25 minutes for the whole command on 2 CPU cores on a slow day (24 min 40 s from a
+fresh clone at a float32 matmul of 174-205 GFLOP/s, `63d273c`), and test2016 sacreBLEU
+40.28 / 40.77 / 40.17 for seeds 0-2 (mean 40.41; 1,000 sentences, beam 4, alpha 1.2).
+Without AVX512-BF16 the bfloat16 products may be slower than float32: `--config.model.matmul_dtype=compute` turns them off (docs/speed.md).
 The steps fit in the time also because the train step no longer hands its memory back to the
 kernel at every step (translate/devices.py, `keep_freed_memory`: 1.2x as fast).
 """
