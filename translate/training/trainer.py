@@ -29,6 +29,7 @@ import jax.numpy as jnp
 
 from translate import checkpoint, sharding
 from translate.atomic import remove_stale
+from translate.compilation import cache_hits
 from translate.config import Config, split_profile_steps
 from translate.data.batching import Batch, BatchLayout, DataPosition, iterate_batches
 from translate.data.sampling import SampledEpochs
@@ -384,6 +385,7 @@ class Trainer:
         s = self.state
         batch, s.position = next(self.batches)
         self.profiler.before(s.step)
+        hits = 0 if self.compiled else cache_hits()
         call_start = time.perf_counter()
         s.params, s.opt_state, metrics = self.steps.packed_train(
             s.params,
@@ -397,7 +399,10 @@ class Trainer:
             # training speed, said once and kept out of the first window's clock.
             self.compiled = True
             compile_seconds = time.perf_counter() - call_start
-            log.info("compiled the train step in %.1f s", compile_seconds)
+            found = cache_hits() - hits
+            cached = f" ({found} program(s) read from the persistent compilation cache)"
+            cached = cached if found else ""
+            log.info("compiled the train step in %.1f s%s", compile_seconds, cached)
             self.window.exclude(compile_seconds)
         if self.steps.ema is not None:
             s.ema = self.steps.ema(s.ema, s.params, s.step, metrics["nonfinite"])
