@@ -44,13 +44,19 @@ def test_accuracy_counts_only_real_tokens():
     assert correct_tokens(logits, targets, weights) == 1.0
 
 
-@pytest.mark.parametrize("keep", ["exp", "logits"])
-def test_fused_projection_and_loss_match_the_unfused_loss_and_its_gradients(keep):
+def random_loss_inputs():
+    """y [3, 5, 16], embedding [50, 16], targets [3, 5] and weights [3, 5] (a few padding)."""
     keys = jax.random.split(jax.random.key(0), 4)
     y = jax.random.normal(keys[0], (3, 5, 16))  # [B, T, D]
     embedding = 0.3 * jax.random.normal(keys[1], (50, 16))  # [V, D]
     targets = jax.random.randint(keys[2], (3, 5), 0, 50)
     weights = (jax.random.uniform(keys[3], (3, 5)) > 0.3).astype(jnp.float32)
+    return y, embedding, targets, weights
+
+
+@pytest.mark.parametrize("keep", ["exp", "logits"])
+def test_fused_projection_and_loss_match_the_unfused_loss_and_its_gradients(keep):
+    y, embedding, targets, weights = random_loss_inputs()
 
     def unfused(y, embedding):
         logits = jnp.einsum("btd,vd->btv", y, embedding)
@@ -66,6 +72,34 @@ def test_fused_projection_and_loss_match_the_unfused_loss_and_its_gradients(keep
         got = jax.grad(lambda *a, i=output: fused(*a)[i], argnums=(0, 1))(y, embedding)
         for a, b in zip(got, expected):
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_bfloat16_logits_give_the_loss_of_the_rounded_logits_and_a_nearby_gradient():
+    # keep="logits_bf16" rounds the logits to bfloat16 once: its sums are the unfused loss's on
+    # those rounded logits, and its gradients (which take the rounding as the identity) lie
+    # within bfloat16's rounding of the float32 path's, without being equal to them.
+    y, embedding, targets, weights = random_loss_inputs()
+
+    def rounded(y, embedding):
+        logits = jnp.einsum("btd,vd->btv", y, embedding).astype(jnp.bfloat16)
+        loss, nll, count = smoothed_cross_entropy(logits, targets, weights, 0.1)
+        return loss, nll, count, correct_tokens(logits, targets, weights)
+
+    def fused(y, embedding, keep):
+        return projected_cross_entropy(y, embedding, targets, weights, 0.1, keep)
+
+    np.testing.assert_allclose(fused(y, embedding, "logits_bf16"), rounded(y, embedding), rtol=1e-6)
+    assert fused(y, embedding, "logits_bf16")[0] != fused(y, embedding, "logits")[0]
+    for output in (0, 1):
+        grads = {
+            keep: jax.grad(lambda *a, i=output, k=keep: fused(*a, k)[i], argnums=(0, 1))(
+                y, embedding
+            )
+            for keep in ("logits", "logits_bf16")
+        }
+        for a, b in zip(grads["logits_bf16"], grads["logits"]):
+            assert not np.array_equal(a, b)
+            np.testing.assert_allclose(a, b, rtol=0, atol=2**-7 * np.abs(b).max())
 
 
 def test_transposed_copy_is_the_transpose():

@@ -139,7 +139,8 @@ class TrainConfig:
     label_smoothing: float = 0.1
     # What the loss keeps from its forward pass for the backward pass (losses.py,
     # projected_cross_entropy): "exp" (fastest on CPUs), "logits" (fewer passes over the
-    # [tokens x vocabulary] float32 logits, for GPUs), or "auto": "exp" on CPUs, else "logits".
+    # [tokens x vocabulary] float32 logits, for GPUs), "logits_bf16" (the logits rounded to
+    # bfloat16, half the bytes again), or "auto": "exp" on CPUs, else "logits".
     loss_keep: str = "auto"
     # An exponential moving average of the parameters, kept beside them and saved in the
     # checkpoints: ema = d * ema + (1 - d) * params after every applied step, with
@@ -413,8 +414,8 @@ class Config:
             ("train.label_smoothing", lambda v: 0.0 <= v < 1.0, "must be in [0, 1)"),
             (
                 "train.loss_keep",
-                lambda v: v in ("auto", "exp", "logits"),
-                "must be 'auto', 'exp' or 'logits'",
+                lambda v: v in ("auto", "exp", "logits", "logits_bf16"),
+                "must be 'auto', 'exp', 'logits' or 'logits_bf16'",
             ),
             ("train.ema_decay", lambda v: 0.0 <= v < 1.0, "must be in [0, 1) (0 = off)"),
             ("train.grad_accum_steps", lambda v: v >= 1, "must be >= 1"),

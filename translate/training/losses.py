@@ -61,6 +61,10 @@ def projected_cross_entropy(
         fastest on CPUs. "logits": the logits themselves, the softmax recomputed inside the
         backward pass's one elementwise pass, so the forward pass fuses exp into its sum and
         the exps are never written to memory: fewer passes for memory-bound GPUs.
+        "logits_bf16": the same with the logits rounded to bfloat16 as the product writes
+        them, as mixed-precision toolkits' logits are, and read back as float32 for the
+        softmax: half the bytes of every pass over them, at bfloat16's rounding of the loss
+        and its gradient. Never chosen by "auto"; a knob for GPUs, to be measured there.
 
     Returns:
       (smoothed loss sum, NLL sum, token count, correct arg-max count), float32 scalars. The two
@@ -68,7 +72,11 @@ def projected_cross_entropy(
     """
     d = y.shape[-1]
     y2, t, w = y.reshape(-1, d), targets.reshape(-1), weights.reshape(-1).astype(jnp.float32)
-    loss_fn = {"exp": _loss_keeping_exp, "logits": _loss_keeping_logits}[keep]
+    loss_fn = {
+        "exp": _loss_keeping_exp,
+        "logits": _loss_keeping_logits,
+        "logits_bf16": _loss_keeping_bf16_logits,
+    }[keep]
     loss, nll, correct = loss_fn(y2, embedding, t, w, label_smoothing)
     return loss, nll, jnp.sum(w), correct
 
@@ -178,18 +186,33 @@ def _loss_keeping_logits(y, embedding, targets, weights, label_smoothing):
     return _keep_logits_fwd(y, embedding, targets, weights, label_smoothing)[0]
 
 
-def _keep_logits_fwd(y, embedding, targets, weights, label_smoothing):
-    logits = _logits(y, embedding)
-    top = jnp.max(logits, axis=-1)  # [N]
-    lse = top + jnp.log(jnp.sum(jnp.exp(logits - top[:, None]), axis=-1))  # [N]
-    out = _loss_sums(logits, top, lse, targets, weights, label_smoothing)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def _loss_keeping_bf16_logits(y, embedding, targets, weights, label_smoothing):
+    return _keep_bf16_logits_fwd(y, embedding, targets, weights, label_smoothing)[0]
+
+
+def _keep_logits_fwd(y, embedding, targets, weights, label_smoothing, dtype=jnp.float32):
+    # `dtype` is how the logits are written and kept: float32 ("logits"), or rounded once to
+    # bfloat16 as the product writes them ("logits_bf16"), each read back as float32.
+    logits = _logits(y, embedding).astype(dtype)  # [N, V]
+    wide = logits.astype(jnp.float32)
+    top = jnp.max(wide, axis=-1)  # [N]
+    lse = top + jnp.log(jnp.sum(jnp.exp(wide - top[:, None]), axis=-1))  # [N]
+    out = _loss_sums(wide, top, lse, targets, weights, label_smoothing)
     return out, (y, embedding, targets, weights, logits, lse)
+
+
+def _keep_bf16_logits_fwd(y, embedding, targets, weights, label_smoothing):
+    return _keep_logits_fwd(y, embedding, targets, weights, label_smoothing, jnp.bfloat16)
 
 
 def _keep_logits_bwd(label_smoothing, residuals, cotangents):
     y, embedding, targets, weights, logits, lse = residuals
-    probs = jnp.exp(logits - lse[:, None])  # [N, V] softmax, fused into d_logits' pass
+    # The softmax, fused into d_logits' pass; the bfloat16 logits' gradient is taken as if
+    # they had not been rounded (the rounding's own derivative is 1 almost everywhere).
+    probs = jnp.exp(logits.astype(jnp.float32) - lse[:, None])  # [N, V]
     return _loss_grads(y, embedding, targets, weights, probs, None, label_smoothing, cotangents)
 
 
 _loss_keeping_logits.defvjp(_keep_logits_fwd, _keep_logits_bwd)
+_loss_keeping_bf16_logits.defvjp(_keep_bf16_logits_fwd, _keep_logits_bwd)
