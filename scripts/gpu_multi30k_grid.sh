@@ -43,6 +43,12 @@ say "commit ${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)}"
 (nvidia-smi || echo "no nvidia-smi") >>"$LOG" 2>&1
 
 DATA=data/multi30k
+for f in train.en train.de val.en val.de test2016.en test2016.de; do
+    if [ ! -s "$DATA/$f" ]; then
+        say "missing $DATA/$f: run translate-data multi30k --dir=$DATA here and carry it"
+        exit 1
+    fi
+done
 EXTRA=()
 TRAIN_BUDGET=${TRAIN_BUDGET:-330}
 TEST_BUDGET=240
