@@ -19,7 +19,8 @@ Expect 25-30 minutes for the whole command on 2 CPU cores on a slow day (from a 
 float32 matmul of 174-205 GFLOP/s: 24 min 40 s at `63d273c`, 29 min 47 s on another day at
 `b1afd33`, the step 20% slower at the same matmul rate), and test2016 sacreBLEU
 40.28 / 40.77 / 40.17 for seeds 0-2 (mean 40.41; 1,000 sentences, beam 4, alpha 1.2).
-Without AVX512-BF16 the bfloat16 products may be slower than float32: `--config.model.matmul_dtype=compute` turns them off (docs/speed.md).
+Without AVX512-BF16 the bfloat16 products may be slower than float32:
+`--config.model.matmul_dtype=compute` turns them off (docs/speed.md).
 The steps fit in the time also because the train step no longer hands its memory back to the
 kernel at every step (translate/devices.py, `keep_freed_memory`: 1.2x as fast).
 """
