@@ -6,6 +6,11 @@
 #
 #   m30k_packed, m30k_trees  configs/multi30k_gpu.py's step (4,096 slots) with the arrays
 #                            packed (steps.Packed, what the trainer calls) and as nnx.State trees
+#                            (TREES=0 leaves the trees out: measured on 2026-11-28)
+#   m30k_no_graphs,          the packed step with XLA's command buffers (CUDA graphs) off, and
+#   m30k_graphs_all          with every kind of thunk in them and no smallest graph size: whether
+#                            launching the 1,012 kernels is the host's 13 ms (2026-11-28). A flag
+#                            this XLA does not know stops its run at once, said in log.txt
 #   base, base_bf16_logits   configs/base.py at the paper's batch (25,000 slots, bfloat16): the
 #                            GPU's loss (train.loss_keep=logits), then with the logits rounded to
 #                            bfloat16 (logits_bf16)
@@ -74,12 +79,18 @@ bench() {  # NAME SECONDS ARGS...
 }
 bench m30k_packed 70 --config=configs/multi30k_gpu.py "${M30K[@]}" "${SMALL[@]}" \
     --batch_tokens=$M30K_TOKENS
-bench m30k_trees 70 --config=configs/multi30k_gpu.py "${M30K[@]}" "${SMALL[@]}" \
-    --batch_tokens=$M30K_TOKENS --packed=false
+[ "${TREES:-1}" = 1 ] && bench m30k_trees 70 --config=configs/multi30k_gpu.py "${M30K[@]}" \
+    "${SMALL[@]}" --batch_tokens=$M30K_TOKENS --packed=false
+XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_enable_command_buffer=" bench m30k_no_graphs 70 \
+    --config=configs/multi30k_gpu.py "${M30K[@]}" "${SMALL[@]}" --batch_tokens=$M30K_TOKENS
+GRAPHS=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,COLLECTIVES,CONDITIONAL,WHILE
+XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_enable_command_buffer=$GRAPHS --xla_gpu_graph_min_graph_size=1" \
+    bench m30k_graphs_all 70 --config=configs/multi30k_gpu.py "${M30K[@]}" "${SMALL[@]}" \
+    --batch_tokens=$M30K_TOKENS
 NEWS_ARGS=(--config=configs/base.py --src=$NEWS/train.en --tgt=$NEWS/train.de
     --vocab=gpu_data/news37k.model "${BASE[@]}")
 bench base 90 "${NEWS_ARGS[@]}" --config.train.loss_keep=logits
-bench base_bf16_logits 90 "${NEWS_ARGS[@]}" --config.train.loss_keep=logits_bf16
+bench base_bf16_logits 120 "${NEWS_ARGS[@]}" --config.train.loss_keep=logits_bf16
 JAX_DEFAULT_PRNG_IMPL=rbg bench base_rbg 90 "${NEWS_ARGS[@]}" --config.train.loss_keep=logits
 bench recipe_packed 60 --config=configs/multi30k.py "${M30K[@]}" "${SMALL[@]}" \
     --batch_tokens=$RECIPE_TOKENS
@@ -88,7 +99,8 @@ $PY - "$OUT" <<'EOF'
 import json, pathlib, sys
 print(f"{'run':18} {'sync ms':>8} {'steady ms':>9} {'dispatch ms':>11} {'tokens/s steady':>15} "
       f"{'MFU pub.':>8} {'peak GiB':>8}")
-for name in ("m30k_packed", "m30k_trees", "base", "base_bf16_logits", "base_rbg", "recipe_packed"):
+for name in ("m30k_packed", "m30k_trees", "m30k_no_graphs", "m30k_graphs_all", "base",
+             "base_bf16_logits", "base_rbg", "recipe_packed"):
     try:
         r = json.loads((pathlib.Path(sys.argv[1]) / f"{name}.json").read_text())
     except (OSError, ValueError):

@@ -19,7 +19,7 @@ import re
 import statistics
 import sys
 
-RUNS = ("a_s0", "a_s1", "b_s0", "c_s0")
+RUNS = ("a_s0", "a_s1", "b_s0", "b_s1")
 SCORES = ("bleu", "literature_bleu", "chrf")
 
 
@@ -95,15 +95,18 @@ def summarise(grid: pathlib.Path) -> dict:
         cache["text_outputs_identical"] = cold == warm
     except OSError:
         cache["text_outputs_identical"] = None
-    ensemble = {
-        split: scores(read_json(grid / f"ensemble_{split}" / "report.json"))
-        for split in ("val", "test2016")
+    ensembles = {
+        pair: {
+            split: scores(read_json(grid / f"ensemble_{pair}_{split}" / "report.json"))
+            for split in ("val", "test2016")
+        }
+        for pair in ("a", "b")
     }
     return {
         "runs": runs,
         "recipes": recipes,
         "chosen_on_val": chosen,
-        "ensemble_a": ensemble,
+        "ensembles": ensembles,
         "cache": cache,
     }
 
@@ -129,8 +132,9 @@ def table(summary: dict) -> str:
             f"literature {r['test2016_literature_bleu']}"
         )
     lines.append(f"chosen on val: {summary['chosen_on_val']}")
-    for split, s in summary["ensemble_a"].items():
-        lines.append(f"ensemble a_s0+a_s1 {split}: {s}")
+    for pair, splits in summary["ensembles"].items():
+        for split, s in splits.items():
+            lines.append(f"ensemble {pair}_s0+{pair}_s1 {split}: {s}")
     for key, value in summary["cache"].items():
         lines.append(f"{key}: {value}")
     return "\n".join(lines)

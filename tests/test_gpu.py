@@ -1,6 +1,6 @@
 """Checks that need a GPU: cuDNN attention, bfloat16 training and decoding, one compilation.
 
-    python -m pytest -m gpu -q    # on a GPU machine: 6 passed in 141 s on one H100 (2026-11-26)
+    python -m pytest -m gpu -q    # on a GPU machine (7 tests; the first 6: 141 s on one H100)
 
 With `-m gpu` tests/conftest.py leaves the platform to JAX; every test here is skipped where
 JAX's default backend is not a GPU, so the default (CPU) run collects and skips them.
@@ -16,12 +16,15 @@ import pytest
 from conftest import tiny_config
 from flax import nnx
 
-from translate import sharding
+from translate import compilation, sharding
 from translate.config import Config, ModelConfig
 from translate.data.batching import BatchLayout, make_batch, plan_epoch
 from translate.data.corpus import TokenizedCorpus
 from translate.data.tokenizer import EOS_ID, PAD_ID
+from translate.decoding import programs
 from translate.decoding.search import beam_search, greedy_search
+from translate.decoding.sentences import Searches
+from translate.decoding.settings import decode_settings
 from translate.models.factory import abstract_model, resolve_model_attention
 from translate.models.layers import MultiHeadAttention, attention_mask
 from translate.training.optim import make_optimizer
@@ -268,3 +271,33 @@ def test_train_step_compiles_once_over_several_batches():
             params, opt_state, sharding.put_batch(batch, mesh), step, jax.random.key(1)
         )
     assert step_fn._cache_size() == 1
+
+
+def test_a_search_with_cudnn_attention_is_saved_and_read_back(trained, tmp_path):
+    """translate-text's saved searches on a GPU: jax.export refuses cuDNN's attention calls by
+    default (seen on an H100, 2026-11-28), so the search must be saved with them allowed, and a
+    later command must run it from the saved form with no model, as the search traced here."""
+    config, params, _, _ = trained
+    config = with_dtype(config, "bfloat16")
+    assert resolve_model_attention(config.model) == "cudnn"
+    graphdefs, params = (abstract_model(config, VOCAB)[0],), (params,)
+    settings = decode_settings(config.decode)
+    leaves = jax.tree.leaves(params)
+    setup = compilation.Setup(tmp_path / "cache", "a-setup")
+    setup.save(leaves, [[TRAIN_STEPS]], [])
+    made = programs.SavedSearches(setup, leaves, lambda: (graphdefs, params), settings)
+    src, _ = held_out_sources(32, 16)
+    expected = jax.device_get(Searches(graphdefs, params, settings)(src))
+    found = jax.device_get(made(src))
+    assert made.unsaved == []
+    (name,) = [n for n in made.setup.directory.iterdir() if n.name.endswith(compilation.EXPORTED)]
+    exported, _ = setup.load_search(name.name)
+    assert "__cudnn$fmha" in exported.mlir_module()
+
+    def model_not_needed():
+        raise AssertionError("the search was saved: no model should be loaded")
+
+    loaded = programs.SavedSearches(setup, setup.load()[0], model_not_needed, settings)
+    for outputs in (found, jax.device_get(loaded(src))):
+        for a, b in zip(expected, outputs, strict=True):
+            np.testing.assert_array_equal(a, b)

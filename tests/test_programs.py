@@ -106,6 +106,41 @@ def test_the_programs_decode_as_the_search_traced_here(workdir):
                 np.testing.assert_array_equal(a, b)
 
 
+def test_a_search_jax_export_cannot_save_runs_unsaved_and_says_so(workdir, monkeypatch, capsys):
+    """A search that jax.export refuses (a custom call it cannot promise to keep) still decodes,
+    compiled in the process, as the search traced here; nothing is saved, and it is said once."""
+    graphdefs, params, tokenizer, config, steps = load_ensemble([workdir])
+    settings = decode_settings(config.decode, nbest=2)
+    batches = [src for _, src in source_batches(tokenizer, LINES, 2, config.data.max_len)]
+    leaves = jax.tree.leaves(params)
+    setup = compilation.Setup(workdir / "refused-cache", "a-setup")
+    setup.save(leaves, steps, [])
+
+    def refuse(*args, **kwargs):
+        raise ValueError("Cannot serialize code with custom calls whose targets ...\nmore")
+
+    monkeypatch.setattr(jax.export, "export", refuse)
+    searches = programs.SavedSearches(setup, leaves, lambda: (graphdefs, params), settings)
+    traced = Searches(graphdefs, params, settings)
+    capsys.readouterr()
+    for src in batches:
+        for a, b in zip(jax.device_get(traced(src)), jax.device_get(searches(src)), strict=True):
+            np.testing.assert_array_equal(a, b)
+    said = capsys.readouterr().err
+    assert said.count("cannot be kept (Cannot serialize code") == 1, said
+    assert len(searches.unsaved) == len({src.shape for src in batches}) >= 1
+    assert not [p for p in setup.directory.iterdir() if p.name.endswith(compilation.EXPORTED)]
+
+
+def test_the_unchecked_calls_are_jaxs_cudnn_attention_targets():
+    """The custom calls a saved search may hold are cuDNN's forward attention, by JAX's names."""
+    fused = pytest.importorskip("jax._src.cudnn.fused_attention_stablehlo")
+    tables = [v for v in vars(fused).values() if isinstance(v, dict)]
+    targets = {name for table in tables for name in table.values() if isinstance(name, str)}
+    for check in programs.UNCHECKED_CALLS:
+        assert check.is_custom_call() in targets, check
+
+
 def test_a_new_checkpoint_or_another_choice_is_another_setup(workdir, tmp_path):
     run = tmp_path / "run"
     shutil.copytree(workdir, run)

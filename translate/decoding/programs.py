@@ -72,6 +72,21 @@ from translate.streams import say
 from translate.trained import load_ensemble
 from translate.workdir import Workdir, read_config
 
+# The GPU's attention (cuDNN's fused kernels, translate/model/attention.py) lowers to custom
+# calls whose form jaxlib does not promise to keep, so jax.export refuses to save them unless
+# told otherwise. A setup is named by the JAX version and the devices among the rest, so a saved
+# search is read back only by the same jaxlib on the same devices: that promise guards nothing
+# here. These are the forward kernels' targets (decoding runs no backward pass).
+UNCHECKED_CALLS = [
+    jax.export.DisabledSafetyCheck.custom_call(f"__cudnn${kernel}")
+    for kernel in (
+        "fmhaSoftmax",
+        "fmhaScaleBiasSoftmax",
+        "fmhaSoftmaxDropout",
+        "fmhaScaleBiasSoftmaxDropout",
+    )
+]
+
 
 class SavedSearches:
     """`search` at one decoding setting for one ensemble, traced once per batch shape.
@@ -104,6 +119,7 @@ class SavedSearches:
         self.setup, self.load_model, self.settings = setup, load_model, settings
         self.record = record
         self.programs: dict[tuple[int, int, int], Callable] = {}
+        self.unsaved: list[str] = []  # the searches jax.export could not save
 
     def compile(self, shape: Sequence[int]) -> None:
         """Makes the program for batches of `shape` ready, (B, S) or (B, S, P) with prefixes:
@@ -120,7 +136,24 @@ class SavedSearches:
         if found is not None:
             exported, payload = found
         else:
-            exported = self._export(shape)
+            run = self._search_function()
+            try:
+                with source_lines_left_out():
+                    exported = jax.export.export(jax.jit(run), disabled_checks=UNCHECKED_CALLS)(
+                        self.leaves, *input_specs(shape)
+                    )
+            except ValueError as error:  # a program jax.export cannot save: run, not kept
+                if not self.unsaved:
+                    reason = str(error).splitlines()[0]
+                    say(
+                        f"WARNING: the search {name} cannot be kept ({reason}); it is compiled "
+                        "in this process, every time\n"
+                    )
+                self.unsaved.append(name)
+                self.programs[shape] = (
+                    jax.jit(run).lower(self.leaves, *input_specs(shape)).compile()
+                )
+                return
             payload = self.setup.save_search(name, exported) if self.setup is not None else None
         key = None
         if payload is not None:
@@ -150,7 +183,9 @@ class SavedSearches:
         found = [(tuple(a.shape), np.dtype(a.dtype)) for a in exported.in_avals]
         return found == [(tuple(s), np.dtype(d)) for s, d in expected]
 
-    def _export(self, shape: tuple[int, int, int]):
+    def _search_function(self) -> Callable:
+        """`search` at these settings as a function of (leaves, src, stream, prefix), with the
+        model loaded (and its own parameters taken when the saved ones do not fit it)."""
         graphdefs, params = self.load_model()
         treedef = jax.tree.structure(params)
         leaves = jax.tree.leaves(params)
@@ -172,8 +207,7 @@ class SavedSearches:
             params = jax.tree.unflatten(treedef, leaves)
             return search(graphdefs, params, src, settings, stream=stream, prefix=prefix)
 
-        with source_lines_left_out():
-            return jax.export.export(jax.jit(run))(self.leaves, *input_specs(shape))
+        return run
 
     def __call__(self, src: np.ndarray, stream=None, prefix=None):
         inputs = search_inputs(src, stream, prefix)
