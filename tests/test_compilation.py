@@ -1,5 +1,6 @@
 """The persistent compilation cache every command uses (translate/compilation.py)."""
 
+import json
 import os
 import pathlib
 import subprocess
@@ -143,3 +144,51 @@ def test_a_read_only_cache_is_not_used_and_said_once(tmp_path):
         result = run_program(str(cache))
     assert result["dir"] == "None" and result["value"] == good["value"]
     assert result["stderr"].count("not keeping compiled programs") == 1
+
+
+def evaluate_in_a_process(workdir, data, cache, output) -> dict:
+    """translate-evaluate in a fresh process against `cache`; its report.json."""
+    environment = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}
+    environment.pop(compilation.ENV, None)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "translate.evaluate",
+            f"--workdir={workdir}",
+            f"--src={data / 'test.en'}",
+            f"--ref={data / 'test.de'}",
+            f"--output={output}",
+            f"--compilation_cache={cache}",
+            "--config.decode.max_extra_len=3",
+        ],
+        env=environment,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=600,
+    )
+    return json.loads((output / "report.json").read_text())
+
+
+def test_a_second_evaluation_reads_every_search_from_the_cache_and_says_so(tiny_run, tmp_path):
+    """Issue 60's warm decoding: the second run of the same evaluation compiles no program
+    (each batch shape's search is read from the persistent cache), decodes the same text, and
+    its report says how many programs it read."""
+    from translate.data import synthetic
+
+    pairs = synthetic.generate_pairs(40, seed=3)
+    (tmp_path / "test.en").write_text("".join(en + "\n" for en, _ in pairs))
+    (tmp_path / "test.de").write_text("".join(de + "\n" for _, de in pairs))
+    cache = tmp_path / "cache"
+    cold = evaluate_in_a_process(tiny_run, tmp_path, cache, tmp_path / "cold")
+    warm = evaluate_in_a_process(tiny_run, tmp_path, cache, tmp_path / "warm")
+    assert cold["num_programs_from_cache"] == 0
+    assert warm["num_batch_shapes"] == cold["num_batch_shapes"] >= 2
+    assert warm["num_programs_from_cache"] == warm["num_batch_shapes"]
+    hypotheses = [(tmp_path / run / "hypotheses.txt").read_bytes() for run in ("cold", "warm")]
+    assert hypotheses[0] == hypotheses[1]
+    said = (tmp_path / "warm" / "report.txt").read_text()
+    assert f"({warm['num_batch_shapes']} program(s) read from the persistent" in said
+    assert "read from the persistent" not in (tmp_path / "cold" / "report.txt").read_text()

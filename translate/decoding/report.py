@@ -91,6 +91,8 @@ def translate_and_score(
             "decode_seconds": round(seconds, 3),
             "compile_seconds": round(times.compile_seconds, 3),
             "num_batch_shapes": len(times.shapes),
+            # Programs read from JAX's persistent compilation cache rather than compiled.
+            "num_programs_from_cache": times.from_cache,
             "sentences_per_second": round(len(sources) / max(seconds, 1e-9), 2),
             **settings.described(),
             "step": int(step),
@@ -169,7 +171,14 @@ def write_report(
         f"{report['num_sentences']} sentences in {report['decode_seconds']:.1f} s on "
         f"{report['device']}; compiling {report['num_batch_shapes']} batch "
         f"shape{'' if report['num_batch_shapes'] == 1 else 's'} took "
-        f"{report['compile_seconds']:.1f} s more",
+        f"{report['compile_seconds']:.1f} s more"
+        # Reports written before the count was kept say nothing of the cache.
+        + (
+            f" ({report['num_programs_from_cache']} program(s) read from the persistent "
+            "compilation cache)"
+            if report.get("num_programs_from_cache")
+            else ""
+        ),
     ]
     git = report.get("git")
     if "packages" in report:

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator, Sequence
 import jax
 import numpy as np
 
+from translate.compilation import cache_hits
 from translate.data.batching import decode_width, source_batches
 from translate.data.tokenizer import Tokenizer
 from translate.decoding.mbr import mbr_order
@@ -33,6 +34,8 @@ class DecodeTimes:
     decode_seconds: float = 0.0
     # Batch shapes [B, S] met for the first time in this run, each compiled (or found compiled).
     shapes: set[tuple[int, int]] = dataclasses.field(default_factory=set)
+    # Of their programs, how many XLA did not compile but read from JAX's persistent cache.
+    from_cache: int = 0
 
 
 def search_inputs(
@@ -82,9 +85,10 @@ def compile_searches(searches, shapes: Sequence[tuple[int, ...]], times: DecodeT
     """Makes `searches` ready for each batch shape not yet in `times`, adding the seconds."""
     for shape in shapes:
         if shape not in times.shapes:
-            start = time.perf_counter()
+            start, hits = time.perf_counter(), cache_hits()
             searches.compile(shape)
             times.compile_seconds += time.perf_counter() - start
+            times.from_cache += cache_hits() - hits
             times.shapes.add(shape)
 
 
