@@ -54,7 +54,9 @@ def get_config() -> Config:
     # 7,200 steps (issue 58): all 1,014 val sentences 42.24 / 41.35 / 40.92 for
     # seeds 0-2 (mean 41.50) against 41.62 / 41.25 / 40.04 (mean 40.97) at 4,800; about 1.5x
     # the time (an estimate: 17.5 min for 4,800 steps on the slow machine). 5,200 steps scored
-    # 40.21 on val in the thirteenth round, before the weight decay.
+    # 40.21 on val in the thirteenth round, before the weight decay. Three seeds each: 7,800
+    # steps val mean 41.57 in 32.5 min (too long), 6,600 steps 41.08 (docs/benchmarks/
+    # multi30k-recipe.md, issue 58's fourth and fifth sessions).
     config.train.num_train_steps = 7200
     config.train.warmup_steps = 800
     # Peak learning rate 4e-3 (d_model^-0.5 * warmup^-0.5 * 1.28), then linearly to 0.
