@@ -16,8 +16,9 @@ or more (BENCHMARKS.md, "Multi30k recipe search"; the seed alone moves val by up
 and weight decay 0.2 (issue 39, fifteenth round); seed 2, run afterwards, scored 40.04.
 
 Expect 25-30 minutes for the whole command on 2 CPU cores on a slow day (from a fresh clone at a
-float32 matmul of 174-205 GFLOP/s: 24 min 40 s at `63d273c`, 29 min 47 s on another day at
-`b1afd33`, the step 20% slower at the same matmul rate), and test2016 sacreBLEU
+float32 matmul of 174-205 GFLOP/s: 24 min 40 s at `63d273c`; 29 min 47 s and 29 min 19 s on
+another day at `b1afd33` and `6576d19`, the step 20% slower at the same matmul rate), and
+test2016 sacreBLEU
 40.28 / 40.77 / 40.17 for seeds 0-2 (mean 40.41; 1,000 sentences, beam 4, alpha 1.2).
 Without AVX512-BF16 the bfloat16 products may be slower than float32:
 `--config.model.matmul_dtype=compute` turns them off (docs/speed.md).
