@@ -11,6 +11,8 @@ from translate.data.batching import Batch
 from translate.models import factory
 from translate.models.factory import abstract_model
 from translate.models.layers import (
+    FeedForward,
+    MultiHeadAttention,
     attention_mask,
     bfloat16_dot_general,
     bfloat16_product,
@@ -119,6 +121,53 @@ def test_dropout_zeroes_the_rate_and_keeps_the_mean():
     assert abs(dropped - 0.1) < 1e-3
     np.testing.assert_allclose(float(jnp.mean(y)), 1.0, rtol=2e-3)
     assert dropout(x[:, :, :7], 0.1, jax.random.key(0)).shape == (64, 128, 7)  # odd width
+
+
+def attention_and_feed_forward(**rates):
+    config = ModelConfig(num_layers=1, d_model=32, num_heads=4, d_ff=64, **rates)
+    return MultiHeadAttention(config, jnp.float32, "xla", nnx.Rngs(0)), FeedForward(
+        config, jnp.float32, nnx.Rngs(1)
+    )
+
+
+def test_attention_and_activation_dropout_keep_the_mean_and_leave_evaluation_alone():
+    """Inverted dropout inside a sub-layer: unbiased in training, absent without a key."""
+    attention, feed_forward = attention_and_feed_forward(
+        attention_dropout_rate=0.3, activation_dropout_rate=0.3
+    )
+    plain_attention, plain_feed_forward = attention_and_feed_forward()
+    x = jax.random.normal(jax.random.key(0), (2, 6, 32))
+    mask = attention_mask(jnp.ones((2, 6), jnp.int32), jnp.ones((2, 6), jnp.int32), False)
+    # Evaluation (no key) is the model without these dropouts, to the bit.
+    np.testing.assert_array_equal(attention(x, x, mask), plain_attention(x, x, mask))
+    np.testing.assert_array_equal(feed_forward(x), plain_feed_forward(x))
+    keys = jax.random.split(jax.random.key(1), 400)
+    runs = {
+        "attention": (lambda k: attention(x, x, mask, k), attention(x, x, mask)),
+        "feed_forward": (lambda k: feed_forward(x, k), feed_forward(x)),
+    }
+    for run, plain in runs.values():
+        dropped = jax.vmap(run)(keys)  # [400, 2, 6, 32]
+        # Each key drops something, and the same key drops the same (vmap's batched products
+        # round differently in the last bits).
+        assert not np.allclose(dropped[0], plain)
+        np.testing.assert_allclose(dropped[0], run(keys[0]), rtol=1e-5, atol=1e-6)
+        assert not np.allclose(dropped[0], dropped[1])
+        # Unbiased: the mean over 400 keys is the undropped output within a few standard errors.
+        error = jnp.abs(dropped.mean(0) - plain) / (dropped.std(0) / 20 + 1e-6)
+        assert float(jnp.mean(error)) < 1.5 and float(jnp.max(error)) < 6
+
+
+def test_rates_of_zero_draw_nothing_more_in_training():
+    """With both rates at 0 the training step's output is the model's without the new fields."""
+    model = make_model()
+    other = make_model(attention_dropout_rate=0.0, activation_dropout_rate=0.0)
+    dropped = make_model(attention_dropout_rate=0.2, activation_dropout_rate=0.2)
+    batch = unpacked_batch(random_tokens(0, (2, 6)), random_tokens(1, (2, 5)))
+    key = jax.random.key(3)
+    np.testing.assert_array_equal(model(batch, dropout_key=key), other(batch, dropout_key=key))
+    assert not np.allclose(model(batch, dropout_key=key), dropped(batch, dropout_key=key))
+    np.testing.assert_array_equal(model(batch), dropped(batch))
 
 
 def test_sinusoidal_positions_follow_the_paper_formula():

@@ -39,6 +39,14 @@ class ModelConfig:
     d_ff: int = 2048
     # Dropout on sub-layer outputs and on embedding + position sums (Sec. 5.4: P_drop = 0.1).
     dropout_rate: float = 0.1
+    # Dropout on the attention weights after the softmax, in training (not in the paper;
+    # tensor2tensor's attention_dropout, fairseq's --attention-dropout). Above 0 the training
+    # step forms the weights itself instead of calling the fused cuDNN kernel; decoding is
+    # unchanged.
+    attention_dropout_rate: float = 0.0
+    # Dropout on the feed-forward network's inner ReLU activations, in training (not in the
+    # paper; tensor2tensor's relu_dropout, fairseq's --activation-dropout).
+    activation_dropout_rate: float = 0.0
     # "auto": bfloat16 on GPU/TPU, float32 on CPU. Parameters are always float32.
     compute_dtype: str = "auto"
     # The operands of the linear layers' and the output projection's matrix products: "compute"
@@ -309,6 +317,8 @@ class Config:
             ),
             ("model.d_ff", lambda v: v >= 1, "must be >= 1"),
             ("model.dropout_rate", lambda v: 0.0 <= v < 1.0, "must be in [0, 1)"),
+            ("model.attention_dropout_rate", lambda v: 0.0 <= v < 1.0, "must be in [0, 1)"),
+            ("model.activation_dropout_rate", lambda v: 0.0 <= v < 1.0, "must be in [0, 1)"),
             (
                 "model.matmul_dtype",
                 lambda v: v in ("compute", "bfloat16"),

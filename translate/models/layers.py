@@ -167,6 +167,9 @@ class MultiHeadAttention(nnx.Module):
         self.key = xavier_linear(config, d, d, dtype, rngs, use_bias=False)
         self.value = xavier_linear(config, d, d, dtype, rngs)
         self.out = xavier_linear(config, d, d, dtype, rngs)
+        # Dropout on the attention weights in training (`model.attention_dropout_rate`; not in
+        # the paper, tensor2tensor's attention_dropout); 0 keeps the fused kernel.
+        self.weights_rate = config.attention_dropout_rate
         # Set only by Transformer.attention_weights: the fused kernel never forms the weights.
         self.keep_weights = False
 
@@ -177,13 +180,23 @@ class MultiHeadAttention(nnx.Module):
     def project_kv(self, x: jax.Array) -> tuple[jax.Array, jax.Array]:
         return self.split_heads(self.key(x)), self.split_heads(self.value(x))
 
-    def attend(self, x: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
-        """Attention of x's queries over keys and values [B, Tk, H, K] under mask [B, 1, Tq, Tk]."""
+    def attend(
+        self, x: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, key=None
+    ) -> jax.Array:
+        """Attention of x's queries over keys and values [B, Tk, H, K] under mask [B, 1, Tq, Tk].
+
+        `key` is the sub-layer's dropout key (None in evaluation); the weights' own dropout
+        draws from a key folded off it.
+        """
         q = self.split_heads(self.query(x))  # [B, Tq, H, K]
-        if self.keep_weights:
+        drop_weights = key is not None and self.weights_rate > 0.0
+        if self.keep_weights or drop_weights:
             scores = attention_scores("bqhk,bshk->bhqs", q, k, mask)  # [B, H, Tq, Tk]
             weights = jax.nn.softmax(scores, axis=-1)
-            self.sow(nnx.Intermediate, "weights", weights)
+            if self.keep_weights:
+                self.sow(nnx.Intermediate, "weights", weights)
+            if drop_weights:
+                weights = dropout(weights, self.weights_rate, fold(key, 1))
             y = jnp.einsum("bhqs,bshk->bqhk", weights.astype(v.dtype), v)  # [B, Tq, H, K]
         else:
             # softmax(QK^T / sqrt(K)) V; the fused kernel scales by 1/sqrt(K) itself.
@@ -192,9 +205,9 @@ class MultiHeadAttention(nnx.Module):
             )  # [B, Tq, H, K]
         return self.out(y.reshape(*x.shape[:2], -1))  # [B, Tq, D]
 
-    def __call__(self, x: jax.Array, context: jax.Array, mask: jax.Array) -> jax.Array:
+    def __call__(self, x: jax.Array, context: jax.Array, mask: jax.Array, key=None) -> jax.Array:
         k, v = self.project_kv(context)  # [B, Tk, H, K] each
-        return self.attend(x, k, v, mask)
+        return self.attend(x, k, v, mask, key)
 
     def attend_cached(
         self, x: jax.Array, keys_t: jax.Array, values: jax.Array, mask: jax.Array
@@ -228,9 +241,16 @@ class FeedForward(nnx.Module):
     def __init__(self, config: ModelConfig, dtype: Any, rngs: nnx.Rngs):
         self.inner = xavier_linear(config, config.d_model, config.d_ff, dtype, rngs)
         self.outer = xavier_linear(config, config.d_ff, config.d_model, dtype, rngs)
+        # Dropout on the inner activations in training (`model.activation_dropout_rate`; not
+        # in the paper, tensor2tensor's relu_dropout).
+        self.inner_rate = config.activation_dropout_rate
 
-    def __call__(self, x: jax.Array) -> jax.Array:
-        return self.outer(jax.nn.relu(self.inner(x)))  # [B, T, F] -> [B, T, D]
+    def __call__(self, x: jax.Array, key=None) -> jax.Array:
+        """`key` is the sub-layer's dropout key (None in evaluation); see MultiHeadAttention."""
+        h = jax.nn.relu(self.inner(x))  # [B, T, F]
+        if self.inner_rate > 0.0:
+            h = dropout(h, self.inner_rate, fold(key, 1))
+        return self.outer(h)  # [B, T, D]
 
 
 class ResidualLayer(nnx.Module):
@@ -269,8 +289,10 @@ class EncoderLayer(ResidualLayer):
         self.norm2 = layer_norm(config, dtype, rngs)
 
     def __call__(self, x, mask, key):
-        x = self.sublayer(self.norm1, x, lambda h: self.self_attention(h, h, mask), fold(key, 0))
-        return self.sublayer(self.norm2, x, self.feed_forward, fold(key, 1))
+        # Each sub-layer's key drops its output; its own dropouts fold theirs off it.
+        k0, k1 = fold(key, 0), fold(key, 1)
+        x = self.sublayer(self.norm1, x, lambda h: self.self_attention(h, h, mask, k0), k0)
+        return self.sublayer(self.norm2, x, lambda h: self.feed_forward(h, k1), k1)
 
 
 class DecoderLayer(ResidualLayer):
@@ -294,9 +316,13 @@ class DecoderLayer(ResidualLayer):
         """
         x = self.add(self.norm1, x, self_out, fold(key, 0))
         x = self.sublayer(self.norm2, x, cross_attend, fold(key, 1))
-        return self.sublayer(self.norm3, x, self.feed_forward, fold(key, 2))
+        k2 = fold(key, 2)
+        return self.sublayer(self.norm3, x, lambda h: self.feed_forward(h, k2), k2)
 
     def __call__(self, x, memory, self_mask, cross_mask, key):
         h = self.normed(self.norm1, x)
-        self_out = self.self_attention(h, h, self_mask)
-        return self.finish(x, self_out, lambda h: self.cross_attention(h, memory, cross_mask), key)
+        # As in EncoderLayer: the attention weights' dropout folds its key off the sub-layer's.
+        self_out = self.self_attention(h, h, self_mask, fold(key, 0))
+        k1 = fold(key, 1)
+        cross_attend = lambda h: self.cross_attention(h, memory, cross_mask, k1)  # noqa: E731
+        return self.finish(x, self_out, cross_attend, key)
