@@ -17,6 +17,7 @@ from translate.models.layers import (
     bfloat16_dot_general,
     bfloat16_product,
     dropout,
+    hashed_words,
     sinusoidal_positions,
 )
 from translate.models.transformer import Transformer
@@ -121,6 +122,40 @@ def test_dropout_zeroes_the_rate_and_keeps_the_mean():
     assert abs(dropped - 0.1) < 1e-3
     np.testing.assert_allclose(float(jnp.mean(y)), 1.0, rtol=2e-3)
     assert dropout(x[:, :, :7], 0.1, jax.random.key(0)).shape == (64, 128, 7)  # odd width
+
+
+def test_hashed_dropout_zeroes_the_rate_and_keeps_the_mean():
+    x = jnp.ones((64, 128, 256))
+    y = dropout(x, 0.1, jax.random.key(0), "hash")
+    # 2M draws: the standard error of the dropped fraction is 2e-4.
+    assert abs(float(jnp.mean(y == 0)) - 0.1) < 1e-3
+    np.testing.assert_allclose(float(jnp.mean(y)), 1.0, rtol=2e-3)
+    np.testing.assert_array_equal(y, dropout(x, 0.1, jax.random.key(0), "hash"))
+    assert dropout(x[:, :, :7], 0.1, jax.random.key(0), "hash").shape == (64, 128, 7)
+
+
+def test_hashed_words_are_balanced_and_unrelated_across_positions_keys_and_sites():
+    """Each bit is a fair coin, and no two streams a training step draws move together."""
+    key = jax.random.key(5)
+    n = 1 << 20
+    words = np.asarray(hashed_words(key, (n,)))
+    bits = (words[:, None] >> np.arange(32, dtype=np.uint32)) & 1  # [n, 32]
+    # Every bit position: 1M fair coins have a standard error of 5e-4 on their mean.
+    assert np.all(np.abs(bits.mean(0) - 0.5) < 2.5e-3)
+
+    def masks(k):  # the dropped elements of a [n] vector at rate 0.5, as +-1
+        return 2.0 * (np.asarray(hashed_words(k, (n,))) >> 31) - 1.0
+
+    step, site = jax.random.fold_in(key, 1), jax.random.fold_in(jax.random.fold_in(key, 0), 1)
+    pairs = {
+        "neighbours": (masks(key)[:-1], masks(key)[1:]),
+        "the next step": (masks(key), masks(step)),
+        "another site": (masks(key), masks(site)),
+        "nearby seeds": (masks(jax.random.key(0)), masks(jax.random.key(1))),
+    }
+    for name, (a, b) in pairs.items():
+        # Uncorrelated +-1 sequences of 1M have a correlation of 0 +- 1e-3.
+        assert abs(float(np.mean(a * b))) < 5e-3, name
 
 
 def attention_and_feed_forward(**rates):

@@ -47,6 +47,10 @@ class ModelConfig:
     # Dropout on the feed-forward network's inner ReLU activations, in training (not in the
     # paper; tensor2tensor's relu_dropout, fairseq's --activation-dropout).
     activation_dropout_rate: float = 0.0
+    # Where dropout's random bits come from: "threefry" (JAX's generator) or "hash" (a counter
+    # hash with a third of the integer operations, models/layers.py's hashed_words: other masks,
+    # so other numbers; not yet measured to make a step faster).
+    dropout_bits: str = "threefry"
     # "auto": bfloat16 on GPU/TPU, float32 on CPU. Parameters are always float32.
     compute_dtype: str = "auto"
     # The operands of the linear layers' and the output projection's matrix products: "compute"
@@ -319,6 +323,11 @@ class Config:
             ("model.dropout_rate", lambda v: 0.0 <= v < 1.0, "must be in [0, 1)"),
             ("model.attention_dropout_rate", lambda v: 0.0 <= v < 1.0, "must be in [0, 1)"),
             ("model.activation_dropout_rate", lambda v: 0.0 <= v < 1.0, "must be in [0, 1)"),
+            (
+                "model.dropout_bits",
+                lambda v: v in ("threefry", "hash"),
+                "must be threefry or hash",
+            ),
             (
                 "model.matmul_dtype",
                 lambda v: v in ("compute", "bfloat16"),

@@ -87,22 +87,55 @@ def sinusoidal_positions(positions: jax.Array, d_model: int) -> jax.Array:
     )  # [..., D]
 
 
-def dropout(x: jax.Array, rate: float, key: jax.Array | None) -> jax.Array:
+def dropout(x: jax.Array, rate: float, key: jax.Array | None, bits: str = "threefry") -> jax.Array:
     """Inverted dropout; `key=None` is evaluation mode.
 
-    Each element draws 16 random bits, two from every 32-bit word of JAX's counter-based
-    generator: half the random-number work of `jax.random.bernoulli`, whose 32 bits per element
-    cost a sixth of a training step on CPUs. The rate is rounded to a multiple of 2^-16 (0.1
-    becomes 0.100006) and kept elements are scaled by the exact inverse keep probability.
+    Each element draws 16 random bits, two from every 32-bit word: half the random-number work
+    of `jax.random.bernoulli`, whose 32 bits per element cost a sixth of a training step on
+    CPUs. The rate is rounded to a multiple of 2^-16 (0.1 becomes 0.100006) and kept elements
+    are scaled by the exact inverse keep probability. `bits` names the words' source
+    (`model.dropout_bits`): "threefry" is JAX's counter-based generator, "hash" the cheaper
+    `hashed_words`.
     """
     if key is None or rate == 0.0:
         return x
     threshold = round(rate * 2**16)
     keep_prob = 1.0 - threshold / 2**16
     *lead, last = x.shape
-    words = jax.random.bits(key, (*lead, (last + 1) // 2), jnp.uint32)  # [..., ceil(last/2)]
-    bits = jax.lax.bitcast_convert_type(words, jnp.uint16).reshape(*lead, -1)[..., :last]
-    return jnp.where(bits >= threshold, x / keep_prob, 0).astype(x.dtype)
+    shape = (*lead, (last + 1) // 2)
+    if bits == "hash":
+        words = hashed_words(key, shape)  # [..., ceil(last/2)]
+    else:
+        words = jax.random.bits(key, shape, jnp.uint32)  # [..., ceil(last/2)]
+    halves = jax.lax.bitcast_convert_type(words, jnp.uint16).reshape(*lead, -1)[..., :last]
+    return jnp.where(halves >= threshold, x / keep_prob, 0).astype(x.dtype)
+
+
+def mix32(x: jax.Array) -> jax.Array:
+    """A bijective avalanche of uint32 words: xor-shift-multiply rounds (C. Wellons' lowbias32)."""
+    x = x ^ (x >> 16)
+    x = x * jnp.uint32(0x7FEB352D)
+    x = x ^ (x >> 15)
+    x = x * jnp.uint32(0x846CA68B)
+    return x ^ (x >> 16)
+
+
+def hashed_words(key: jax.Array, shape: tuple[int, ...]) -> jax.Array:
+    """uint32 words of `shape`, each a hash of its position and the key: mix(mix(i ^ a) + b).
+
+    About 17 integer operations per word against about 55 for threefry's 20 rounds per pair of
+    words; good enough for dropout masks (tested: rate, independence between neighbours, keys
+    and sites), not for anything that needs a cryptographic generator. Not yet measured to make
+    a step faster (docs/benchmarks/multi30k-recipe.md, issue 58's sixth session). `a` and `b`
+    are the key's first and last words, so keys folded apart (per step, micro-batch, layer and
+    site) give unrelated streams.
+    """
+    size = math.prod(shape)
+    if size >= 2**32:
+        raise ValueError(f"hashed dropout bits count positions in 32 bits; {shape} is larger")
+    data = jax.random.key_data(key).reshape(-1)  # uint32 [2] for threefry keys
+    index = jax.lax.iota(jnp.uint32, size).reshape(shape)
+    return mix32(mix32(index ^ data[0]) + data[-1])
 
 
 def fold(key: jax.Array | None, site: int) -> jax.Array | None:
@@ -170,6 +203,7 @@ class MultiHeadAttention(nnx.Module):
         # Dropout on the attention weights in training (`model.attention_dropout_rate`; not in
         # the paper, tensor2tensor's attention_dropout); 0 keeps the fused kernel.
         self.weights_rate = config.attention_dropout_rate
+        self.bits = config.dropout_bits
         # Set only by Transformer.attention_weights: the fused kernel never forms the weights.
         self.keep_weights = False
 
@@ -196,7 +230,7 @@ class MultiHeadAttention(nnx.Module):
             if self.keep_weights:
                 self.sow(nnx.Intermediate, "weights", weights)
             if drop_weights:
-                weights = dropout(weights, self.weights_rate, fold(key, 1))
+                weights = dropout(weights, self.weights_rate, fold(key, 1), self.bits)
             y = jnp.einsum("bhqs,bshk->bqhk", weights.astype(v.dtype), v)  # [B, Tq, H, K]
         else:
             # softmax(QK^T / sqrt(K)) V; the fused kernel scales by 1/sqrt(K) itself.
@@ -244,12 +278,13 @@ class FeedForward(nnx.Module):
         # Dropout on the inner activations in training (`model.activation_dropout_rate`; not
         # in the paper, tensor2tensor's relu_dropout).
         self.inner_rate = config.activation_dropout_rate
+        self.bits = config.dropout_bits
 
     def __call__(self, x: jax.Array, key=None) -> jax.Array:
         """`key` is the sub-layer's dropout key (None in evaluation); see MultiHeadAttention."""
         h = jax.nn.relu(self.inner(x))  # [B, T, F]
         if self.inner_rate > 0.0:
-            h = dropout(h, self.inner_rate, fold(key, 1))
+            h = dropout(h, self.inner_rate, fold(key, 1), self.bits)
         return self.outer(h)  # [B, T, D]
 
 
@@ -258,10 +293,11 @@ class ResidualLayer(nnx.Module):
 
     Post-LayerNorm (the paper): LayerNorm(x + Dropout(Sublayer(x))).
     Pre-LayerNorm (the variant): x + Dropout(Sublayer(LayerNorm(x))).
-    Subclasses set `rate` (dropout) and `pre_norm`.
+    Subclasses set `rate` (dropout), `bits` (its random bits' source) and `pre_norm`.
     """
 
     rate: float
+    bits: str
     pre_norm: bool
 
     def normed(self, norm: nnx.LayerNorm, x: jax.Array) -> jax.Array:
@@ -270,7 +306,7 @@ class ResidualLayer(nnx.Module):
 
     def add(self, norm: nnx.LayerNorm, x: jax.Array, out: jax.Array, key) -> jax.Array:
         """The residual sum of x and a sub-layer's output, normalised after it with post."""
-        x = x + dropout(out, self.rate, key)
+        x = x + dropout(out, self.rate, key, self.bits)
         return x if self.pre_norm else norm(x)
 
     def sublayer(self, norm: nnx.LayerNorm, x: jax.Array, fn, key) -> jax.Array:
@@ -281,7 +317,7 @@ class EncoderLayer(ResidualLayer):
     """Sec. 3.1: self-attention then feed-forward, each inside a residual connection."""
 
     def __init__(self, config: ModelConfig, dtype: Any, attention: str, rngs: nnx.Rngs):
-        self.rate = config.dropout_rate
+        self.rate, self.bits = config.dropout_rate, config.dropout_bits
         self.pre_norm = config.norm_position == "pre"
         self.self_attention = MultiHeadAttention(config, dtype, attention, rngs)
         self.norm1 = layer_norm(config, dtype, rngs)
@@ -299,7 +335,7 @@ class DecoderLayer(ResidualLayer):
     """Sec. 3.1: masked self-attention, attention over the encoder output, feed-forward."""
 
     def __init__(self, config: ModelConfig, dtype: Any, attention: str, rngs: nnx.Rngs):
-        self.rate = config.dropout_rate
+        self.rate, self.bits = config.dropout_rate, config.dropout_bits
         self.pre_norm = config.norm_position == "pre"
         self.self_attention = MultiHeadAttention(config, dtype, attention, rngs)
         self.norm1 = layer_norm(config, dtype, rngs)

@@ -83,7 +83,7 @@ class TranslationModel(nnx.Module):
     def __init__(self, config: ModelConfig, vocab_size: int, rngs: nnx.Rngs, dtype: Any = None):
         # Plain numbers, not the config object: the graph definition must stay hashable.
         self.d_model, self.num_heads = config.d_model, config.num_heads
-        self.dropout_rate = config.dropout_rate
+        self.dropout_rate, self.dropout_bits = config.dropout_rate, config.dropout_bits
         self.dtype = compute_dtype(config) if dtype is None else jnp.dtype(dtype)
         # The operands' dtype of the pre-softmax projection (`model.matmul_dtype`).
         self.product_dtype = product_dtype(config, self.dtype)
@@ -103,7 +103,7 @@ class TranslationModel(nnx.Module):
         table = self.embed.embedding[...]  # [V, D] float32
         x = jnp.take(table, tokens, axis=0).astype(self.dtype) * math.sqrt(self.d_model)
         x = x + sinusoidal_positions(positions, self.d_model).astype(self.dtype)
-        return dropout(x, self.dropout_rate, key)  # Sec. 5.4
+        return dropout(x, self.dropout_rate, key, self.dropout_bits)  # Sec. 5.4
 
     @staticmethod
     def projection_flops(config: ModelConfig, vocab_size: int, tgt: np.ndarray) -> float:
