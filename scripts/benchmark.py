@@ -54,6 +54,16 @@ torch run OpenMP threads that spin while they wait: on cores that other processe
 run with OMP_WAIT_POLICY=passive in the environment (BENCHMARKS.md: without it, CTranslate2's
 float32 beam search ran 10 times slower on the 2 shared cores).
 
+Variants (--variant, repeatable): the same batches through the config's step and through each
+variant's (the config with the variant's overrides), compiled and warmed up first, then timed in
+turn for `variant_rounds` rounds, the order rotating each round: each turn dispatches the `steps`
+steps without waiting and waits once (the steady state above), and records the mean step's wall
+time and the process's CPU time (all its threads). A machine whose speed drifts within minutes
+then slows every variant alike, and each variant's ratio to the config is the median of its
+per-round ratios, so it compares steps timed minutes apart at most. Step timings run one after
+another in separate commands drifted by 40% within twenty minutes on the 2-core CPU
+(docs/benchmarks/multi30k-recipe.md); the CPU time also counts only this process's work.
+
 The JSON (--json) holds every printed figure; keys are listed in BENCHMARKS.md.
 """
 
@@ -123,6 +133,13 @@ FLAGS = {
         "Rounds of the steady-state mode after the timed steps: the same steps dispatched "
         "without waiting, then waited for once (0: off).",
     ),
+    "variant": Flag(
+        [],
+        "A variant of the config to time against it, step for step in one process (repeat the "
+        "flag for more): space-separated overrides such as 'model.dropout_bits=hash'; model "
+        "and train fields only. See 'Variants' above.",
+    ),
+    "variant_rounds": Flag(8, "Alternating rounds of --variant timing (each: every variant once)."),
     "profile": Flag(
         "",
         "After the timed steps, trace 5 more with jax.profiler into this directory and "
@@ -171,7 +188,8 @@ def get_tokenizer(flags: dict, config: Config, src: list[str], tgt: list[str], t
     return train_tokenizer(sample, config.data.vocab_size, tmp / "vocab.model")
 
 
-def benchmark_training(flags: dict, config: Config, tokenizer: Tokenizer) -> dict:
+def training_batches(flags: dict, config: Config, tokenizer: Tokenizer):
+    """The (corpus, pairs dropped, mesh, layout, model vocabulary size, warm-up + timed batches)."""
     src, tgt = read_parallel(flags["src"], flags["tgt"])
     corpus, dropped = tokenize_parallel(tokenizer, src, tgt, config.data.max_len)
     mesh = sharding.make_mesh()
@@ -183,6 +201,11 @@ def benchmark_training(flags: dict, config: Config, tokenizer: Tokenizer) -> dic
     needed = flags["warmup"] + flags["steps"]
     plan = (plan * -(-needed // len(plan)))[:needed]
     batches = [make_batch(corpus, rows, layout) for rows in plan]
+    return corpus, dropped, mesh, layout, vocab_size, batches
+
+
+def benchmark_training(flags: dict, config: Config, tokenizer: Tokenizer) -> dict:
+    corpus, dropped, mesh, layout, vocab_size, batches = training_batches(flags, config, tokenizer)
 
     steps = make_steps(config, vocab_size, mesh)
     graphdef = steps.graphdef
@@ -291,6 +314,104 @@ def profile_steps(directory, train_step, params, opt_state, batches, mesh) -> No
     out = pathlib.Path(directory) / "profile_summary.json"
     out.write_text(json.dumps(summary, indent=2) + "\n")
     return params, opt_state
+
+
+def parse_variant(text: str) -> dict[str, str]:
+    """One --variant's overrides, `section.field -> text`; refuses what would change the batches."""
+    if not text.split():
+        raise SystemExit("--variant='': give overrides such as 'model.dropout_bits=hash'")
+    overrides = {}
+    for item in text.split():
+        dotted, equals, value = item.removeprefix("--config.").partition("=")
+        if not equals or dotted.count(".") != 1:
+            raise SystemExit(f"--variant={text!r}: {item!r} is not section.field=value")
+        if dotted.split(".")[0] not in ("model", "train") or dotted == "train.grad_accum_steps":
+            raise SystemExit(
+                f"--variant={text!r}: {dotted} would change the batches; a variant sets model "
+                "and train fields only (not train.grad_accum_steps)"
+            )
+        overrides[dotted] = value
+    return overrides
+
+
+def variant_configs(flags: dict, overrides: dict[str, str]) -> list[tuple[str, Config]]:
+    """(label, config) of each --variant: the config with the command line's overrides and then
+    the variant's; a bad field or value names the variant."""
+    configs = []
+    for text in flags["variant"]:
+        try:
+            configs.append((text, load_config(flags["config"], overrides | parse_variant(text))))
+        except ValueError as e:
+            raise SystemExit(f"--variant={text!r}: {e}") from None
+    return configs
+
+
+def benchmark_variants(flags: dict, configs: list[tuple[str, Config]], tokenizer) -> list[dict]:
+    """Times the steady step of each (label, config) in turn, round after round (the docstring's
+    'Variants'); the first is the reference of every ratio."""
+    base = configs[0][1]
+    *_, mesh, layout, vocab_size, batches = training_batches(flags, base, tokenizer)
+    timed = batches[flags["warmup"] :]
+    dropout_key = jax.random.key(1)
+    runs = []
+    for label, config in configs:
+        steps = make_steps(config, vocab_size, mesh)
+        params, opt_state = steps.init(jax.random.key(0))
+        train_step = steps.train
+        if flags["packed"]:
+            params, opt_state = Packed.of(params), Packed.of(opt_state)
+            train_step = steps.packed_train
+        for step, batch in enumerate(batches[: max(1, flags["warmup"])]):  # compiles
+            params, opt_state, metrics = train_step(
+                params, opt_state, sharding.put_batch(batch, mesh), step, dropout_key
+            )
+        jax.block_until_ready(metrics)
+        size = sum(x.size for x in jax.tree.leaves(params.tree() if flags["packed"] else params))
+        state = (params, opt_state)
+        runs.append({"label": label, "step": train_step, "state": state, "size": size})
+    wall = [[] for _ in runs]
+    cpu = [[] for _ in runs]
+    nonfinite = [0 for _ in runs]
+    for turn in range(flags["variant_rounds"]):
+        for i in [(turn + k) % len(runs) for k in range(len(runs))]:  # the order rotates
+            params, opt_state = runs[i]["state"]
+            start, start_cpu, outs = time.perf_counter(), time.process_time(), []
+            for step, batch in enumerate(timed):
+                params, opt_state, metrics = runs[i]["step"](
+                    params, opt_state, sharding.put_batch(batch, mesh), step, dropout_key
+                )
+                outs.append(metrics["nonfinite"])
+            jax.block_until_ready((params, opt_state, outs))
+            wall[i].append((time.perf_counter() - start) / len(timed))
+            cpu[i].append((time.process_time() - start_cpu) / len(timed))
+            nonfinite[i] += int(sum(np.asarray(x) for x in outs))
+            runs[i]["state"] = (params, opt_state)
+    return [
+        {
+            "variant": run["label"],
+            "parameters": run["size"],
+            "step_seconds_rounds": wall[i],
+            "cpu_seconds_rounds": cpu[i],
+            "step_seconds": statistics.median(wall[i]),
+            "cpu_seconds": statistics.median(cpu[i]),
+            # Medians over rounds of this variant's time over the reference's, same round.
+            "step_ratio": statistics.median(w / r for w, r in zip(wall[i], wall[0])),
+            "cpu_ratio": statistics.median(c / r for c, r in zip(cpu[i], cpu[0])),
+            "nonfinite_steps": nonfinite[i],
+        }
+        for i, run in enumerate(runs)
+    ]
+
+
+def print_variants(variants: list[dict]) -> None:
+    print(f"variants, {len(variants[0]['step_seconds_rounds'])} alternating rounds (medians):")
+    print(f"  {'variant':44s} {'step ms':>8s} {'x config':>9s} {'CPU ms':>8s} {'x config':>9s}")
+    for v in variants:
+        print(
+            f"  {v['variant'][:44]:44s} {1e3 * v['step_seconds']:8.1f} {v['step_ratio']:9.3f} "
+            f"{1e3 * v['cpu_seconds']:8.1f} {v['cpu_ratio']:9.3f}"
+            + (f"  ({v['nonfinite_steps']} non-finite steps)" if v["nonfinite_steps"] else "")
+        )
 
 
 def init_params(config: Config, vocab_size: int):
@@ -468,6 +589,8 @@ def check_flags(flags: dict) -> None:
     if flags["engine_threads"] < 0:
         raise SystemExit(f"--engine_threads={flags['engine_threads']}: must be >= 0")
     if flags["skip_training"]:
+        if flags["variant"]:
+            raise SystemExit("--variant times training steps: it cannot go with --skip_training")
         if not flags["decode_src"]:
             raise SystemExit("--skip_training measures decoding only: give --decode_src")
         if not flags["decode_workdir"]:
@@ -479,6 +602,8 @@ def check_flags(flags: dict) -> None:
                         "(or give --decode_workdir)"
                     )
         return
+    if flags["variant"] and flags["variant_rounds"] < 1:
+        raise SystemExit(f"--variant_rounds={flags['variant_rounds']}: must be >= 1")
     for name in ("config", "src", "tgt"):
         if not flags[name]:
             raise SystemExit(f"--{name} is required")
@@ -534,9 +659,14 @@ def main(argv: list[str]) -> None:
     config = load_config(flags["config"], overrides) if flags["config"] else None
     result = {"config": flags["config"], "overrides": overrides, **environment()}
 
+    variants = variant_configs(flags, overrides)  # refused now, not after the timings
     tokenizer = graphdef = params = None
     if not flags["skip_training"]:
         tokenizer, graphdef, params = benchmark_training_speed(flags, config, result)
+        if variants:
+            result["variants"] = benchmark_variants(
+                flags, [("the config", config), *variants], tokenizer
+            )
 
     if flags["decode_src"]:
         if flags["decode_workdir"]:
@@ -566,6 +696,8 @@ def main(argv: list[str]) -> None:
             result["peak_memory_bytes"], result["peak_memory_source"] = peak_memory()
 
     print_table(result)
+    if "variants" in result:
+        print_variants(result["variants"])
     if flags["json"]:
         pathlib.Path(flags["json"]).write_text(json.dumps(result, indent=2) + "\n")
         print(f"wrote {flags['json']}")

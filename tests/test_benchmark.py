@@ -59,3 +59,48 @@ def test_an_untrained_model_decodes_with_a_vocabulary_and_no_parallel_text(files
     argv += [f"--decode_src={files}/src.txt", "--decode_num=4", "--ctranslate2=false"]
     r = run_benchmark(argv, tmp_path / "out.json")
     assert r["decode_sentences"] == 4 and r["decode_model"].startswith("untrained")
+
+
+def test_variants_are_timed_in_turn_against_the_config_with_their_own_overrides(files, tmp_path):
+    argv = ["--config=tiny", f"--src={files}/src.txt", f"--tgt={files}/tgt.txt"]
+    argv += [f"--vocab={files}/vocab.model", "--batch_tokens=512", "--steps=2", "--warmup=1"]
+    argv += ["--steady_rounds=0", "--variant_rounds=3", "--variant=model.d_ff=96"]
+    argv += ["--variant=model.dropout_bits=hash model.dropout_rate=0.2"]
+    r = run_benchmark(argv, tmp_path / "out.json")
+    config, wider, hashed = r["variants"]
+    assert [v["variant"] for v in r["variants"]] == [
+        "the config",
+        "model.d_ff=96",
+        "model.dropout_bits=hash model.dropout_rate=0.2",
+    ]
+    # Each ran its own config: the wider feed-forward layers have more parameters.
+    assert wider["parameters"] > config["parameters"] == hashed["parameters"]
+    for v in r["variants"]:
+        assert len(v["step_seconds_rounds"]) == len(v["cpu_seconds_rounds"]) == 3
+        assert v["step_seconds"] == statistics.median(v["step_seconds_rounds"])
+        assert v["cpu_seconds"] == statistics.median(v["cpu_seconds_rounds"])
+        assert v["nonfinite_steps"] == 0
+        ratios = [w / c for w, c in zip(v["step_seconds_rounds"], config["step_seconds_rounds"])]
+        assert v["step_ratio"] == pytest.approx(statistics.median(ratios))
+    assert config["step_ratio"] == config["cpu_ratio"] == 1.0
+
+
+@pytest.mark.parametrize(
+    "variant, message",
+    [
+        ("data.row_len=16", "would change the batches"),
+        ("train.grad_accum_steps=2", "would change the batches"),
+        ("model.d_ff", "is not section.field=value"),
+        ("model.no_such_field=1", "no_such_field"),
+        ("model.dropout_rate=1.5", "dropout_rate"),
+        ("  ", "give overrides"),
+    ],
+)
+def test_a_bad_variant_is_refused_naming_it_before_any_timing(files, tmp_path, variant, message):
+    from scripts import benchmark
+
+    argv = ["--config=tiny", f"--src={files}/src.txt", f"--tgt={files}/tgt.txt"]
+    argv += [f"--variant={variant}"]
+    with pytest.raises(SystemExit) as stopped:
+        benchmark.main(argv)
+    assert message in str(stopped.value) and "--variant" in str(stopped.value)
