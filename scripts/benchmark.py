@@ -15,7 +15,8 @@ r"""Training and decoding speed of a config on this machine's devices, with util
 Training: batches of `batch_tokens` target token slots (and as many source slots) are packed
 from the given parallel files exactly as the trainer packs them (`data.row_len` slots per row),
 and the trainer's own jitted step (`translate.steps.make_steps`) runs on a mesh of every
-device. After `warmup` steps, each of `steps` steps is timed from handing its batch to the
+device; with `train.ema_decay` that step updates the moving average too, as the trainer's
+does. After `warmup` steps, each of `steps` steps is timed from handing its batch to the
 devices until its results are ready; the figures are medians. That synchronous loop leaves the
 devices idle while the host dispatches the next step, which the trainer does not (it reads a
 step's metrics a window later): the steady-state mode (`steady_rounds`, 3 by default) then
@@ -79,6 +80,7 @@ import resource
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -209,18 +211,13 @@ def benchmark_training(flags: dict, config: Config, tokenizer: Tokenizer) -> dic
 
     steps = make_steps(config, vocab_size, mesh)
     graphdef = steps.graphdef
-    params, opt_state = steps.init(jax.random.key(0))
-    train_step = steps.train
-    if flags["packed"]:  # the trainer's step
-        params, opt_state, train_step = Packed.of(params), Packed.of(opt_state), steps.packed_train
+    state, train_step = trainer_step(flags, steps)
     dropout_key = jax.random.key(1)
 
     times, nonfinite = [], 0
     for step, batch in enumerate(batches):
         start = time.perf_counter()
-        params, opt_state, metrics = train_step(
-            params, opt_state, sharding.put_batch(batch, mesh), step, dropout_key
-        )
+        state, metrics = train_step(state, sharding.put_batch(batch, mesh), step, dropout_key)
         jax.block_until_ready(metrics)
         nonfinite += int(metrics["nonfinite"])
         if step >= flags["warmup"]:
@@ -241,17 +238,15 @@ def benchmark_training(flags: dict, config: Config, tokenizer: Tokenizer) -> dic
             t0 = time.perf_counter()
             placed = sharding.put_batch(batch, mesh)
             t1 = time.perf_counter()
-            params, opt_state, metrics = train_step(params, opt_state, placed, step, dropout_key)
+            state, metrics = train_step(state, placed, step, dropout_key)
             put_s.append(t1 - t0)
             dispatch_s.append(time.perf_counter() - t1)
             outs.append(metrics["nonfinite"])
-        jax.block_until_ready((params, opt_state, outs))
+        jax.block_until_ready((state, outs))
         rounds.append((time.perf_counter() - start) / len(timed))
         nonfinite += int(sum(np.asarray(x) for x in outs))
     if flags["profile"]:
-        params, opt_state = profile_steps(
-            flags["profile"], train_step, params, opt_state, timed[:5], mesh
-        )
+        state = profile_steps(flags["profile"], train_step, state, timed[:5], mesh)
     slots = layout.num_micro * layout.rows * layout.row_len  # per side
     real_src = np.array([(b.src_segments > 0).sum() for b in timed])
     real_tgt = np.array([(b.tgt_segments > 0).sum() for b in timed])
@@ -294,18 +289,39 @@ def benchmark_training(flags: dict, config: Config, tokenizer: Tokenizer) -> dic
         "model_flops_per_step": float(np.median(real_flops)),
         "model_flops_per_step_padded": float(np.median(padded_flops)),
         "packed": flags["packed"],
-        "_params": (graphdef, params.tree() if flags["packed"] else params),
+        "_params": (graphdef, state[0].tree() if flags["packed"] else state[0]),
     }
 
 
-def profile_steps(directory, train_step, params, opt_state, batches, mesh) -> None:
+def trainer_step(flags: dict, steps) -> tuple[list, Callable]:
+    """The first state and the step the trainer calls, as (state, batch, step, key) -> (state,
+    metrics): with --packed (the trainer's) the parameters and Adam's state as `Packed`, and with
+    train.ema_decay the moving average too, updated in the same call; with --packed=false the
+    step on nnx.State trees, without the average."""
+    params, opt_state = steps.init(jax.random.key(0))
+    if not flags["packed"]:
+        state, call = [params, opt_state], steps.train
+    elif steps.packed_train_ema is None:
+        state, call = [Packed.of(params), Packed.of(opt_state)], steps.packed_train
+    else:  # the average starts from the parameters, in buffers of its own (each call donates)
+        average = Packed.of(steps.init(jax.random.key(0))[0])
+        state, call = [Packed.of(params), Packed.of(opt_state), average], steps.packed_train_ema
+
+    def step_fn(state, batch, step, key):
+        *state, metrics = call(*state, batch, step, key)
+        return state, metrics
+
+    return state, step_fn
+
+
+def profile_steps(directory, train_step, state, batches, mesh) -> list:
     """Traces `batches` more steps and prints the device time per op; returns the new state."""
     from scripts import profile_summary
 
     with jax.profiler.trace(directory, create_perfetto_trace=True):
         for step, batch in enumerate(batches):
-            params, opt_state, metrics = train_step(
-                params, opt_state, sharding.put_batch(batch, mesh), step, jax.random.key(2)
+            state, metrics = train_step(
+                state, sharding.put_batch(batch, mesh), step, jax.random.key(2)
             )
         jax.block_until_ready(metrics)
     summary = profile_summary.summarise(profile_summary.find_trace(pathlib.Path(directory)))
@@ -313,7 +329,7 @@ def profile_steps(directory, train_step, params, opt_state, batches, mesh) -> No
     profile_summary.print_summary(summary)
     out = pathlib.Path(directory) / "profile_summary.json"
     out.write_text(json.dumps(summary, indent=2) + "\n")
-    return params, opt_state
+    return state
 
 
 def parse_variant(text: str) -> dict[str, str]:
@@ -356,36 +372,30 @@ def benchmark_variants(flags: dict, configs: list[tuple[str, Config]], tokenizer
     runs = []
     for label, config in configs:
         steps = make_steps(config, vocab_size, mesh)
-        params, opt_state = steps.init(jax.random.key(0))
-        train_step = steps.train
-        if flags["packed"]:
-            params, opt_state = Packed.of(params), Packed.of(opt_state)
-            train_step = steps.packed_train
+        state, train_step = trainer_step(flags, steps)
+        params = state[0].tree() if flags["packed"] else state[0]
+        size = sum(x.size for x in jax.tree.leaves(params))
         for step, batch in enumerate(batches[: max(1, flags["warmup"])]):  # compiles
-            params, opt_state, metrics = train_step(
-                params, opt_state, sharding.put_batch(batch, mesh), step, dropout_key
-            )
+            state, metrics = train_step(state, sharding.put_batch(batch, mesh), step, dropout_key)
         jax.block_until_ready(metrics)
-        size = sum(x.size for x in jax.tree.leaves(params.tree() if flags["packed"] else params))
-        state = (params, opt_state)
         runs.append({"label": label, "step": train_step, "state": state, "size": size})
     wall = [[] for _ in runs]
     cpu = [[] for _ in runs]
     nonfinite = [0 for _ in runs]
     for turn in range(flags["variant_rounds"]):
         for i in [(turn + k) % len(runs) for k in range(len(runs))]:  # the order rotates
-            params, opt_state = runs[i]["state"]
+            state = runs[i]["state"]
             start, start_cpu, outs = time.perf_counter(), time.process_time(), []
             for step, batch in enumerate(timed):
-                params, opt_state, metrics = runs[i]["step"](
-                    params, opt_state, sharding.put_batch(batch, mesh), step, dropout_key
+                state, metrics = runs[i]["step"](
+                    state, sharding.put_batch(batch, mesh), step, dropout_key
                 )
                 outs.append(metrics["nonfinite"])
-            jax.block_until_ready((params, opt_state, outs))
+            jax.block_until_ready((state, outs))
             wall[i].append((time.perf_counter() - start) / len(timed))
             cpu[i].append((time.process_time() - start_cpu) / len(timed))
             nonfinite[i] += int(sum(np.asarray(x) for x in outs))
-            runs[i]["state"] = (params, opt_state)
+            runs[i]["state"] = state
     return [
         {
             "variant": run["label"],

@@ -138,6 +138,49 @@ def test_short_train_and_evaluate_writes_report(config, tmp_path):
     assert checkpoint.latest_step(Workdir(tmp_path).checkpoints) == 6
 
 
+def test_the_step_with_the_moving_average_is_the_step_and_then_the_average_bit_for_bit(config):
+    # With train.ema_decay the trainer calls one program a step (steps.packed_train_ema); it
+    # must compute what the step and then the average's own update (steps.ema) compute.
+    config.train.ema_decay = 0.9
+    config.model.dropout_rate = 0.1
+    mesh = sharding.make_mesh()
+    batches = tiny_batches(config, mesh.size, count=4)
+    steps = make_steps(config, 64, mesh)
+
+    def start():  # buffers of its own for each state: every step donates those it takes
+        params, opt_state = steps.init(jax.random.key(0))
+        return [
+            Packed.of(params),
+            Packed.of(opt_state),
+            Packed.of(steps.init(jax.random.key(0))[0]),
+        ]
+
+    apart, fused = start(), start()
+    initial = np.array(jax.tree.leaves(apart[0].tree())[0])
+    for step, batch in enumerate(batches):
+        placed = sharding.put_batch(batch, mesh)
+        p, o, metrics_apart = steps.packed_train(
+            apart[0], apart[1], placed, step, jax.random.key(1)
+        )
+        apart = [p, o, steps.ema(apart[2], p, step, metrics_apart["nonfinite"])]
+        *fused, metrics = steps.packed_train_ema(*fused, placed, step, jax.random.key(1))
+        for name in metrics:
+            np.testing.assert_array_equal(metrics[name], metrics_apart[name])
+    assert steps.packed_train_ema._cache_size() == 1
+    for a, b in zip(apart, fused, strict=True):
+        assert isinstance(b, Packed)
+        for x, y in zip(jax.tree.leaves(a.tree()), jax.tree.leaves(b.tree()), strict=True):
+            np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    # The average moved away from the parameters, and the parameters from their start.
+    assert not np.array_equal(jax.tree.leaves(fused[0].tree())[0], initial)
+    assert not np.array_equal(
+        jax.tree.leaves(fused[2].tree())[0], jax.tree.leaves(fused[0].tree())[0]
+    )
+    # Without the average there is no such step.
+    config.train.ema_decay = 0.0
+    assert make_steps(config, 64, mesh).packed_train_ema is None
+
+
 def test_stopped_and_resumed_run_matches_uninterrupted_run(config, tmp_path):
     """The parameters and their moving average (train.ema_decay, which never feeds back into
     training: the parameters are those of a run without it) bit for bit."""

@@ -72,13 +72,21 @@ def make_init(config: Config, vocab_size: int, optimizer, mesh):
 
 
 def make_train_step(
-    graphdef, optimizer, label_smoothing: float, mesh, keep: str = "exp", packed: bool = False
+    graphdef,
+    optimizer,
+    label_smoothing: float,
+    mesh,
+    keep: str = "exp",
+    packed: bool = False,
+    ema_decay: float = 0.0,
 ):
     """The jitted step: accumulate gradients of summed losses over micro-batches, then update.
 
     `keep` is the loss's (`losses.projected_cross_entropy`). With `packed` the step takes and
     returns the parameters and Adam's state as `Packed` (the trainer's): the same program, with
-    less host time per call.
+    less host time per call. With `ema_decay` (and `packed`) it also takes and returns the
+    parameters' moving average, updated as `make_ema_update`'s after the step, in the same
+    call: one program a step instead of two.
     """
     replicated = sharding.replicated(mesh)
 
@@ -142,9 +150,26 @@ def make_train_step(
         )
         return Packed.of(params), Packed.of(opt_state), metrics
 
+    def averaged_step(params: Packed, opt_state: Packed, ema: Packed, batch, step, base_key):
+        params, opt_state, metrics = train_step(
+            params.tree(), opt_state.tree(), batch, step, base_key
+        )
+        ema = moving_average(ema_decay, ema.tree(), params, step, metrics["nonfinite"])
+        return Packed.of(params), Packed.of(opt_state), Packed.of(ema), metrics
+
+    batch_sharding = sharding.batch_sharding(mesh)
+    if ema_decay:
+        if not packed:
+            raise ValueError("the step with the moving average takes Packed state")
+        return jax.jit(
+            averaged_step,
+            in_shardings=(replicated, replicated, replicated, batch_sharding, None, replicated),
+            out_shardings=(replicated, replicated, replicated, replicated),
+            donate_argnums=(0, 1, 2),
+        )
     return jax.jit(
         packed_step if packed else train_step,
-        in_shardings=(replicated, replicated, sharding.batch_sharding(mesh), None, replicated),
+        in_shardings=(replicated, replicated, batch_sharding, None, replicated),
         out_shardings=(replicated, replicated, replicated),
         donate_argnums=(0, 1),
     )
@@ -156,20 +181,21 @@ def ema_decay_at(decay: float, step):
     return jnp.minimum(decay, (1.0 + step) / (10.0 + step))
 
 
+def moving_average(decay: float, ema, params, step, nonfinite):
+    """The average after update `step` of `params` (traced): `make_ema_update`'s arithmetic."""
+    d = ema_decay_at(decay, jnp.asarray(step, jnp.float32))
+    new = jax.tree.map(lambda e, p: d * e + (1.0 - d) * p, ema, params)
+    return jax.tree.map(lambda n, e: jnp.where(nonfinite > 0, e, n), new, ema)
+
+
 def make_ema_update(decay: float, mesh):
     """The jitted (ema, params, step, nonfinite) -> ema of `train.ema_decay`:
     ema = d * ema + (1 - d) * params with d = `ema_decay_at(decay, step)`, the parameters
     being those after update `step`; a step that was not applied (`nonfinite`, the train
     step's metric) leaves the average as it was. The average is float32, like the parameters."""
     replicated = sharding.replicated(mesh)
-
-    def update(ema, params, step, nonfinite):
-        d = ema_decay_at(decay, jnp.asarray(step, jnp.float32))
-        new = jax.tree.map(lambda e, p: d * e + (1.0 - d) * p, ema, params)
-        return jax.tree.map(lambda n, e: jnp.where(nonfinite > 0, e, n), new, ema)
-
     return jax.jit(
-        update,
+        lambda ema, params, step, nonfinite: moving_average(decay, ema, params, step, nonfinite),
         in_shardings=(replicated, replicated, None, replicated),
         out_shardings=replicated,
         donate_argnums=(0,),
@@ -216,6 +242,10 @@ class Steps(NamedTuple):
     ema: Callable | None = None
     # `train` on `Packed` parameters and Adam state: what the trainer and the benchmark call.
     packed_train: Callable | None = None
+    # With train.ema_decay, `packed_train` and `ema` in one call (the trainer's step):
+    # (params, opt_state, ema, batch, step, dropout key) -> (params, opt_state, ema, metrics),
+    # all three states `Packed`; None without.
+    packed_train_ema: Callable | None = None
 
 
 def resolve_loss_keep(name: str, mesh) -> str:
@@ -234,14 +264,16 @@ def make_steps(config: Config, vocab_size: int, mesh, optimizer=None) -> Steps:
     optimizer = adam if optimizer is None else optimizer
     smoothing = config.train.label_smoothing
     keep = resolve_loss_keep(config.train.loss_keep, mesh)
+    decay = config.train.ema_decay
     return Steps(
         graphdef,
         make_init(config, vocab_size, optimizer, mesh),
         make_train_step(graphdef, optimizer, smoothing, mesh, keep),
         make_eval_step(graphdef, smoothing, mesh, keep),
         schedule,
-        make_ema_update(config.train.ema_decay, mesh) if config.train.ema_decay else None,
+        make_ema_update(decay, mesh) if decay else None,
         make_train_step(graphdef, optimizer, smoothing, mesh, keep, packed=True),
+        make_train_step(graphdef, optimizer, smoothing, mesh, keep, True, decay) if decay else None,
     )
 
 

@@ -387,13 +387,15 @@ class Trainer:
         self.profiler.before(s.step)
         hits = 0 if self.compiled else cache_hits()
         call_start = time.perf_counter()
-        s.params, s.opt_state, metrics = self.steps.packed_train(
-            s.params,
-            s.opt_state,
-            sharding.put_batch(batch, self.run.mesh),
-            s.step,
-            self.keys["dropout"],
-        )
+        placed = sharding.put_batch(batch, self.run.mesh)
+        if self.steps.packed_train_ema is None:
+            s.params, s.opt_state, metrics = self.steps.packed_train(
+                s.params, s.opt_state, placed, s.step, self.keys["dropout"]
+            )
+        else:  # the step and the moving average's update in one call
+            s.params, s.opt_state, s.ema, metrics = self.steps.packed_train_ema(
+                s.params, s.opt_state, s.ema, placed, s.step, self.keys["dropout"]
+            )
         if not self.compiled:
             # The first call traces and compiles before it dispatches: time that is not
             # training speed, said once and kept out of the first window's clock.
@@ -404,8 +406,6 @@ class Trainer:
             cached = cached if found else ""
             log.info("compiled the train step in %.1f s%s", compile_seconds, cached)
             self.window.exclude(compile_seconds)
-        if self.steps.ema is not None:
-            s.ema = self.steps.ema(s.ema, s.params, s.step, metrics["nonfinite"])
         vocab_size = self.data.tokenizer.vocab_size
         self.window.add(metrics, train_flops(self.config.model, vocab_size, *batch_lengths(batch)))
         s.step += 1
