@@ -135,6 +135,11 @@ FLAGS = {
         "Rounds of the steady-state mode after the timed steps: the same steps dispatched "
         "without waiting, then waited for once (0: off).",
     ),
+    "steps_per_call": Flag(
+        1,
+        "Training steps per call of the jitted step (a lax.scan over stacked batches: one host "
+        "dispatch for K steps; steps.packed_train_many); --steps and --warmup must be multiples.",
+    ),
     "variant": Flag(
         [],
         "A variant of the config to time against it, step for step in one process (repeat the "
@@ -206,26 +211,41 @@ def training_batches(flags: dict, config: Config, tokenizer: Tokenizer):
     return corpus, dropped, mesh, layout, vocab_size, batches
 
 
+def calls_of(flags: dict, batches: list, mesh) -> list[Callable]:
+    """The batches grouped into the calls of --steps_per_call steps, each a function that places
+    its batches on the devices (one batch, or K stacked)."""
+    k = flags["steps_per_call"]
+    if k == 1:
+        return [functools.partial(sharding.put_batch, b, mesh) for b in batches]
+    return [
+        functools.partial(sharding.put_batches, batches[i : i + k], mesh)
+        for i in range(0, len(batches), k)
+    ]
+
+
 def benchmark_training(flags: dict, config: Config, tokenizer: Tokenizer) -> dict:
     corpus, dropped, mesh, layout, vocab_size, batches = training_batches(flags, config, tokenizer)
 
-    steps = make_steps(config, vocab_size, mesh)
+    k = flags["steps_per_call"]
+    steps = make_steps(config, vocab_size, mesh, steps_per_call=k)
     graphdef = steps.graphdef
     state, train_step = trainer_step(flags, steps)
     dropout_key = jax.random.key(1)
+    calls = calls_of(flags, batches, mesh)
 
     times, nonfinite = [], 0
-    for step, batch in enumerate(batches):
+    for call, place in enumerate(calls):
         start = time.perf_counter()
-        state, metrics = train_step(state, sharding.put_batch(batch, mesh), step, dropout_key)
+        state, metrics = train_step(state, place(), call * k, dropout_key)
         jax.block_until_ready(metrics)
-        nonfinite += int(metrics["nonfinite"])
-        if step >= flags["warmup"]:
-            times.append(time.perf_counter() - start)
-        if step == 0:
-            print(f"first step (compilation included): {time.perf_counter() - start:.1f} s")
+        nonfinite += int(np.sum(metrics["nonfinite"]))
+        if call * k >= flags["warmup"]:
+            times.append((time.perf_counter() - start) / k)
+        if call == 0:
+            print(f"first call (compilation included): {time.perf_counter() - start:.1f} s")
 
     timed = batches[flags["warmup"] :]
+    timed_calls = calls[flags["warmup"] // k :]
     # Steady state: the loop the trainer runs, each step dispatched while the one before still
     # runs (the trainer reads its metrics a window of steps later), one wait per round.
     # The host's part of each step (placing the batch, dispatching the step) is timed too: when
@@ -234,19 +254,20 @@ def benchmark_training(flags: dict, config: Config, tokenizer: Tokenizer) -> dic
     rounds, put_s, dispatch_s = [], [], []
     for _ in range(flags["steady_rounds"]):
         start, outs = time.perf_counter(), []
-        for step, batch in enumerate(timed):
+        for call, place in enumerate(timed_calls):
             t0 = time.perf_counter()
-            placed = sharding.put_batch(batch, mesh)
+            placed = place()
             t1 = time.perf_counter()
-            state, metrics = train_step(state, placed, step, dropout_key)
-            put_s.append(t1 - t0)
-            dispatch_s.append(time.perf_counter() - t1)
+            state, metrics = train_step(state, placed, call * k, dropout_key)
+            put_s.append((t1 - t0) / k)
+            dispatch_s.append((time.perf_counter() - t1) / k)
             outs.append(metrics["nonfinite"])
         jax.block_until_ready((state, outs))
         rounds.append((time.perf_counter() - start) / len(timed))
-        nonfinite += int(sum(np.asarray(x) for x in outs))
+        nonfinite += int(sum(np.sum(np.asarray(x)) for x in outs))
     if flags["profile"]:
-        state = profile_steps(flags["profile"], train_step, state, timed[:5], mesh)
+        few = timed_calls[: -(-5 // k)]
+        state = profile_steps(flags["profile"], train_step, state, few, k)
     slots = layout.num_micro * layout.rows * layout.row_len  # per side
     real_src = np.array([(b.src_segments > 0).sum() for b in timed])
     real_tgt = np.array([(b.tgt_segments > 0).sum() for b in timed])
@@ -267,7 +288,7 @@ def benchmark_training(flags: dict, config: Config, tokenizer: Tokenizer) -> dic
         "batch_tgt_slots": slots,
         "batch_tgt_tokens_median": float(np.median(real_tgt)),
         "batch_src_tokens_median": float(np.median(real_src)),
-        "timed_steps": len(times),
+        "timed_steps": len(times) * k,
         # Steps whose loss or gradient was not finite (the step then left the state as it was).
         "nonfinite_steps": nonfinite,
         "step_seconds_median": step_s,
@@ -289,6 +310,7 @@ def benchmark_training(flags: dict, config: Config, tokenizer: Tokenizer) -> dic
         "model_flops_per_step": float(np.median(real_flops)),
         "model_flops_per_step_padded": float(np.median(padded_flops)),
         "packed": flags["packed"],
+        "steps_per_call": k,
         "_params": (graphdef, state[0].tree() if flags["packed"] else state[0]),
     }
 
@@ -301,6 +323,9 @@ def trainer_step(flags: dict, steps) -> tuple[list, Callable]:
     params, opt_state = steps.init(jax.random.key(0))
     if not flags["packed"]:
         state, call = [params, opt_state], steps.train
+    elif steps.packed_train_many is not None:  # --steps_per_call: K steps in a call
+        average = [Packed.of(steps.init(jax.random.key(0))[0])] if steps.ema is not None else []
+        state, call = [Packed.of(params), Packed.of(opt_state), *average], steps.packed_train_many
     elif steps.packed_train_ema is None:
         state, call = [Packed.of(params), Packed.of(opt_state)], steps.packed_train
     else:  # the average starts from the parameters, in buffers of its own (each call donates)
@@ -314,18 +339,17 @@ def trainer_step(flags: dict, steps) -> tuple[list, Callable]:
     return state, step_fn
 
 
-def profile_steps(directory, train_step, state, batches, mesh) -> list:
-    """Traces `batches` more steps and prints the device time per op; returns the new state."""
+def profile_steps(directory, train_step, state, calls, k: int) -> list:
+    """Traces `calls` more calls of `k` steps each and prints the device time per op; returns
+    the new state."""
     from scripts import profile_summary
 
     with jax.profiler.trace(directory, create_perfetto_trace=True):
-        for step, batch in enumerate(batches):
-            state, metrics = train_step(
-                state, sharding.put_batch(batch, mesh), step, jax.random.key(2)
-            )
+        for call, place in enumerate(calls):
+            state, metrics = train_step(state, place(), call * k, jax.random.key(2))
         jax.block_until_ready(metrics)
     summary = profile_summary.summarise(profile_summary.find_trace(pathlib.Path(directory)))
-    print(f"profile of {len(batches)} steps:")
+    print(f"profile of {len(calls) * k} steps:")
     profile_summary.print_summary(summary)
     out = pathlib.Path(directory) / "profile_summary.json"
     out.write_text(json.dumps(summary, indent=2) + "\n")
@@ -367,16 +391,18 @@ def benchmark_variants(flags: dict, configs: list[tuple[str, Config]], tokenizer
     'Variants'); the first is the reference of every ratio."""
     base = configs[0][1]
     *_, mesh, layout, vocab_size, batches = training_batches(flags, base, tokenizer)
-    timed = batches[flags["warmup"] :]
+    k = flags["steps_per_call"]
+    calls = calls_of(flags, batches, mesh)
+    timed = calls[flags["warmup"] // k :]
     dropout_key = jax.random.key(1)
     runs = []
     for label, config in configs:
-        steps = make_steps(config, vocab_size, mesh)
+        steps = make_steps(config, vocab_size, mesh, steps_per_call=k)
         state, train_step = trainer_step(flags, steps)
         params = state[0].tree() if flags["packed"] else state[0]
         size = sum(x.size for x in jax.tree.leaves(params))
-        for step, batch in enumerate(batches[: max(1, flags["warmup"])]):  # compiles
-            state, metrics = train_step(state, sharding.put_batch(batch, mesh), step, dropout_key)
+        for call, place in enumerate(calls[: max(1, flags["warmup"] // k)]):  # compiles
+            state, metrics = train_step(state, place(), call * k, dropout_key)
         jax.block_until_ready(metrics)
         runs.append({"label": label, "step": train_step, "state": state, "size": size})
     wall = [[] for _ in runs]
@@ -386,15 +412,13 @@ def benchmark_variants(flags: dict, configs: list[tuple[str, Config]], tokenizer
         for i in [(turn + k) % len(runs) for k in range(len(runs))]:  # the order rotates
             state = runs[i]["state"]
             start, start_cpu, outs = time.perf_counter(), time.process_time(), []
-            for step, batch in enumerate(timed):
-                state, metrics = runs[i]["step"](
-                    state, sharding.put_batch(batch, mesh), step, dropout_key
-                )
+            for call, place in enumerate(timed):
+                state, metrics = runs[i]["step"](state, place(), call * k, dropout_key)
                 outs.append(metrics["nonfinite"])
             jax.block_until_ready((state, outs))
-            wall[i].append((time.perf_counter() - start) / len(timed))
-            cpu[i].append((time.process_time() - start_cpu) / len(timed))
-            nonfinite[i] += int(sum(np.asarray(x) for x in outs))
+            wall[i].append((time.perf_counter() - start) / (len(timed) * k))
+            cpu[i].append((time.process_time() - start_cpu) / (len(timed) * k))
+            nonfinite[i] += int(sum(np.sum(np.asarray(x)) for x in outs))
             runs[i]["state"] = state
     return [
         {
@@ -612,6 +636,16 @@ def check_flags(flags: dict) -> None:
                         "(or give --decode_workdir)"
                     )
         return
+    k = flags["steps_per_call"]
+    if k < 1:
+        raise SystemExit(f"--steps_per_call={k}: must be >= 1")
+    if k > 1 and (flags["steps"] % k or flags["warmup"] % k):
+        raise SystemExit(
+            f"--steps_per_call={k}: --steps={flags['steps']} and --warmup={flags['warmup']} "
+            "must be multiples of it"
+        )
+    if k > 1 and not flags["packed"]:
+        raise SystemExit(f"--steps_per_call={k} runs the trainer's Packed step: not --packed=false")
     if flags["variant"] and flags["variant_rounds"] < 1:
         raise SystemExit(f"--variant_rounds={flags['variant_rounds']}: must be >= 1")
     for name in ("config", "src", "tgt"):

@@ -7,6 +7,8 @@
 #   m30k_packed, m30k_trees  configs/multi30k_gpu.py's step (4,096 slots) with the arrays
 #                            packed (steps.Packed, what the trainer calls) and as nnx.State trees
 #                            (TREES=0 leaves the trees out: measured on 2026-11-28)
+#   m30k_calls5              the packed step, five steps a call (--steps_per_call=5, a lax.scan
+#                            over stacked batches): one host dispatch for five steps
 #   m30k_no_graphs,          the packed step with XLA's command buffers (CUDA graphs) off, and
 #   m30k_graphs_all          with every kind of thunk in them and no smallest graph size: whether
 #                            launching the 1,012 kernels is the host's 13 ms (2026-11-28). A flag
@@ -17,8 +19,10 @@
 #   base_rbg                 the same as base with JAX's "rbg" generator for dropout's bits
 #   recipe_packed            configs/multi30k.py's step (2,048 slots): the CPU recipe's, which
 #                            scripts/gpu_multi30k_grid.sh trains on the GPU
-# In that order (the most wanted first), each under its own time limit; one JSON per run and
-# log.txt go to OUT_DIR (7 files), and a table of the step times is printed last. The
+# In that order (the most wanted first), each under its own time limit. OUT_DIR gets two files
+# (the device tool brings back 8 at most): log.txt, and knobs.json, every finished run's
+# scripts/benchmark.py JSON by name, rewritten after each run; a table of the step times is
+# printed last. The
 # predictions written before the first run are in docs/benchmarks/gpu-h100.md.
 #
 # Needs, carried: .whl/ (scripts/fetch_gpu_wheels.sh), data/multi30k, and gpu_data/ with
@@ -40,6 +44,8 @@ if ls .whl/*.whl >/dev/null 2>&1 && ! $PY -c "import sacremoses, tensorboardX" 2
         --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
 fi
 LOG=$OUT/log.txt
+RUNS=/tmp/gpu_step_knobs
+rm -rf "$RUNS" && mkdir -p "$RUNS"
 say() { echo "== $(date -u +%H:%M:%S) $*" | tee -a "$LOG"; }
 say "commit ${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)}"
 (nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv \
@@ -56,11 +62,14 @@ if [ "${SMOKE:-0}" = 1 ]; then
         --config.decode.alignment_layer=0)
     M30K_TOKENS=512
     RECIPE_TOKENS=512
+    CALLS=(--batch_tokens=512 --steps=4 --warmup=2 --steps_per_call=2
+        --config.model.num_layers=1 --config.decode.alignment_layer=0)
 else
     BASE=(--batch_tokens=25000 --steps=20 --warmup=3 --config.model.compute_dtype=bfloat16)
     SMALL=(--steps=50 --warmup=5)
     M30K_TOKENS=4096
     RECIPE_TOKENS=2048
+    CALLS=(--steps=50 --warmup=5 --steps_per_call=5)
 fi
 
 bench() {  # NAME SECONDS ARGS...
@@ -74,10 +83,19 @@ bench() {  # NAME SECONDS ARGS...
     fi
     [ "$left" -lt "$budget" ] && budget=$left
     say "$name, at most $budget s"
-    timeout -k 10 "$budget" $PY -m scripts.benchmark --json="$OUT/$name.json" "$@" >>"$LOG" 2>&1
+    timeout -k 10 "$budget" $PY -m scripts.benchmark --json="$RUNS/$name.json" "$@" >>"$LOG" 2>&1
     say "$name: exit $?"
+    $PY - "$RUNS" "$OUT/knobs.json" <<'EOF'
+import json, pathlib, sys
+runs = {p.stem: json.loads(p.read_text()) for p in sorted(pathlib.Path(sys.argv[1]).glob("*.json"))}
+out = pathlib.Path(sys.argv[2])
+out.with_suffix(".tmp").write_text(json.dumps(runs, indent=1) + "\n")
+out.with_suffix(".tmp").replace(out)
+EOF
 }
 bench m30k_packed 70 --config=configs/multi30k_gpu.py "${M30K[@]}" "${SMALL[@]}" \
+    --batch_tokens=$M30K_TOKENS
+bench m30k_calls5 70 --config=configs/multi30k_gpu.py "${M30K[@]}" "${CALLS[@]}" \
     --batch_tokens=$M30K_TOKENS
 [ "${TREES:-1}" = 1 ] && bench m30k_trees 70 --config=configs/multi30k_gpu.py "${M30K[@]}" \
     "${SMALL[@]}" --batch_tokens=$M30K_TOKENS --packed=false
@@ -95,11 +113,11 @@ JAX_DEFAULT_PRNG_IMPL=rbg bench base_rbg 90 "${NEWS_ARGS[@]}" --config.train.los
 bench recipe_packed 60 --config=configs/multi30k.py "${M30K[@]}" "${SMALL[@]}" \
     --batch_tokens=$RECIPE_TOKENS
 say "done"
-$PY - "$OUT" <<'EOF'
+$PY - "$RUNS" <<'EOF'
 import json, pathlib, sys
 print(f"{'run':18} {'sync ms':>8} {'steady ms':>9} {'dispatch ms':>11} {'tokens/s steady':>15} "
       f"{'MFU pub.':>8} {'peak GiB':>8}")
-for name in ("m30k_packed", "m30k_trees", "m30k_no_graphs", "m30k_graphs_all", "base",
+for name in ("m30k_packed", "m30k_calls5", "m30k_trees", "m30k_no_graphs", "m30k_graphs_all", "base",
              "base_bf16_logits", "base_rbg", "recipe_packed"):
     try:
         r = json.loads((pathlib.Path(sys.argv[1]) / f"{name}.json").read_text())

@@ -104,3 +104,33 @@ def test_a_bad_variant_is_refused_naming_it_before_any_timing(files, tmp_path, v
     with pytest.raises(SystemExit) as stopped:
         benchmark.main(argv)
     assert message in str(stopped.value) and "--variant" in str(stopped.value)
+
+
+def test_several_steps_per_call_are_timed_per_step(files, tmp_path):
+    argv = ["--config=tiny", f"--src={files}/src.txt", f"--tgt={files}/tgt.txt"]
+    argv += [f"--vocab={files}/vocab.model", "--batch_tokens=512", "--steps=4", "--warmup=2"]
+    argv += ["--steps_per_call=2", "--steady_rounds=1", "--variant=model.dropout_rate=0.2"]
+    argv += ["--variant_rounds=1", "--config.train.ema_decay=0.9"]
+    r = run_benchmark(argv, tmp_path / "out.json")
+    assert r["steps_per_call"] == 2 and r["timed_steps"] == 4 and r["nonfinite_steps"] == 0
+    assert r["step_seconds_min"] <= r["step_seconds_median"] <= r["step_seconds_max"]
+    assert len(r["steady_step_seconds_rounds"]) == 1
+    assert [v["nonfinite_steps"] for v in r["variants"]] == [0, 0]
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--steps_per_call=0"], "--steps_per_call=0: must be >= 1"),
+        (["--steps_per_call=2", "--steps=3", "--warmup=2"], "must be multiples of it"),
+        (["--steps_per_call=2", "--steps=4", "--warmup=3"], "must be multiples of it"),
+        (["--steps_per_call=2", "--steps=4", "--warmup=2", "--packed=false"], "Packed"),
+    ],
+)
+def test_bad_steps_per_call_are_refused(files, flags, message):
+    from scripts import benchmark
+
+    argv = ["--config=tiny", f"--src={files}/src.txt", f"--tgt={files}/tgt.txt", *flags]
+    with pytest.raises(SystemExit) as stopped:
+        benchmark.main(argv)
+    assert message in str(stopped.value)

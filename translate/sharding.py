@@ -71,9 +71,10 @@ def replicated(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, PartitionSpec())
 
 
-def batch_sharding(mesh: Mesh) -> NamedSharding:
-    """Batches are [A, R, row_len]: micro-batch rows R are split over the `data` axis."""
-    return NamedSharding(mesh, PartitionSpec(None, DATA_AXIS))
+def batch_sharding(mesh: Mesh, stacked: bool = False) -> NamedSharding:
+    """Batches are [A, R, row_len]: micro-batch rows R are split over the `data` axis; with
+    `stacked`, batches [K, A, R, row_len] of several steps (`put_batches`)."""
+    return NamedSharding(mesh, PartitionSpec(*(None,) * (1 + stacked), DATA_AXIS))
 
 
 def host_row_slice(rows: int) -> slice:
@@ -87,6 +88,13 @@ def put_batch(batch: Batch, mesh: Mesh) -> Batch:
     """Assembles this host's rows into global arrays sharded on the `data` axis."""
     sharding = batch_sharding(mesh)
     return jax.tree.map(lambda v: jax.make_array_from_process_local_data(sharding, v), batch)
+
+
+def put_batches(batches: list[Batch], mesh: Mesh) -> Batch:
+    """Several steps' batches stacked on a new leading axis, placed as `put_batch` places one."""
+    sharding = batch_sharding(mesh, stacked=True)
+    stacked = jax.tree.map(lambda *v: np.stack(v), *batches)
+    return jax.tree.map(lambda v: jax.make_array_from_process_local_data(sharding, v), stacked)
 
 
 def local_copy(params):
