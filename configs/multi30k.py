@@ -39,7 +39,7 @@ def get_config() -> Config:
     # 40.75 and 40.83 at 0.2 (fifteenth round). Without the decay 0.1 and 0.3 had scored 1.2 and
     # 1.7 below 0.2 (eleventh round): the decay takes over part of the dropout's work. At 7,200
     # steps 0.1 scored val 41.39 against 41.45 (three seeds), its dev NLL rising after step
-    # 6,000 (issue 58, sixth session).
+    # 6,000 (issue 58, sixth session); with weight decay 0.5 beside it, 41.03 (seventh).
     config.model.dropout_rate = 0.15
     config.model.norm_position = "pre"  # Xiong et al. 2020; the paper's is "post"
     # bfloat16 operands for the large products, float32 accumulation: 1.4x the step on this
