@@ -139,51 +139,10 @@ def test_short_train_and_evaluate_writes_report(config, tmp_path):
     assert checkpoint.latest_step(Workdir(tmp_path).checkpoints) == 6
 
 
-def test_the_step_with_the_moving_average_is_the_step_and_then_the_average_bit_for_bit(config):
-    # With train.ema_decay the trainer calls one program a step (steps.packed_train_ema); it
-    # must compute what the step and then the average's own update (steps.ema) compute.
-    config.train.ema_decay = 0.9
-    config.model.dropout_rate = 0.1
-    mesh = sharding.make_mesh()
-    batches = tiny_batches(config, mesh.size, count=4)
-    steps = make_steps(config, 64, mesh)
-
-    def start():  # buffers of its own for each state: every step donates those it takes
-        params, opt_state = steps.init(jax.random.key(0))
-        return [
-            Packed.of(params),
-            Packed.of(opt_state),
-            Packed.of(steps.init(jax.random.key(0))[0]),
-        ]
-
-    apart, fused = start(), start()
-    initial = np.array(jax.tree.leaves(apart[0].tree())[0])
-    for step, batch in enumerate(batches):
-        placed = sharding.put_batch(batch, mesh)
-        p, o, metrics_apart = steps.packed_train(
-            apart[0], apart[1], placed, step, jax.random.key(1)
-        )
-        apart = [p, o, steps.ema(apart[2], p, step, metrics_apart["nonfinite"])]
-        *fused, metrics = steps.packed_train_ema(*fused, placed, step, jax.random.key(1))
-        for name in metrics:
-            np.testing.assert_array_equal(metrics[name], metrics_apart[name])
-    assert steps.packed_train_ema._cache_size() == 1
-    for a, b in zip(apart, fused, strict=True):
-        assert isinstance(b, Packed)
-        for x, y in zip(jax.tree.leaves(a.tree()), jax.tree.leaves(b.tree()), strict=True):
-            np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
-    # The average moved away from the parameters, and the parameters from their start.
-    assert not np.array_equal(jax.tree.leaves(fused[0].tree())[0], initial)
-    assert not np.array_equal(
-        jax.tree.leaves(fused[2].tree())[0], jax.tree.leaves(fused[0].tree())[0]
-    )
-    # Without the average there is no such step.
-    config.train.ema_decay = 0.0
-    assert make_steps(config, 64, mesh).packed_train_ema is None
-
-
 @pytest.mark.parametrize("ema_decay", [0.0, 0.9])
-def test_several_steps_per_call_compute_the_single_steps(config, ema_decay):
+def test_the_trainers_step_and_several_steps_per_call_compute_the_single_steps(config, ema_decay):
+    # With train.ema_decay the trainer calls one program a step (steps.packed_train_ema): it
+    # must compute bit for bit what the step and then the average's own update (steps.ema) do.
     # steps.packed_train_many runs K steps in one call (a scan over K stacked batches), for a
     # step whose host time bounds it; it must compute what K calls of the trainer's step do,
     # to float32 rounding: XLA compiles the step inside the loop otherwise, and the parameters
@@ -194,6 +153,7 @@ def test_several_steps_per_call_compute_the_single_steps(config, ema_decay):
     mesh = sharding.make_mesh()
     batches = tiny_batches(config, mesh.size, count=4)
     steps = make_steps(config, 64, mesh, steps_per_call=2)
+    assert (steps.packed_train_ema is None) == (not ema_decay)  # no average, no such step
     single = steps.packed_train_ema or steps.packed_train
 
     def start():  # buffers of its own for each state: every call donates those it takes
@@ -201,11 +161,24 @@ def test_several_steps_per_call_compute_the_single_steps(config, ema_decay):
         average = [Packed.of(steps.init(jax.random.key(0))[0])] if ema_decay else []
         return [Packed.of(params), Packed.of(opt_state), *average]
 
-    one, many = start(), start()
+    one, many, apart = start(), start(), start()
     single_metrics = []
     for step, batch in enumerate(batches):
-        *one, metrics = single(*one, sharding.put_batch(batch, mesh), step, jax.random.key(1))
+        placed = sharding.put_batch(batch, mesh)
+        *one, metrics = single(*one, placed, step, jax.random.key(1))
         single_metrics.append(metrics)
+        if ema_decay:  # the trainer's step with the average: the step, then the average's update
+            p, o, apart_metrics = steps.packed_train(*apart[:2], placed, step, jax.random.key(1))
+            apart = [p, o, steps.ema(apart[2], p, step, apart_metrics["nonfinite"])]
+            for name in metrics:
+                np.testing.assert_array_equal(metrics[name], apart_metrics[name])
+    if ema_decay:  # ... bit for bit
+        for a, b in zip(apart, one, strict=True):
+            for x, y in zip(jax.tree.leaves(a.tree()), jax.tree.leaves(b.tree()), strict=True):
+                np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+        assert not np.array_equal(  # the average moved apart from the parameters
+            jax.tree.leaves(one[2].tree())[0], jax.tree.leaves(one[0].tree())[0]
+        )
     many_metrics = []
     for first in (0, 2):
         placed = sharding.put_batches(batches[first : first + 2], mesh)

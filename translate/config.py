@@ -49,7 +49,7 @@ class ModelConfig:
     activation_dropout_rate: float = 0.0
     # Where dropout's random bits come from: "threefry" (JAX's generator) or "hash" (a counter
     # hash with a third of the integer operations, models/layers.py's hashed_words: other masks,
-    # so other numbers; 3-9% off the Multi30k recipe's forward and backward pass, on a noisy day).
+    # so other numbers; the Multi30k recipe's whole step x0.955, scripts/benchmark.py --variant).
     dropout_bits: str = "threefry"
     # "auto": bfloat16 on GPU/TPU, float32 on CPU. Parameters are always float32.
     compute_dtype: str = "auto"
