@@ -16,7 +16,9 @@
 # On one H100 (2026-11-28, 508f3c7; four trainings sharing the GPU, each stopped at 330 s,
 # steps 6,479 and 6,401 of 7,200) the ensemble of seeds 0 and 1 scored val 42.25 and test2016
 # 41.43 (literature BLEU 41.98), against 41.63 and 41.29 on val for the seeds alone. This
-# script's own run, two trainings alone on the GPU to the end, is not yet measured.
+# script itself, alone on one H200 from an empty compilation cache (2026-11-28, 72042fa, one
+# run): 268 s for the whole command; ensemble val 42.48, test2016 41.66 (literature BLEU
+# 42.05); seeds alone 41.25 and 40.52 on test2016 (docs/benchmarks/gpu-h200.md).
 #
 # Needs the data in data/multi30k (translate-data multi30k --dir=data/multi30k), or
 # --config.data.dir=DIR. A WORKDIR holding another run is refused by the trainer, as always; an

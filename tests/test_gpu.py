@@ -276,7 +276,9 @@ def test_train_step_compiles_once_over_several_batches():
 def test_a_search_with_cudnn_attention_is_saved_and_read_back(trained, tmp_path):
     """translate-text's saved searches on a GPU: jax.export refuses cuDNN's attention calls by
     default (seen on an H100, 2026-11-28), so the search must be saved with them allowed, and a
-    later command must run it from the saved form with no model, as the search traced here."""
+    later command must run it from the saved form with no model, as the search traced here.
+    (translate-text keeps no saved searches on a GPU since a crash on an H200, 2026-11-28:
+    compilation.SAVED_SEARCH_PLATFORMS; this keeps the saved form right for when it does.)"""
     config, params, _, _ = trained
     config = with_dtype(config, "bfloat16")
     assert resolve_model_attention(config.model) == "cudnn"

@@ -294,6 +294,26 @@ def test_a_users_own_searches_folder_is_neither_used_nor_cleaned(tmp_path, caplo
     assert (own / "a.jpg").read_bytes() == b"x" * 10_000
 
 
+def test_a_gpu_decodes_through_jaxs_cache_alone_and_keeps_no_saved_searches(
+    workdir, tmp_path, monkeypatch
+):
+    """Saved searches crashed translate-text on an H200 (compilation.SAVED_SEARCH_PLATFORMS):
+    off the CPU the text command opens no setup, writes nothing under searches/, and decodes
+    with the searches evaluation traces, to the same translations."""
+    settings = decode_settings(load_ensemble([str(workdir)]).config.decode)
+    cache = tmp_path / "cache"
+    on_cpu = programs.OpenedModels([str(workdir)], None, 0, "auto", str(cache))
+    assert on_cpu.setup is not None
+    expected = on_cpu.translate(LINES, settings)
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    other = tmp_path / "other-cache"
+    on_gpu = programs.OpenedModels([str(workdir)], None, 0, "auto", str(other))
+    assert on_gpu.setup is None
+    assert isinstance(on_gpu.searches(settings), Searches)
+    assert on_gpu.translate(LINES, settings) == expected
+    assert not (other / compilation.SUBDIR).exists()
+
+
 def test_the_store_deletes_only_what_it_made(tmp_path, monkeypatch):
     leaves = [np.zeros(1000, np.float32)]
     assert compilation.claim_store(tmp_path / compilation.SUBDIR)

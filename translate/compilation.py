@@ -164,6 +164,13 @@ SUBDIR = "searches"
 STORE_MARKER = ".translate-saved-searches"
 # The size all setups are kept under together; the least recently used go first.
 PROGRAMS_MAX_BYTES = 2 * 2**30
+# The platforms whose text command keeps saved searches. On an H200 (2026-11-28, JAX 0.11.2,
+# cuDNN attention) translate-text over test2016 crashed with a segmentation fault in the call
+# of a saved search's program, in 2 of 2 warm runs (executables read back) and 1 of 3 cold ones,
+# each time with 896 of 1,000 sentences done, while translate-evaluate's traced searches never
+# did. Until that is understood, a GPU decodes as evaluation does, through JAX's persistent
+# cache (its warm run traces the searches again but compiles nothing).
+SAVED_SEARCH_PLATFORMS = ("cpu",)
 # The first line of a saved search's file; the next holds the payload's SHA-256.
 MAGIC = b"translate saved search 1\n"
 # What a saved search is made from: the package's own source files.
@@ -354,8 +361,12 @@ class Setup:
         params: str = "auto",
         matmul_dtype: str = "",
     ) -> Setup | None:
-        """The setup of these workdirs and choice, or None with the cache off or unusable."""
+        """The setup of these workdirs and choice, or None with the cache off or unusable, or
+        on a platform where saved searches are not used (`SAVED_SEARCH_PLATFORMS`)."""
         if cache is None:
+            return None
+        if jax.default_backend() not in SAVED_SEARCH_PLATFORMS:
+            log.debug("no saved searches on %s: JAX's cache alone", jax.default_backend())
             return None
         root = pathlib.Path(cache) / SUBDIR
         if not claim_store(root):
