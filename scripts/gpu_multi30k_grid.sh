@@ -32,21 +32,8 @@ set -u
 T0=$(date +%s)
 GRID_LIMIT=${GRID_LIMIT:-500}
 left() { echo $((GRID_LIMIT - ($(date +%s) - T0))); }
-OUT=${1:?usage: bash scripts/gpu_multi30k_grid.sh OUT_DIR}
-cd "$(dirname "$0")/.."
-mkdir -p "$OUT"
-OUT=$(cd "$OUT" && pwd)
-export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
-PY=${PYTHON:-python3}
-if ls .whl/*.whl >/dev/null 2>&1 && ! $PY -c "import sacremoses, tensorboardX" 2>/dev/null; then
-    $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-        --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
-fi
-W=${GRID_DIR:-/tmp/gpu_grid}
-rm -rf "$W" && mkdir -p "$W"
-LOG=$OUT/log.txt
-say() { echo "== $(date -u +%H:%M:%S) $*" | tee -a "$LOG"; }
-say "commit ${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)}"
+. "$(dirname "$0")/gpu_common.sh"
+gpu_start "${1:?usage: bash scripts/gpu_multi30k_grid.sh OUT_DIR}" "${GRID_DIR:-/tmp/gpu_grid}"
 (nvidia-smi || echo "no nvidia-smi") >>"$LOG" 2>&1
 
 DATA=data/multi30k

@@ -23,21 +23,8 @@ set -u
 T0=$(date +%s)
 VISIT_LIMIT=${VISIT_LIMIT:-575}
 left() { echo $((VISIT_LIMIT - ($(date +%s) - T0))); }
-OUT=${1:?usage: bash scripts/gpu_recipe_visit.sh OUT_DIR}
-cd "$(dirname "$0")/.."
-mkdir -p "$OUT"
-OUT=$(cd "$OUT" && pwd)
-export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
-PY=${PYTHON:-python3}
-if ls .whl/*.whl >/dev/null 2>&1 && ! $PY -c "import sacremoses, tensorboardX" 2>/dev/null; then
-    $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-        --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
-fi
-W=${VISIT_DIR:-/tmp/gpu_recipe_visit}
-rm -rf "$W" && mkdir -p "$W"
-LOG=$OUT/log.txt
-say() { echo "== $(date -u +%H:%M:%S) $*" | tee -a "$LOG"; }
-say "commit ${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)}"
+. "$(dirname "$0")/gpu_common.sh"
+gpu_start "${1:?usage: bash scripts/gpu_recipe_visit.sh OUT_DIR}" "${VISIT_DIR:-/tmp/gpu_recipe_visit}"
 (nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,driver_version --format=csv \
     || echo "no nvidia-smi") >>"$LOG" 2>&1
 (command -v nvidia-smi >/dev/null && nvidia-smi dmon -s u -d 5 >"$W/dmon.txt" 2>&1 &) 2>/dev/null
@@ -84,6 +71,7 @@ done
 export JAX_LOG_COMPILES=1
 compiles() {  # LOG: how many functions were traced and compiled, and how many XLA compiles
     # were persistent-cache hits (a compile that read its program from the cache is still logged)
+    [ -f "$1" ] || return 0
     say "$(basename "$1"): traced $(grep -c "Finished tracing" "$1"), XLA compiles" \
         "$(grep -c "Finished XLA compilation" "$1"), of them persistent-cache hits" \
         "$(grep -c "Persistent compilation cache hit" "$1")"

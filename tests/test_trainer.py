@@ -212,6 +212,63 @@ def test_stopped_and_resumed_run_matches_uninterrupted_run(config, tmp_path):
             np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
+def test_a_run_with_two_steps_a_call_trains_what_single_steps_train(config, tmp_path, caplog):
+    """train.steps_per_call: the trainer runs two steps a call where the step count allows it
+    and single steps elsewhere (a remainder at the end, a resume off the grid: here 0-2 in one
+    call, 2 alone to end the 3-step run, 3 alone on resuming, then 4-6 in two calls). It must
+    train what a run of single steps trains, to float32 rounding: the scanned steps are not bit
+    for bit (test_the_trainers_step_and_several_steps_per_call_compute_the_single_steps), and
+    Adam's normalised update grows a rounding difference step by step where a gradient is near
+    zero (measured here: 3e-7 of the parameters' norm after the first call, 3e-4 after six
+    steps, 2e-4 for the average). A wrong batch, step number or dropout key would put them a
+    step's movement apart instead: 12% of the norm for the last call. So the parameters must
+    agree to 1e-3 of their norm, and the logged losses of the same windows to 1e-5."""
+    same = functools.partial(np.testing.assert_allclose, rtol=1e-5, atol=1e-5)
+    config.train.ema_decay = 0.9
+    config.train.checkpoint_every_steps = 2
+    config.train.eval_every_steps = 100
+    train_and_evaluate(config, tmp_path / "single")
+    config.train.steps_per_call = 2
+    config.train.num_train_steps = 3
+    with caplog.at_level("INFO", logger="translate"):
+        train_and_evaluate(config, tmp_path / "paired")
+        config.train.num_train_steps = 6
+        train_and_evaluate(config, tmp_path / "paired")
+    compiled = [r.getMessage() for r in caplog.records if r.getMessage().startswith("compiled")]
+    assert [m.split(" in ")[0] for m in compiled] == [
+        "compiled the train steps, 2 a call,",
+        "compiled the train step",
+        "compiled the train step",
+        "compiled the train steps, 2 a call,",
+    ]
+    for params in ("raw", "ema"):
+        a, b = (
+            np.concatenate(
+                [np.ravel(x) for x in jax.tree.leaves(load_model(path, params=params)[1])]
+            )
+            for path in (tmp_path / "single", tmp_path / "paired")
+        )
+        assert np.linalg.norm(a - b) < 1e-3 * np.linalg.norm(a), params
+
+    def losses(run):
+        lines = [json.loads(x) for x in (tmp_path / run / "metrics.jsonl").read_text().splitlines()]
+        return {x["step"]: x["train/loss"] for x in lines if "train/loss" in x}
+
+    single, paired = losses("single"), losses("paired")
+    assert sorted(single) == [2, 4, 6] and sorted(paired) == [2, 3, 4, 6]
+    same([paired[k] for k in (2, 6)], [single[k] for k in (2, 6)])  # the same windows
+
+
+def test_intervals_off_the_steps_per_call_are_refused_by_name(config):
+    config.train.steps_per_call = 4
+    config.train.log_every_steps = 6
+    with pytest.raises(ValueError, match=r"train\.log_every_steps.*multiple of.*steps_per_call"):
+        config.validate()
+    config.train.steps_per_call = 0
+    with pytest.raises(ValueError, match=r"train\.steps_per_call"):
+        config.validate()
+
+
 @pytest.mark.slow  # trains and averages: 17 s on 2 cores
 def test_final_report_decodes_the_average_that_average_checkpoints_writes(config, tmp_path):
     config.decode.average_last = 3

@@ -161,6 +161,12 @@ class TrainConfig:
     ema_decay: float = 0.0
     # Micro-batches accumulated per optimizer step; the batch is split evenly among them.
     grad_accum_steps: int = 1
+    # Optimizer steps run in one call of the jitted program (a lax.scan over this many batches):
+    # one host dispatch for several steps, for a small model whose step the host bounds (on a
+    # GPU: docs/speed.md). The steps agree with single steps to float32 rounding only, not bit
+    # for bit. The log, checkpoint, dev-evaluation and multi-host stop intervals must be
+    # multiples of it; steps left over at the end run one a call.
+    steps_per_call: int = 1
     # Seed for parameters, data order and dropout.
     seed: int = 0
     # Steps between lines of the training log (loss, speed) in metrics.jsonl and TensorBoard.
@@ -447,6 +453,7 @@ class Config:
             ),
             # NumPy's generators take no negative seed, JAX's key no seed beyond 64 bits.
             ("train.seed", lambda v: 0 <= v < 2**63, "must be in [0, 2**63)"),
+            ("train.steps_per_call", lambda v: v >= 1, "must be >= 1"),
             ("train.log_every_steps", lambda v: v >= 1, "must be >= 1"),
             ("train.checkpoint_every_steps", lambda v: v >= 1, "must be >= 1"),
             # Orbax keeps this many and deletes the rest: 0 would keep no checkpoint at all.
@@ -507,6 +514,20 @@ class Config:
                 "train.keep_checkpoints",
                 lambda v: v >= self.decode.average_last,
                 f"must be >= {flag('decode.average_last')}, the checkpoints averaged at the end",
+            ),
+            # Several steps a call act only between calls: each interval ends on a call's end.
+            *(
+                (
+                    name,
+                    lambda v: v % max(t.steps_per_call, 1) == 0,
+                    f"must be a multiple of {flag('train.steps_per_call')}",
+                )
+                for name in (
+                    "train.log_every_steps",
+                    "train.checkpoint_every_steps",
+                    "train.eval_every_steps",
+                    "train.stop_check_every_steps",
+                )
             ),
             # Steps checkpoint_every_steps apart and the last one are saved.
             (

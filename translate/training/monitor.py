@@ -183,9 +183,10 @@ class ThroughputWindow:
         self.first_step = step
         self.start = time.perf_counter()
 
-    def add(self, metrics: dict[str, Any], flops: float) -> None:
-        """One step's metrics (still on the device) and its model FLOPs on this host's rows."""
-        self.metrics.append(metrics)
+    def add(self, metrics: dict[str, Any], flops: float, steps: int = 1) -> None:
+        """One step's metrics (still on the device) and its model FLOPs on this host's rows; with
+        `steps` > 1, that many steps' metrics stacked on a leading axis and their FLOPs."""
+        self.metrics.append(metrics if steps == 1 else (steps, metrics))
         self.flops += flops
 
     def exclude(self, seconds: float) -> None:
@@ -193,8 +194,15 @@ class ThroughputWindow:
         self.start += seconds
 
     def fetch(self) -> list[dict[str, Any]]:
-        """The window's metrics on the host: the one host sync of a window."""
-        self.metrics = jax.device_get(self.metrics)
+        """The window's metrics on the host, one dict a step: the one host sync of a window."""
+        fetched = jax.device_get(self.metrics)
+        self.metrics = []
+        for entry in fetched:
+            if isinstance(entry, tuple):  # several steps' metrics, stacked
+                steps, stacked = entry
+                self.metrics.extend({k: v[i] for k, v in stacked.items()} for i in range(steps))
+            else:
+                self.metrics.append(entry)
         return self.metrics
 
     def summary(self, step: int, learning_rate: float) -> dict[str, float]:
@@ -381,14 +389,16 @@ class StepProfiler:
     def __init__(self, steps: tuple[int, int] | None, directory: pathlib.Path):
         self.steps, self.directory, self.tracing = steps, directory, False
 
-    def before(self, done: int) -> None:
-        if self.steps is not None and done + 1 == self.steps[0]:
+    def before(self, done: int, steps: int = 1) -> None:
+        """Before a call of `steps` steps, `done` steps done: starts the trace if the call
+        holds its first step."""
+        if self.steps is not None and done < self.steps[0] <= done + steps:
             # A Perfetto trace beside TensorBoard's: ui.perfetto.dev opens it with no install.
             jax.profiler.start_trace(str(self.directory), create_perfetto_trace=True)
             self.tracing = True
 
     def after(self, done: int, outputs: Any) -> None:
-        if self.tracing and done == self.steps[1]:
+        if self.tracing and done >= self.steps[1]:
             jax.block_until_ready(outputs)  # the trace holds the steps' device work, not dispatch
             self.close()
             log.info(

@@ -212,7 +212,12 @@ class Trainer:
         self.config, self.workdir, self.data = run.config, run.workdir, run.data
         t = run.config.train
         self.keys = dict(zip(("params", "dropout"), jax.random.split(jax.random.key(t.seed))))
-        self.steps: Steps = make_steps(run.config, run.data.tokenizer.vocab_size, run.mesh)
+        self.steps: Steps = make_steps(
+            run.config,
+            run.data.tokenizer.vocab_size,
+            run.mesh,
+            steps_per_call=run.config.train.steps_per_call,
+        )
         # Closed on every way out, an exception included: a save in flight is finished first,
         # so the checkpoint an error message calls intact is whole.
         self.grid = checkpoint.KeepOnGrid(
@@ -239,7 +244,7 @@ class Trainer:
         self.best: Any = None  # the best checkpoint's manager, with train.keep_best_by
         self.kept_bleu: float | None = None  # the dev BLEU of the checkpoint in best/
         self.profiler: StepProfiler | None = None
-        self.compiled = False  # whether the train step has been traced and compiled
+        self.compiled: dict[int, bool] = {}  # steps a call -> whether that program is compiled
 
     # Phase: restore or initialise.
 
@@ -381,34 +386,54 @@ class Trainer:
         return early_stop
 
     def take_step(self) -> None:
-        """Runs the jitted train step on the next batch and adds it to the throughput window."""
-        s = self.state
-        batch, s.position = next(self.batches)
-        self.profiler.before(s.step)
-        hits = 0 if self.compiled else cache_hits()
+        """Runs the jitted train step on the next batch, or on the next `train.steps_per_call`
+        batches in one call when the step count is a multiple of it and they fit before the
+        last step, and adds them to the throughput window."""
+        s, t = self.state, self.config.train
+        count = t.steps_per_call
+        if count == 1 or s.step % count or s.step + count > t.num_train_steps:
+            count = 1
+        batches = []
+        for _ in range(count):
+            batch, s.position = next(self.batches)
+            batches.append(batch)
+        self.profiler.before(s.step, count)
+        hits = 0 if self.compiled.get(count) else cache_hits()
         call_start = time.perf_counter()
-        placed = sharding.put_batch(batch, self.run.mesh)
-        if self.steps.packed_train_ema is None:
+        key = self.keys["dropout"]
+        if count > 1:  # several steps (and their moving averages) in one call
+            placed = sharding.put_batches(batches, self.run.mesh)
+            states = (s.params, s.opt_state) + (
+                () if self.steps.packed_train_ema is None else (s.ema,)
+            )
+            *states, metrics = self.steps.packed_train_many(*states, placed, s.step, key)
+            s.params, s.opt_state, *ema = states
+            s.ema = ema[0] if ema else s.ema
+        elif self.steps.packed_train_ema is None:
+            placed = sharding.put_batch(batches[0], self.run.mesh)
             s.params, s.opt_state, metrics = self.steps.packed_train(
-                s.params, s.opt_state, placed, s.step, self.keys["dropout"]
+                s.params, s.opt_state, placed, s.step, key
             )
         else:  # the step and the moving average's update in one call
+            placed = sharding.put_batch(batches[0], self.run.mesh)
             s.params, s.opt_state, s.ema, metrics = self.steps.packed_train_ema(
-                s.params, s.opt_state, s.ema, placed, s.step, self.keys["dropout"]
+                s.params, s.opt_state, s.ema, placed, s.step, key
             )
-        if not self.compiled:
+        if not self.compiled.get(count):
             # The first call traces and compiles before it dispatches: time that is not
             # training speed, said once and kept out of the first window's clock.
-            self.compiled = True
+            self.compiled[count] = True
             compile_seconds = time.perf_counter() - call_start
             found = cache_hits() - hits
             cached = f" ({found} program(s) read from the persistent compilation cache)"
             cached = cached if found else ""
-            log.info("compiled the train step in %.1f s%s", compile_seconds, cached)
+            what = "the train step" if count == 1 else f"the train steps, {count} a call,"
+            log.info("compiled %s in %.1f s%s", what, compile_seconds, cached)
             self.window.exclude(compile_seconds)
         vocab_size = self.data.tokenizer.vocab_size
-        self.window.add(metrics, train_flops(self.config.model, vocab_size, *batch_lengths(batch)))
-        s.step += 1
+        flops = sum(train_flops(self.config.model, vocab_size, *batch_lengths(b)) for b in batches)
+        self.window.add(metrics, flops, count)
+        s.step += count
         self.profiler.after(s.step, (s.params, metrics))
 
     # The periodic actions.
