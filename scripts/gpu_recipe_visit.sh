@@ -13,6 +13,7 @@
 #   4. The ensemble's val decoding again, against the cache the first run filled: the warm
 #      second translate-evaluate, its wall time and how many programs it read from the cache.
 # Steps 2 and 4 count what JAX traced and compiled (jax_log_compiles) in their logs.
+# RECIPE_ARGS: flags for both trainings of step 1 (RECIPE_ARGS=--config.train.steps_per_call=5).
 # VISIT_LIMIT (seconds, default 575): steps 2-4 each get only the time left before it, and
 # are skipped with under 10 s, so that the files below are always written inside the command's
 # limit. OUT_DIR gets log.txt (the lines a person reads, each step's wall time and exit status)
@@ -61,7 +62,8 @@ timed() {  # NAME SECONDS COMMAND...: runs it under the time left, logs its exit
 
 # 1. The recipe from a fresh cache (the default cache location, emptied: as on a new machine).
 export TRANSLATE_COMPILATION_CACHE=$W/cache
-timed recipe "$(left)" bash scripts/multi30k_gpu_ensemble.sh "$W/ens" "${EXTRA[@]}"
+# shellcheck disable=SC2086  # RECIPE_ARGS: several flags, split on spaces
+timed recipe "$(left)" bash scripts/multi30k_gpu_ensemble.sh "$W/ens" "${EXTRA[@]}" ${RECIPE_ARGS:-}
 tail -n 6 "$W/recipe.log" | tee -a "$LOG"
 for seed in 0 1; do
     grep -h -E "compiled|steps/s" "$W/ens/s$seed.log" | head -n 4 | sed "s/^/s$seed: /" >>"$LOG"

@@ -28,6 +28,7 @@
 # Needs, carried: .whl/ (scripts/fetch_gpu_wheels.sh), data/multi30k, and gpu_data/ with
 # opennmt_toy_ende/ and the vocabularies news37k.model and multi30k8k.model (trained here, so
 # that the GPU machine trains none; scripts/gpu_lease.sh's header says how).
+# ONLY=NAME,NAME,... runs those alone (ONLY=base,base_bf16_logits,base_rbg: base's knobs).
 # KNOBS_LIMIT (seconds, default 480): each run gets at most the time left before it, and one
 # with under 30 s left is skipped, so that the table is printed inside the lease's limit.
 # SMOKE=1 shrinks every shape: the whole script on a CPU in a few minutes.
@@ -75,6 +76,9 @@ fi
 bench() {  # NAME SECONDS ARGS...
     local name=$1 budget=$2
     shift 2
+    if [ -n "${ONLY:-}" ] && [[ ",$ONLY," != *",$name,"* ]]; then
+        return
+    fi
     [ "${SMOKE:-0}" = 1 ] && budget=$((budget * 5))  # a CPU compiles and tokenizes slower
     local left=$((KNOBS_LIMIT - ($(date +%s) - T0)))
     if [ "$left" -lt 30 ]; then
