@@ -259,6 +259,20 @@ def test_a_run_with_two_steps_a_call_trains_what_single_steps_train(config, tmp_
     same([paired[k] for k in (2, 6)], [single[k] for k in (2, 6)])  # the same windows
 
 
+def test_the_profiler_traces_the_calls_that_hold_its_steps(monkeypatch, tmp_path):
+    """With several steps a call, steps 3 to 5 of train.profile_steps fall inside calls: the
+    trace starts before the call holding step 3 and stops after the one holding step 5."""
+    said = []
+    monkeypatch.setattr(jax.profiler, "start_trace", lambda *a, **k: said.append("start"))
+    monkeypatch.setattr(jax.profiler, "stop_trace", lambda: said.append("stop"))
+    profiler = monitor.StepProfiler((3, 5), tmp_path)
+    for done in (0, 2, 4, 6):  # calls of steps 1-2, 3-4, 5-6, 7-8
+        profiler.before(done, 2)
+        said.append(done + 2)
+        profiler.after(done + 2, None)
+    assert said == [2, "start", 4, 6, "stop", 8]
+
+
 def test_intervals_off_the_steps_per_call_are_refused_by_name(config):
     config.train.steps_per_call = 4
     config.train.log_every_steps = 6
