@@ -212,6 +212,7 @@ def test_stopped_and_resumed_run_matches_uninterrupted_run(config, tmp_path):
             np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
+@pytest.mark.slow  # three runs of the tiny config: kept out of the default run's 10 minutes
 def test_a_run_with_two_steps_a_call_trains_what_single_steps_train(config, tmp_path, caplog):
     """train.steps_per_call: the trainer runs two steps a call where the step count allows it
     and single steps elsewhere (a remainder at the end, a resume off the grid: here 0-2 in one
