@@ -30,6 +30,7 @@ def run_benchmark(argv: list[str], out) -> dict:
     return json.loads(out.read_text())
 
 
+@pytest.mark.slow  # 20-30 s of compilations; the decoding test stays in the default run
 def test_steady_state_mode_reports_its_rounds_and_the_host_time_per_step(files, tmp_path):
     argv = ["--config=tiny", f"--src={files}/src.txt", f"--tgt={files}/tgt.txt"]
     argv += [f"--vocab={files}/vocab.model", "--batch_tokens=512", "--steps=3", "--warmup=1"]
@@ -61,6 +62,7 @@ def test_an_untrained_model_decodes_with_a_vocabulary_and_no_parallel_text(files
     assert r["decode_sentences"] == 4 and r["decode_model"].startswith("untrained")
 
 
+@pytest.mark.slow  # 44 s of compilations (five tiny steps); the steady-state test stays
 def test_variants_and_several_steps_per_call_are_timed_per_step_in_turn(files, tmp_path):
     # One run for both (each costs a benchmark's compilations): --variant times the config's
     # step and each variant's in turn; --steps_per_call=2 runs two steps a call, with the moving

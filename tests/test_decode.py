@@ -146,6 +146,7 @@ def test_beam_scores_are_length_normalised_log_probabilities():
         assert np.all(np.diff(np.asarray(scores[b])) <= 0), "hypotheses are sorted best first"
 
 
+@pytest.mark.slow  # 15 s; the beam's other properties stay in the default run
 def test_beam_search_scores_at_least_as_well_as_greedy():
     graphdef, params = make_model()
     src = sources()

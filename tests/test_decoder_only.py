@@ -145,6 +145,7 @@ def test_greedy_search_equals_rerunning_the_full_forward_pass():
     assert [strip(r) for r in np.asarray(tokens)] == expected
 
 
+@pytest.mark.slow  # 15 s; the encoder-decoder's twin (test_forced) runs by default
 def test_beam_hypotheses_score_their_full_forward_log_probability():
     # With alpha 0 a finished hypothesis's score is its log-probability; the full forward pass
     # must give the same. A cache row left with the wrong hypothesis would break this.

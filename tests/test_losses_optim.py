@@ -143,6 +143,7 @@ def synthetic_batch(config: Config, mesh):
     return make_batch(corpus, plan_epoch(corpus, layout, 0, 0)[0], layout)
 
 
+@pytest.mark.slow  # 30 s: the GPU's default residual, trained by `pytest -m gpu`
 def test_the_two_loss_residuals_give_the_same_training_step_on_the_cpu():
     # The GPU's default ("logits") against the CPU's ("exp"), through the trainer's own step:
     # equal up to float32 rounding, in the loss and in every parameter after the update.
@@ -161,6 +162,7 @@ def test_the_two_loss_residuals_give_the_same_training_step_on_the_cpu():
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.slow  # 20 s; the product's rounding in both passes is tested in test_model
 def test_bfloat16_products_give_a_nearby_training_step():
     # model.matmul_dtype=bfloat16 through the trainer's own step: the loss and gradient norm
     # within bfloat16's rounding of float32's, and not equal to them (the products did round).

@@ -165,6 +165,7 @@ def attention_and_feed_forward(**rates):
     )
 
 
+@pytest.mark.slow  # 18 s, options no recipe uses; rates of 0 are tested by default
 def test_attention_and_activation_dropout_keep_the_mean_and_leave_evaluation_alone():
     """Inverted dropout inside a sub-layer: unbiased in training, absent without a key."""
     attention, feed_forward = attention_and_feed_forward(

@@ -59,3 +59,16 @@ def test_report_txt_says_the_beam_stopping_rule_and_an_old_report_stopped_exactl
         "decoding  beam 1, length penalty 0.6, at most"
         in (tmp_path / "greedy" / "report.txt").read_text()
     )
+
+
+def test_a_report_names_the_machine_it_decoded_on(tmp_path):
+    """The processor and CPU count: a CPU run rounds, and so trains and scores, by them."""
+    facts = report_module.host()
+    assert facts["cpu"] and facts["cpus"] >= 1
+    report = a_report(git=None, host={"cpu": "Some CPU(R) 9000", "cpus": 2})
+    report_module.write_report(tmp_path, report, ["the cat sleeps ."], ["x"], ["y"])
+    text = (tmp_path / "report.txt").read_text()
+    assert "sentences in 0.5 s on cpu (Some CPU(R) 9000, 2 CPUs); compiling" in text
+    older = a_report(git=None)  # written before the host was recorded
+    report_module.write_report(tmp_path, older, ["the cat sleeps ."], ["x"], ["y"])
+    assert "sentences in 0.5 s on cpu; compiling" in (tmp_path / "report.txt").read_text()

@@ -30,7 +30,15 @@ def sampled(settings, src, lines, prefix=None, model=None):
     return np.asarray(tokens), np.asarray(scores)
 
 
-@pytest.mark.parametrize("method", ["ancestral", "topk", "topp", "epsilon"])
+# Each method costs three compilations of the search; one of the four in the default run (the
+# streams that make a line's samples its own are the same for every method).
+SLOW = pytest.mark.slow
+
+
+@pytest.mark.parametrize(
+    "method",
+    ["ancestral", *(pytest.param(m, marks=SLOW) for m in ("topk", "topp", "epsilon"))],
+)
 def test_a_line_draws_the_same_samples_alone_or_in_any_batch(method):
     settings = DecodeSettings(
         beam_size=1,
@@ -166,9 +174,15 @@ def test_a_prefix_search_continues_as_one_forced_step_at_a_time_would(name):
     [
         DecodeSettings(beam_size=1),
         DecodeSettings(beam_size=3, nbest=3),
-        DecodeSettings(beam_size=3, beam_stop="finished", nbest=2),
-        DecodeSettings(beam_size=1, sampling="ancestral", num_candidates=5, temperature=2.0),
-        DecodeSettings(beam_size=1, sampling="topk", top_k=3, num_candidates=5),
+        # Two searches of each kind of ensemble in the default run; these three are slow.
+        pytest.param(DecodeSettings(beam_size=3, beam_stop="finished", nbest=2), marks=SLOW),
+        pytest.param(
+            DecodeSettings(beam_size=1, sampling="ancestral", num_candidates=5, temperature=2.0),
+            marks=SLOW,
+        ),
+        pytest.param(
+            DecodeSettings(beam_size=1, sampling="topk", top_k=3, num_candidates=5), marks=SLOW
+        ),
     ],
     ids=["greedy", "beam n-best", "beam finished", "ancestral", "top-k"],
 )
@@ -227,6 +241,7 @@ def workdir(tiny_run, tmp_path_factory):
 SAMPLE = ["--sampling=ancestral", "--temperature=2.0", "--num_candidates=4", "--seed=7"]
 
 
+@pytest.mark.slow  # 35 s; a line's samples alone or in any batch stay in the default run
 def test_samples_do_not_depend_on_batches_in_flight_or_where_the_input_was_cut(
     workdir, tmp_path, varied_outputs
 ):
@@ -308,6 +323,7 @@ def test_mbr_output_is_the_mbr_choice_among_the_printed_candidates(
     assert all(0.0 <= u <= 100.0 for u in utilities)
 
 
+@pytest.mark.slow  # 25 s; the search's prefixes and the file's refusals stay by default
 def test_prefixes_start_the_outputs_and_an_empty_line_has_none(workdir, tmp_path, varied_outputs):
     prefixes = tmp_path / "prefixes.txt"
     wanted = ["the small", "", "a", "the old woman", "", "dog"]

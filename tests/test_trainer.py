@@ -139,7 +139,8 @@ def test_short_train_and_evaluate_writes_report(config, tmp_path):
     assert checkpoint.latest_step(Workdir(tmp_path).checkpoints) == 6
 
 
-@pytest.mark.parametrize("ema_decay", [0.0, 0.9])
+# Without the moving average is slow: 0.9 runs the same steps and the average's scan besides.
+@pytest.mark.parametrize("ema_decay", [pytest.param(0.0, marks=pytest.mark.slow), 0.9])
 def test_the_trainers_step_and_several_steps_per_call_compute_the_single_steps(config, ema_decay):
     # With train.ema_decay the trainer calls one program a step (steps.packed_train_ema): it
     # must compute bit for bit what the step and then the average's own update (steps.ema) do.

@@ -7,6 +7,7 @@ import at all (scripts/gpu_check.py on a bare machine).
 from __future__ import annotations
 
 import importlib.metadata
+import os
 import pathlib
 import platform
 import subprocess
@@ -63,3 +64,25 @@ def package_versions() -> dict[str, str | None]:
         except importlib.metadata.PackageNotFoundError:
             versions[name] = None
     return versions
+
+
+def host() -> dict[str, Any]:
+    """The machine's processor and how many CPUs this process may use.
+
+    A CPU run's numbers depend on them: XLA compiles for the processor's instruction set, so
+    another processor (or another thread count) rounds differently and trains another model
+    from the same seed, and it sets the speed. `cpu` is Linux's model name (/proc/cpuinfo),
+    else what `platform.processor()` says, else the architecture.
+    """
+    name = ""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            line = next((line for line in f if line.startswith("model name")), "")
+        name = line.partition(":")[2].strip()
+    except OSError:
+        pass
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not on Linux
+        cpus = os.cpu_count() or 0
+    return {"cpu": name or platform.processor() or platform.machine(), "cpus": cpus}

@@ -24,7 +24,7 @@ from translate.data.tokenizer import Tokenizer
 from translate.decoding import scoring
 from translate.decoding.sentences import DecodeTimes, translate_sentences
 from translate.decoding.settings import DecodeSettings
-from translate.provenance import git_commit, package_versions
+from translate.provenance import git_commit, host, package_versions
 from translate.workdir import Workdir
 
 
@@ -42,12 +42,13 @@ def sha256_of_file(path: str | pathlib.Path) -> str:
 
 
 def provenance(config: Config, params: tuple) -> dict[str, Any]:
-    """What produced a report: code, packages, devices, config and model size."""
+    """What produced a report: code, packages, devices, host, config and model size."""
     return {
         "git": git_commit(),
         "packages": package_versions(),
         "platform": jax.default_backend(),
         "num_devices": jax.device_count(),
+        "host": host(),
         "config": config.to_dict(),
         # Per model of an ensemble.
         "num_parameters": [
@@ -115,6 +116,13 @@ def example_indices(num_sentences: int, num_examples: int) -> list[int]:
     return [i * num_sentences // num_examples for i in range(num_examples)]
 
 
+def host_text(facts: dict[str, Any] | None) -> str:
+    """`` (Intel(R) Xeon(R) Processor, 2 CPUs)`` for report.txt; nothing for an older report."""
+    if not facts:
+        return ""
+    return f" ({facts['cpu']}, {facts['cpus']} CPU{'' if facts['cpus'] == 1 else 's'})"
+
+
 def write_report(
     out_dir: str | pathlib.Path,
     report: dict[str, Any],
@@ -169,7 +177,8 @@ def write_report(
         + f"at most source length + {report['max_extra_len']} tokens",
         f"speed     {report['sentences_per_second']:.1f} sentences/s: "
         f"{report['num_sentences']} sentences in {report['decode_seconds']:.1f} s on "
-        f"{report['device']}; compiling {report['num_batch_shapes']} batch "
+        f"{report['device']}{host_text(report.get('host'))}; compiling "
+        f"{report['num_batch_shapes']} batch "
         f"shape{'' if report['num_batch_shapes'] == 1 else 's'} took "
         f"{report['compile_seconds']:.1f} s more"
         # Reports written before the count was kept say nothing of the cache.

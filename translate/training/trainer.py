@@ -39,6 +39,7 @@ from translate.decoding.settings import decode_settings
 from translate.devices import DeviceFacts, cpu_warning, published_peak
 from translate.models.factory import resolve_model_attention, resolve_model_dtype
 from translate.models.flops import batch_lengths, train_flops
+from translate.provenance import host
 from translate.trained import mean_params, write_params_workdir
 from translate.training.monitor import (
     DevBleuHistory,
@@ -165,15 +166,17 @@ def open_run(config: Config, workdir: Workdir, force: bool, stop: StopSignal | N
     if not force:
         warn_of_schedule_change(config, workdir)
 
-    mesh = sharding.make_mesh()
+    mesh, machine = sharding.make_mesh(), host()
     log.info(
-        "mesh: %d devices (%s, %s) on %d hosts; compute %s, %s attention",
+        "mesh: %d devices (%s, %s) on %d hosts; compute %s, %s attention; host %s, %d CPUs",
         mesh.size,
         facts.platform,
         facts.kind,
         jax.process_count(),
         jnp.dtype(dtype).name,
         attention,
+        machine["cpu"],
+        machine["cpus"],
     )
     if warning := cpu_warning(config, facts):
         log.warning("WARNING: %s", warning)
