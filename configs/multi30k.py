@@ -15,11 +15,12 @@ or more (BENCHMARKS.md, "Multi30k recipe search"; the seed alone moves val by up
 1,014 val sentences 41.62 and 41.25 for seeds 0 and 1, against 40.52 and 40.55 with dropout 0.2
 and weight decay 0.2 (issue 39, fifteenth round); seed 2, run afterwards, scored 40.04.
 
-Expect 25-30 minutes for the whole command on 2 CPU cores on a slow day (from a fresh clone at a
+Expect 25-35 minutes for the whole command on 2 CPU cores on a slow day (from a fresh clone at a
 float32 matmul of 174-205 GFLOP/s: 24 min 40 s at `63d273c`; 29 min 47 s and 29 min 19 s on
-another day at `b1afd33` and `6576d19`, the step 20% slower at the same matmul rate), and
-test2016 sacreBLEU
-40.28 / 40.77 / 40.17 for seeds 0-2 (mean 40.41; 1,000 sentences, beam 4, alpha 1.2).
+another day at `b1afd33` and `6576d19`, the step 20% slower at the same matmul rate; 35 min 3 s
+at `370a054` on an Intel Xeon, 2026-11-28), and test2016 sacreBLEU
+40.28 / 40.77 / 40.17 for seeds 0-2 (mean 40.41; 1,000 sentences, beam 4, alpha 1.2; seed 0
+scored 40.74 on the Xeon: another processor rounds otherwise and trains another model).
 Without AVX512-BF16 the bfloat16 products may be slower than float32:
 `--config.model.matmul_dtype=compute` turns them off (docs/speed.md).
 The steps fit in the time also because the train step no longer hands its memory back to the
@@ -61,7 +62,7 @@ def get_config() -> Config:
     # steps val mean 41.57 in 32.5 min (too long), 6,600 steps 41.08 (docs/benchmarks/
     # multi30k-recipe.md, issue 58's fourth and fifth sessions). With model.dropout_bits=hash
     # (x0.955 the step), 7,600 steps: val mean 41.61, test2016 40.40, 27:07 alone with a warm
-    # cache; not adopted until a fresh clone's timing on a slow day (eighth session).
+    # cache; from a fresh clone 32 min 22 s on a slow day: over 30, not adopted (ninth session).
     config.train.num_train_steps = 7200
     config.train.warmup_steps = 800
     # Peak learning rate 4e-3 (d_model^-0.5 * warmup^-0.5 * 1.28), then linearly to 0.
