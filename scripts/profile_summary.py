@@ -3,11 +3,20 @@
     python -m scripts.profile_summary DIR [--top=30] [--json=PATH]
 
 DIR is a `jax.profiler.trace(DIR, create_perfetto_trace=True)` directory (scripts/benchmark.py
---profile=DIR writes one); the newest `perfetto_trace.json.gz` under it is read. Events on a
-device's streams (process names holding "/device:") are summed by op name; on a machine with no
-device process (a CPU run) every complete event is summed instead, host threads included. The
-table gives each name's total, share of the summed time, calls and mean; it uses the standard
-library only, so it runs anywhere the trace file can be copied.
+--profile=DIR writes one); the newest `perfetto_trace.json.gz` under it is read. What is summed:
+- on a GPU, the events on the device's streams (process names holding "/device:");
+- on a CPU, the XLA ops on the host's threads: the events that name an `hlo_op`, which XLA
+  writes when `XLA_FLAGS` holds `--xla_cpu_enable_xprof_traceme=true` (benchmark.py --profile
+  sets it). The executor's own spans, Python's frames and the waits around them are left out:
+  they hold the ops' time again;
+- otherwise (a CPU trace without op names) every complete event, host threads included; the
+  summary says which of the three it is.
+Each event counts its own time: its duration less the events nested in it on its thread (a
+`while` op less its body's ops, a Python frame less its callees), so no time is counted twice.
+Two tables: by kind (an op's name less its number, `ynn_fusion.155` -> `ynn_fusion`: the
+products, the copies, each sort of fused loop) and the largest single ops, each with its total,
+share of the summed time, calls and mean. Standard library only, so it runs anywhere the trace
+file can be copied.
 """
 
 from __future__ import annotations
@@ -17,6 +26,7 @@ import collections
 import gzip
 import json
 import pathlib
+import re
 
 
 def find_trace(root: pathlib.Path) -> pathlib.Path:
@@ -31,7 +41,7 @@ def find_trace(root: pathlib.Path) -> pathlib.Path:
 
 
 def summarise(trace_path: pathlib.Path, top: int = 30) -> dict:
-    """Totals per op name on the device streams, in microseconds, largest first."""
+    """Time per op name and per kind (see above), in microseconds, largest first."""
     opener = gzip.open if trace_path.suffix == ".gz" else open
     with opener(trace_path, "rt", encoding="utf-8") as f:
         trace = json.load(f)
@@ -42,28 +52,45 @@ def summarise(trace_path: pathlib.Path, top: int = 30) -> dict:
         if e.get("ph") == "M" and e.get("name") == "process_name"
     }
     device_pids = {pid for pid, name in names.items() if "/device:" in name}
+    complete = [e for e in events if e.get("ph") == "X" and "dur" in e]
+    named_ops = not device_pids and any(is_xla_op(e) for e in complete)
     threads = {
         (e["pid"], e["tid"]): e.get("args", {}).get("name", "")
         for e in events
         if e.get("ph") == "M" and e.get("name") == "thread_name"
     }
+    kept = [
+        e
+        for e in complete
+        if (not device_pids or e.get("pid") in device_pids) and (not named_ops or is_xla_op(e))
+    ]
     per_thread: collections.Counter[str] = collections.Counter()
     totals: collections.Counter[str] = collections.Counter()
     calls: collections.Counter[str] = collections.Counter()
     first, last = None, None
-    for e in events:
-        if e.get("ph") != "X" or "dur" not in e:
-            continue
-        if device_pids and e.get("pid") not in device_pids:
-            continue
-        totals[e["name"]] += float(e["dur"])
+    for e, own in zip(kept, self_times(kept)):
+        totals[e["name"]] += own
         where = f"{names.get(e['pid'], e['pid'])} / {threads.get((e['pid'], e.get('tid')), '')}"
-        per_thread[where] += float(e["dur"])
+        per_thread[where] += own
         calls[e["name"]] += 1
         start, end = float(e["ts"]), float(e["ts"]) + float(e["dur"])
         first = start if first is None else min(first, start)
         last = end if last is None else max(last, end)
     summed = sum(totals.values())
+    kinds: collections.Counter[str] = collections.Counter()
+    kind_calls: collections.Counter[str] = collections.Counter()
+    for name, us in totals.items():
+        kinds[op_kind(name)] += us
+        kind_calls[op_kind(name)] += calls[name]
+    by_kind = [
+        {
+            "kind": kind,
+            "total_us": round(us, 1),
+            "share": us / summed if summed else 0.0,
+            "calls": kind_calls[kind],
+        }
+        for kind, us in kinds.most_common(top)
+    ]
     rows = [
         {
             "name": name,
@@ -77,13 +104,54 @@ def summarise(trace_path: pathlib.Path, top: int = 30) -> dict:
     return {
         "trace": str(trace_path),
         "device_processes": sorted(names[p] for p in device_pids),
+        "scope": (
+            "device streams"
+            if device_pids
+            else "XLA ops on the host's threads"
+            if named_ops
+            else "every event, host threads included"
+        ),
         "summed_us": round(summed, 1),
         "span_us": round(last - first, 1) if first is not None else 0.0,
         "distinct_ops": len(totals),
         "op_calls": sum(calls.values()),
         "per_thread_us": {k: round(v, 1) for k, v in per_thread.most_common(12)},
+        "kinds": by_kind,
         "top": rows,
     }
+
+
+def self_times(events: list[dict]) -> list[float]:
+    """Each event's duration less the events nested in it on its own thread (microseconds).
+
+    A CPU op that runs others (XLA's `while` and `call` thunks, the body's ops inside them) and a
+    host span around its callees would otherwise count the same time twice.
+    """
+    own = [float(e["dur"]) for e in events]
+    by_thread: dict = collections.defaultdict(list)
+    for i, e in enumerate(events):
+        by_thread[(e.get("pid"), e.get("tid"))].append(i)
+    for indices in by_thread.values():
+        indices.sort(key=lambda i: (float(events[i]["ts"]), -float(events[i]["dur"])))
+        open_spans: list[tuple[float, int]] = []  # (end, index), innermost last
+        for i in indices:
+            start = float(events[i]["ts"])
+            end = start + float(events[i]["dur"])
+            while open_spans and open_spans[-1][0] <= start:
+                open_spans.pop()
+            if open_spans and end <= open_spans[-1][0]:
+                own[open_spans[-1][1]] -= float(events[i]["dur"])
+            open_spans.append((end, i))
+    return own
+
+
+def is_xla_op(event: dict) -> bool:
+    return "hlo_op" in event.get("args", {})
+
+
+def op_kind(name: str) -> str:
+    """An op's name less its number: `ynn_fusion.155` and `ynn_fusion` -> `ynn_fusion`."""
+    return re.sub(r"\.\d+$", "", name)
 
 
 def print_summary(summary: dict) -> None:
@@ -93,8 +161,18 @@ def print_summary(summary: dict) -> None:
         f"{summary['span_us'] / 1e3:.1f} ms; {summary['distinct_ops']} distinct ops, "
         f"{summary.get('op_calls', 0)} calls"
     )
+    if "scope" in summary:
+        print(f"summed: {summary['scope']}")
     for where, us in summary["per_thread_us"].items():
         print(f"{us / 1e3:9.2f} ms  on {where}")
+    if summary.get("kinds"):
+        print("by kind (an op's name less its number):")
+        for row in summary["kinds"]:
+            print(
+                f"{row['total_us'] / 1e3:9.2f} ms {100 * row['share']:5.1f}% "
+                f"{row['calls']:6d} x  {row['kind'][:110]}"
+            )
+        print("largest ops:")
     for row in summary["top"]:
         print(
             f"{row['total_us'] / 1e3:9.2f} ms {100 * row['share']:5.1f}% "
