@@ -108,8 +108,6 @@ from translate.training.steps import Packed, make_steps
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
-# The XLA flag that makes a CPU's profiler trace name each op (scripts/profile_summary.py).
-TRACE_CPU_OPS = "--xla_cpu_enable_xprof_traceme=true"
 
 FLAGS = {
     "config": Flag("", "A config file or an example config's name (see translate-train --help)."),
@@ -153,17 +151,9 @@ FLAGS = {
     "profile": Flag(
         "",
         "After the timed steps, trace 5 more with jax.profiler into this directory and "
-        "print the time per op and per kind of op (scripts/profile_summary.py). Adds "
-        f"{TRACE_CPU_OPS} to XLA_FLAGS, so that a CPU's trace names each XLA op.",
+        "print the time per op and per kind of op (scripts/profile_summary.py).",
     ),
 }
-
-
-def name_cpu_ops_in_traces() -> None:
-    """Adds TRACE_CPU_OPS to XLA_FLAGS; XLA reads them when JAX first opens a backend."""
-    words = os.environ.get("XLA_FLAGS", "").split()
-    if not any(w.startswith(TRACE_CPU_OPS.split("=")[0]) for w in words):
-        os.environ["XLA_FLAGS"] = " ".join([*words, TRACE_CPU_OPS])
 
 
 def matmul_peak(dtype, accumulate=None) -> tuple[float, int]:
@@ -711,8 +701,6 @@ def benchmark_training_speed(flags: dict, config: Config, result: dict):
 def main(argv: list[str]) -> None:
     flags, overrides = parse_flags(argv, FLAGS, doc=__doc__)
     check_flags(flags)
-    if flags["profile"]:
-        name_cpu_ops_in_traces()  # before the first backend: environment() opens it
     config = load_config(flags["config"], overrides) if flags["config"] else None
     result = {"config": flags["config"], "overrides": overrides, **environment()}
 

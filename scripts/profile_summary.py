@@ -5,10 +5,9 @@
 DIR is a `jax.profiler.trace(DIR, create_perfetto_trace=True)` directory (scripts/benchmark.py
 --profile=DIR writes one); the newest `perfetto_trace.json.gz` under it is read. What is summed:
 - on a GPU, the events on the device's streams (process names holding "/device:");
-- on a CPU, the XLA ops on the host's threads: the events that name an `hlo_op`, which XLA
-  writes when `XLA_FLAGS` holds `--xla_cpu_enable_xprof_traceme=true` (benchmark.py --profile
-  sets it). The executor's own spans, Python's frames and the waits around them are left out:
-  they hold the ops' time again;
+- on a CPU, the XLA ops on the host's threads: the events that name an `hlo_op` (JAX 0.10's
+  CPU client writes one per op). The executor's own spans, Python's frames and the waits around
+  them are left out: they hold the ops' time again;
 - otherwise (a CPU trace without op names) every complete event, host threads included; the
   summary says which of the three it is.
 Each event counts its own time: its duration less the events nested in it on its thread (a

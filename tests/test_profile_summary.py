@@ -2,11 +2,8 @@
 
 import gzip
 import json
-import os
 
-import pytest
-
-from scripts import benchmark, profile_summary
+from scripts import profile_summary
 
 
 def write_trace(path, processes: dict[int, str], events: list[dict]):
@@ -79,19 +76,3 @@ def test_a_gpu_trace_sums_the_device_streams_alone(tmp_path):
     assert summary["scope"] == "device streams"
     assert {row["name"] for row in summary["top"]} == {"fusion.1", "gemm.4"}
     assert summary["summed_us"] == 20
-
-
-@pytest.mark.parametrize(
-    "before, after",
-    [
-        ("", benchmark.TRACE_CPU_OPS),
-        ("--xla_foo=1", f"--xla_foo=1 {benchmark.TRACE_CPU_OPS}"),
-        # A user's own setting of the flag is left as it is, whatever its value.
-        ("--xla_cpu_enable_xprof_traceme=false", "--xla_cpu_enable_xprof_traceme=false"),
-    ],
-)
-def test_profiling_asks_xla_to_name_cpu_ops_once(monkeypatch, before, after):
-    monkeypatch.setenv("XLA_FLAGS", before)
-    benchmark.name_cpu_ops_in_traces()
-    benchmark.name_cpu_ops_in_traces()
-    assert os.environ["XLA_FLAGS"] == after
