@@ -19,8 +19,9 @@ Expect 25-35 minutes for the whole command on 2 CPU cores on a slow day (from a 
 float32 matmul of 174-205 GFLOP/s: 24 min 40 s at `63d273c`; 29 min 47 s and 29 min 19 s on
 another day at `b1afd33` and `6576d19`, the step 20% slower at the same matmul rate; 35 min 3 s
 at `370a054` on an Intel Xeon, 2026-11-28), and test2016 sacreBLEU
-40.28 / 40.77 / 40.17 for seeds 0-2 (mean 40.41; 1,000 sentences, beam 4, alpha 1.2; seed 0
-scored 40.74 on the Xeon: another processor rounds otherwise and trains another model).
+40.28 / 40.77 / 40.17 for seeds 0-2 (mean 40.41; 1,000 sentences, beam 4, alpha 1.2). On the
+Xeon 40.74 / 40.53 / 40.43 (mean 40.57): another processor rounds otherwise and trains other
+models from the same seeds.
 Without AVX512-BF16 the bfloat16 products may be slower than float32:
 `--config.model.matmul_dtype=compute` turns them off (docs/speed.md).
 The steps fit in the time also because the train step no longer hands its memory back to the
