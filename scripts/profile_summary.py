@@ -42,8 +42,11 @@ def find_trace(root: pathlib.Path) -> pathlib.Path:
 def summarise(trace_path: pathlib.Path, top: int = 30) -> dict:
     """Time per op name and per kind (see above), in microseconds, largest first."""
     opener = gzip.open if trace_path.suffix == ".gz" else open
-    with opener(trace_path, "rt", encoding="utf-8") as f:
-        trace = json.load(f)
+    try:
+        with opener(trace_path, "rt", encoding="utf-8") as f:
+            trace = json.load(f)
+    except (OSError, EOFError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise SystemExit(f"{trace_path}: not a readable trace ({err})") from None
     events = trace["traceEvents"] if isinstance(trace, dict) else trace
     names = {
         e["pid"]: e.get("args", {}).get("name", "")
@@ -185,6 +188,8 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=30)
     parser.add_argument("--json", default="")
     args = parser.parse_args()
+    if args.top < 1:
+        parser.error(f"--top={args.top}: give 1 or more rows")
     summary = summarise(find_trace(pathlib.Path(args.dir)), args.top)
     print_summary(summary)
     if args.json:

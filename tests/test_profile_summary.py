@@ -3,6 +3,8 @@
 import gzip
 import json
 
+import pytest
+
 from scripts import profile_summary
 
 
@@ -76,3 +78,14 @@ def test_a_gpu_trace_sums_the_device_streams_alone(tmp_path):
     assert summary["scope"] == "device streams"
     assert {row["name"] for row in summary["top"]} == {"fusion.1", "gemm.4"}
     assert summary["summed_us"] == 20
+
+
+def test_a_damaged_trace_is_refused_with_its_name(tmp_path):
+    path = tmp_path / "perfetto_trace.json.gz"
+    with gzip.open(path, "wt") as f:
+        f.write("not json")
+    with pytest.raises(SystemExit, match="perfetto_trace.json.gz: not a readable trace"):
+        profile_summary.summarise(path)
+    path.write_text("not gzip either")
+    with pytest.raises(SystemExit, match="not a readable trace"):
+        profile_summary.summarise(path)
