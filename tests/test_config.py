@@ -78,6 +78,7 @@ BAD_VALUES = [
     ("train.weight_decay", "1.0"),
     ("train.weight_decay", "nan"),
     ("train.label_smoothing", "inf"),
+    ("train.optimizer", "sgd"),
     ("train.grad_accum_steps", "0"),
     ("train.grad_accum_steps", "98"),  # 25,000 // 256 = 97 rows, one per micro-batch at least
     ("train.seed", "-1"),

@@ -137,6 +137,12 @@ class TrainConfig:
     # After warm-up: "rsqrt" (the paper's step^-0.5), or "linear" or "cosine" from the same peak
     # towards 0 at num_train_steps, which helps runs too short for rsqrt to have fallen far.
     lr_decay: str = "rsqrt"
+    # "adam": the paper's Adam (AdamW with train.weight_decay) for every parameter. "muon": Muon
+    # (Jordan et al. 2024: momentum orthogonalised by Newton-Schulz iterations) for every linear
+    # layer's kernel, its update scaled to AdamW's RMS (Liu et al. 2025) so that the same
+    # learning rate and weight decay apply, and that Adam for the embedding, biases and
+    # LayerNorms (training/optim.py). A run cannot switch it when it resumes.
+    optimizer: str = "adam"
     # Adam hyper-parameters (Sec. 5.3).
     adam_beta1: float = 0.9
     adam_beta2: float = 0.98
@@ -431,6 +437,7 @@ class Config:
                 lambda v: t.lr_decay == "rsqrt" or v < t.num_train_steps,
                 f"must be below {flag('train.num_train_steps')} when {flag('train.lr_decay')}",
             ),
+            ("train.optimizer", lambda v: v in ("adam", "muon"), "must be 'adam' or 'muon'"),
             # Adam divides by (1 - beta^t) and by sqrt(v) + eps (Sec. 5.3).
             ("train.adam_beta1", lambda v: 0.0 <= v < 1.0, "must be in [0, 1)"),
             ("train.adam_beta2", lambda v: 0.0 <= v < 1.0, "must be in [0, 1)"),

@@ -101,6 +101,12 @@ def check_config(config: Config, workdir: Workdir, force: bool) -> None:
                 f"config.train.weight_decay = {saved['train']['weight_decay']}, now "
                 f"{now['train']['weight_decay']} (the optimizer's state differs with it on)"
             )
+        # Muon keeps a momentum where Adam keeps two moments: another state again.
+        if saved["train"]["optimizer"] != now["train"]["optimizer"]:
+            differ.append(
+                f"config.train.optimizer = {saved['train']['optimizer']}, now "
+                f"{now['train']['optimizer']} (the optimizer's state differs)"
+            )
         if differ:
             raise ValueError(
                 f"{workdir.path} was created with {'; '.join(differ)}: use a fresh --workdir, "
