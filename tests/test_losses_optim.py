@@ -143,18 +143,27 @@ def synthetic_batch(config: Config, mesh):
     return make_batch(corpus, plan_epoch(corpus, layout, 0, 0)[0], layout)
 
 
+def first_step(config: Config) -> tuple:
+    """The trainer's own first step on `synthetic_batch`, from the parameters of key 0:
+    (parameters before, parameters after, metrics), on the host."""
+    mesh = sharding.make_mesh()
+    steps = make_steps(config, 64, mesh)
+    params, opt_state = steps.init(jax.random.key(0))
+    before = jax.device_get(params)
+    batch = sharding.put_batch(synthetic_batch(config, mesh), mesh)
+    params, _, metrics = steps.train(params, opt_state, batch, 0, jax.random.key(1))
+    return before, jax.device_get(params), jax.device_get(metrics)
+
+
 @pytest.mark.slow  # 30 s: the GPU's default residual, trained by `pytest -m gpu`
 def test_the_two_loss_residuals_give_the_same_training_step_on_the_cpu():
     # The GPU's default ("logits") against the CPU's ("exp"), through the trainer's own step:
     # equal up to float32 rounding, in the loss and in every parameter after the update.
-    config, mesh = tiny_config(), sharding.make_mesh()
+    config = tiny_config()
     out = {}
     for keep in ("exp", "logits"):
         config.train.loss_keep = keep
-        steps = make_steps(config, 64, mesh)
-        params, opt_state = steps.init(jax.random.key(0))
-        batch = sharding.put_batch(synthetic_batch(config, mesh), mesh)
-        params, _, metrics = steps.train(params, opt_state, batch, 0, jax.random.key(1))
+        _, params, metrics = first_step(config)
         out[keep] = (params, metrics)
     np.testing.assert_allclose(out["exp"][1]["loss_sum"], out["logits"][1]["loss_sum"], rtol=1e-6)
     np.testing.assert_allclose(out["exp"][1]["grad_norm"], out["logits"][1]["grad_norm"], rtol=1e-5)
@@ -166,15 +175,11 @@ def test_the_two_loss_residuals_give_the_same_training_step_on_the_cpu():
 def test_bfloat16_products_give_a_nearby_training_step():
     # model.matmul_dtype=bfloat16 through the trainer's own step: the loss and gradient norm
     # within bfloat16's rounding of float32's, and not equal to them (the products did round).
-    config, mesh = tiny_config(), sharding.make_mesh()
+    config = tiny_config()
     out = {}
     for matmul in ("compute", "bfloat16"):
         config.model.matmul_dtype = matmul
-        steps = make_steps(config, 64, mesh)
-        params, opt_state = steps.init(jax.random.key(0))
-        batch = sharding.put_batch(synthetic_batch(config, mesh), mesh)
-        _, _, metrics = steps.train(params, opt_state, batch, 0, jax.random.key(1))
-        out[matmul] = jax.device_get(metrics)
+        out[matmul] = first_step(config)[2]
     a, b = out["compute"], out["bfloat16"]
     assert a["loss_sum"] != b["loss_sum"]
     np.testing.assert_allclose(b["loss_sum"], a["loss_sum"], rtol=1e-2)
@@ -185,18 +190,13 @@ def test_weight_decay_moves_matrices_by_learning_rate_times_decay_and_leaves_vec
     # AdamW (train.weight_decay) against Adam through the trainer's own step, from the same
     # parameters and batch: Adam's update is the same, and each matrix and embedding then
     # also moves by -lr * decay * itself (its value before the step); biases and LayerNorm do not.
-    config, mesh = tiny_config(), sharding.make_mesh()
+    config = tiny_config()
     decay = 0.5
     out = {}
     for wd in (0.0, decay):
         config.train.weight_decay = wd
-        steps = make_steps(config, 64, mesh)
-        params, opt_state = steps.init(jax.random.key(0))
-        before = jax.device_get(params)
-        batch = sharding.put_batch(synthetic_batch(config, mesh), mesh)
-        params, _, metrics = steps.train(params, opt_state, batch, 0, jax.random.key(1))
+        before, out[wd], metrics = first_step(config)
         assert metrics["nonfinite"] == 0
-        out[wd] = jax.device_get(params)
     lr = float(make_schedule(config)(0))
     assert lr > 0
     moved = 0

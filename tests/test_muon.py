@@ -4,8 +4,8 @@ import jax
 import numpy as np
 import pytest
 from conftest import tiny_config
-from test_losses_optim import synthetic_batch
-from test_regularisers import arrays
+from test_losses_optim import first_step
+from test_regularisers import resumes_bit_for_bit
 
 from translate import sharding
 from translate.training.opening import check_config
@@ -16,7 +16,6 @@ from translate.training.optim import (
     orthogonalize,
 )
 from translate.training.steps import make_steps
-from translate.training.trainer import train_and_evaluate
 from translate.workdir import Workdir, write_config
 
 
@@ -49,17 +48,12 @@ def test_muons_first_step_is_an_orthogonal_matrix_at_adamws_rate_and_adam_elsewh
     # Muon (no weight decay): every parameter Adam keeps moves as in the Adam run exactly; each
     # kernel moves by -lr * MUON_RMS * sqrt(max(fan_in, fan_out)) times a matrix whose singular
     # values are near 1.
-    config, mesh = tiny_config(), sharding.make_mesh()
+    config = tiny_config()
     out = {}
     for name in ("adam", "muon"):
         config.train.optimizer = name
-        steps = make_steps(config, 64, mesh)
-        params, opt_state = steps.init(jax.random.key(0))
-        before = jax.device_get(params)
-        batch = sharding.put_batch(synthetic_batch(config, mesh), mesh)
-        params, _, metrics = steps.train(params, opt_state, batch, 0, jax.random.key(1))
+        before, out[name], metrics = first_step(config)
         assert metrics["nonfinite"] == 0
-        out[name] = jax.device_get(params)
     lr = float(make_schedule(config)(0))
     labels = jax.tree.leaves(muon_params(before))
     leaves = zip(labels, *(jax.tree.leaves(t) for t in (before, out["adam"], out["muon"])))
@@ -95,10 +89,4 @@ def test_muon_resumes_bit_for_bit(config, tmp_path):
     momentum is checkpointed)."""
     config.train.optimizer = "muon"
     config.train.weight_decay = 0.1
-    train_and_evaluate(config, tmp_path / "straight")
-    config.train.num_train_steps = 3
-    train_and_evaluate(config, tmp_path / "resumed")
-    config.train.num_train_steps = 6
-    train_and_evaluate(config, tmp_path / "resumed")
-    for a, b in zip(arrays(tmp_path / "straight", "raw"), arrays(tmp_path / "resumed", "raw")):
-        np.testing.assert_array_equal(a, b)
+    resumes_bit_for_bit(config, tmp_path)

@@ -287,6 +287,12 @@ def test_adamw_resumes_bit_for_bit(config, tmp_path):
     """train.weight_decay: a run stopped at step 3 and resumed ends where an uninterrupted one
     does (AdamW's state is checkpointed)."""
     config.train.weight_decay = 0.1
+    resumes_bit_for_bit(config, tmp_path)
+
+
+def resumes_bit_for_bit(config, tmp_path):
+    """Trains the 6-step config straight, and stopped at step 3 then resumed: the parameters
+    must end equal."""
     train_and_evaluate(config, tmp_path / "straight")
     config.train.num_train_steps = 3
     train_and_evaluate(config, tmp_path / "resumed")
