@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Multi30k on one GPU as an ensemble: two seeds of configs/multi30k.py trained side by side on
-# the same GPU, then decoded together, as one command.
+# the same GPU, then decoded together, as one command. Each trains the CPU recipe as it was
+# when this script was measured, AdamW for 7,200 steps (the flags below, MEASURED), whatever
+# configs/multi30k.py sets later; Muon (train.optimizer=muon) has not run on a GPU.
 #
 #     bash scripts/multi30k_gpu_ensemble.sh WORKDIR [--config.x=y ...]
 #
@@ -47,11 +49,21 @@ for split in val test2016; do
 done
 mkdir -p "$WORK" || exit 2
 
+# The CPU recipe as measured here (header). A flag after WORKDIR for either field replaces
+# its value (--config.train.optimizer=muon).
+MEASURED=()
+for pinned in train.optimizer=adam train.num_train_steps=7200; do
+    given=0
+    for arg in "$@"; do
+        case $arg in --config.${pinned%%=*}=*) given=1 ;; esac
+    done
+    [ $given = 1 ] || MEASURED+=("--config.$pinned")
+done
 pids=()
 for seed in 0 1; do
     echo "training seed $seed in $WORK/s$seed (log: $WORK/s$seed.log)"
     $PY -m translate.train --config=configs/multi30k.py --workdir="$WORK/s$seed" \
-        --config.train.seed=$seed "$@" >>"$WORK/s$seed.log" 2>&1 &
+        --config.train.seed=$seed "${MEASURED[@]}" "$@" >>"$WORK/s$seed.log" 2>&1 &
     pids+=($!)
 done
 failed=0
