@@ -5,24 +5,24 @@
 
 Trains on train.{en,de}, evaluates on val during training and on test2016 at the end. 4 + 4
 pre-LayerNorm layers of d_model 128 (Wu et al. 2021's shape, 2.35M parameters), dropout 0.15,
-about 27 epochs in 7,200 steps of 2,048 token slots (rows of 48); the learning rate warms up to
-4e-3 over 800 steps and falls linearly to 0, with AdamW's weight decay 0.3
+about 19 epochs in 5,000 steps of 2,048 token slots (rows of 48); the learning rate warms up to
+4e-3 over 800 steps and falls linearly to 0; Muon (`train.optimizer=muon`, docs/training.md)
+moves the linear layers' kernels and AdamW the rest, both with weight decay 0.3
 (`train.weight_decay`). The products of the linear layers and the output projection take
 bfloat16 operands (`model.matmul_dtype`; float32 everywhere else), which makes the step 1.4x
-as fast on this project's CPU (AMD EPYC, AVX512-BF16), and the evaluations decode a moving
-average of the parameters (`train.ema_decay`). Chosen on the validation set only, on two seeds
-or more (BENCHMARKS.md, "Multi30k recipe search"; the seed alone moves val by up to 1.6): all
-1,014 val sentences 41.62 and 41.25 for seeds 0 and 1, against 40.52 and 40.55 with dropout 0.2
-and weight decay 0.2 (issue 39, fifteenth round); seed 2, run afterwards, scored 40.04.
+as fast on AVX512-BF16 CPUs, and the evaluations decode a moving average of the parameters
+(`train.ema_decay`). Chosen on the validation set only, on three seeds (BENCHMARKS.md, "Multi30k
+on two CPU cores"; the seed alone moves val by up to 1.6): all 1,014 val sentences 41.84 / 42.00
+/ 41.68 (mean 41.84) against 41.45 / 41.21 / 40.77 (mean 41.14) for the AdamW recipe of 7,200
+steps it replaced, on the same Intel Xeon (issue 58, eleventh to thirteenth sessions).
 
-Expect 25-35 minutes for the whole command on 2 CPU cores on a slow day (from a fresh clone at a
-float32 matmul of 174-205 GFLOP/s: 24 min 40 s at `63d273c`; 29 min 47 s and 29 min 19 s on
-another day at `b1afd33` and `6576d19`, the step 20% slower at the same matmul rate; 35 min 3 s
-at `370a054` on an Intel Xeon, 2026-11-28), and test2016 sacreBLEU
-40.28 / 40.77 / 40.17 for seeds 0-2 (mean 40.41; 1,000 sentences, beam 4, alpha 1.2). On the
-Xeon 40.74 / 40.53 / 40.43 (mean 40.57): another processor rounds otherwise and trains other
-models from the same seeds.
-Without AVX512-BF16 the bfloat16 products may be slower than float32:
+Expect about 30 minutes for the whole command on 2 CPU cores: 29 min 39 s from a fresh clone on
+the Xeon (2026-12-01, a float32 matmul of 246-249 GFLOP/s, 2.7-3.3 steps/s); in the slowest hour
+that processor has shown (136 GFLOP/s, 2.4-2.7 steps/s) about 34 minutes (an estimate from a
+stopped run). test2016 sacreBLEU 40.69 / 41.08 / 40.92 for seeds 0-2 (mean 40.90; 1,000
+sentences, beam 4, alpha 1.2), the Multi30k papers' lowercased tokenized BLEU 41.14 / 41.49 /
+41.31 (mean 41.31). Another processor rounds otherwise and trains other models from the same
+seeds. Without AVX512-BF16 the bfloat16 products may be slower than float32:
 `--config.model.matmul_dtype=compute` turns them off (docs/speed.md).
 The steps fit in the time also because the train step no longer hands its memory back to the
 kernel at every step (translate/devices.py, `keep_freed_memory`: 1.2x as fast).
@@ -64,7 +64,12 @@ def get_config() -> Config:
     # multi30k-recipe.md, issue 58's fourth and fifth sessions). With model.dropout_bits=hash
     # (x0.955 the step), 7,600 steps: val mean 41.61, test2016 40.40, 27:07 alone with a warm
     # cache; from a fresh clone 32 min 22 s on a slow day: over 30, not adopted (ninth session).
-    config.train.num_train_steps = 7200
+    # Muon for the linear layers (issue 58): at 7,200 steps val mean 42.09 against AdamW's 41.14
+    # (three seeds, Xeon), but a step x1.14-1.19; at 5,000 steps 41.84, at 4,000 40.97; with hash
+    # dropout bits at 4,800 steps 41.04 (thirteenth session). The AdamW recipe of 7,200 steps took
+    # 35 min 3 s from a fresh clone on that processor, 5,000 Muon steps 29 min 39 s.
+    config.train.optimizer = "muon"
+    config.train.num_train_steps = 5000
     config.train.warmup_steps = 800
     # Peak learning rate 4e-3 (d_model^-0.5 * warmup^-0.5 * 1.28), then linearly to 0.
     config.train.learning_rate_scale = 1.28

@@ -41,6 +41,7 @@ def get_config() -> Config:
     config.model.d_ff = 1024
     config.model.dropout_rate = 0.3
     config.data.tokens_per_batch = 4096
+    config.model.dropout_bits = "threefry"  # measured with it; hash bits on a GPU are untried
     config.train.optimizer = "adam"  # measured with Adam(W); Muon on a GPU is untried
     config.train.num_train_steps = 8000
     config.train.warmup_steps = 2000

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Multi30k on one GPU as an ensemble: two seeds of configs/multi30k.py trained side by side on
 # the same GPU, then decoded together, as one command. Each trains the CPU recipe as it was
-# when this script was measured, AdamW for 7,200 steps (the flags below, MEASURED), whatever
-# configs/multi30k.py sets later; Muon (train.optimizer=muon) has not run on a GPU.
+# when this script was measured, AdamW for 7,200 steps with threefry dropout bits (the flags
+# below, MEASURED), whatever configs/multi30k.py sets later; Muon (train.optimizer=muon) and hash
+# dropout bits have not run on a GPU.
 #
 #     bash scripts/multi30k_gpu_ensemble.sh WORKDIR [--config.x=y ...]
 #
@@ -52,7 +53,7 @@ mkdir -p "$WORK" || exit 2
 # The CPU recipe as measured here (header). A flag after WORKDIR for either field replaces
 # its value (--config.train.optimizer=muon).
 MEASURED=()
-for pinned in train.optimizer=adam train.num_train_steps=7200; do
+for pinned in train.optimizer=adam train.num_train_steps=7200 model.dropout_bits=threefry; do
     given=0
     for arg in "$@"; do
         case $arg in --config.${pinned%%=*}=*) given=1 ;; esac
