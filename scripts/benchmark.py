@@ -94,7 +94,7 @@ from translate.data.batching import BatchLayout, make_batch, plan_epoch
 from translate.data.corpus import tokenize_parallel
 from translate.data.text import ParallelText, read_lines, read_parallel, sample_sentences
 from translate.data.tokenizer import Tokenizer, train_tokenizer
-from translate.decoding import scoring
+from translate.decoding import metrics
 from translate.decoding.sentences import DecodeTimes, translate_sentences
 from translate.decoding.settings import decode_settings
 from translate.devices import published_peak, resolve_dtype
@@ -501,7 +501,7 @@ def benchmark_decoding(flags: dict, config: Config, graphdef, params, tokenizer)
 
 
 def score(hypotheses: list[str], references: list[str], config: Config) -> float:
-    return scoring.score(hypotheses, references, config.data.tgt_lang)["bleu"]
+    return metrics.score(hypotheses, references, config.data.tgt_lang)["bleu"]
 
 
 def exported_engines(flags: dict, config: Config, graphdef, params, tokenizer, tmp: str, out):

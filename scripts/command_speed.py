@@ -8,7 +8,7 @@ of --src and (b) the whole file, from the command line to the last line written:
   ours, cold   `translate-text --workdir=W` with an empty compilation cache (a new directory
                each time: every program traced and compiled);
   ours, warm   the same command again with the cache the cold run left (what a user's second
-               command meets; translate/compilation.py and translate/decoding/programs.py);
+               command meets; translate/compilation.py and translate/decoding/saved_searches.py);
   ctranslate2  a Python process that imports ctranslate2 and sentencepiece, loads the export
                of the same checkpoint (`translate-export --format=ctranslate2`, float32),
                tokenizes, translates with the workdir's beam size, length penalty and length

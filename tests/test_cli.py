@@ -26,7 +26,6 @@ ENTRY_POINTS = [
     "translate.train",
     "translate.evaluate",
     "translate.translate_text",
-    "translate.translate",
     "translate.sample",
     "translate.export",
     "scripts.average_checkpoints",

@@ -328,7 +328,7 @@ def test_argmax_is_the_first_index_of_the_maximum():
     x[1, [3, 7, 40]] = 9.0  # ties: the first wins, as in jnp.argmax
     x[2, :] = -1.0e9  # a row masked down to one value
     x[3, [0, 49]] = 9.0
-    token, best = search_module._argmax(jnp.asarray(x))
+    token, best = sampling_module.argmax(jnp.asarray(x))
     np.testing.assert_array_equal(token, np.argmax(x, axis=-1))
     np.testing.assert_array_equal(best, np.max(x, axis=-1))
 

@@ -13,7 +13,7 @@ from test_model import unpacked_batch
 from test_trainer import run_steps, tiny_batches
 
 from scripts import model_summary
-from translate import sharding, translate
+from translate import sharding, translate_text
 from translate.config import ModelConfig, load_config
 from translate.data.batching import Batch
 from translate.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
@@ -214,7 +214,7 @@ def test_a_run_resumes_bit_exactly_and_translates_from_averaged_checkpoints(conf
     # The translate command, n-best from the mean of the checkpoints at steps 3 and 6.
     source, target = tmp_path / "in.txt", tmp_path / "out.txt"
     source.write_text("the cat sleeps .\n\na man reads .\n", encoding="utf-8")
-    translate.main(
+    translate_text.main(
         [
             f"--workdir={tmp_path / 'straight'}",
             "--average=2",

@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from translate import get_data
+from translate import translate_data
 from translate.data import fetch
 
 TEXTS = {
@@ -103,11 +103,11 @@ def test_the_recorded_datasets_name_their_files_as_the_recipes_read_them():
 
 def test_the_command_names_what_is_missing(tmp_path):
     with pytest.raises(ValueError, match="give one dataset: multi30k or wmt_sample"):
-        get_data.main([f"--dir={tmp_path}"])
+        translate_data.main([f"--dir={tmp_path}"])
     with pytest.raises(ValueError, match="--dir is required"):
-        get_data.main(["multi30k"])
+        translate_data.main(["multi30k"])
     with pytest.raises(ValueError, match="nope: not a dataset here"):
-        get_data.main(["nope", f"--dir={tmp_path}"])
+        translate_data.main(["nope", f"--dir={tmp_path}"])
     (tmp_path / "afile").write_text("x")
     with pytest.raises(ValueError, match="is a file"):
-        get_data.main(["multi30k", f"--dir={tmp_path / 'afile'}"])
+        translate_data.main(["multi30k", f"--dir={tmp_path / 'afile'}"])

@@ -21,7 +21,7 @@ from translate.config import Config, ModelConfig
 from translate.data.batching import BatchLayout, make_batch, plan_epoch
 from translate.data.corpus import TokenizedCorpus
 from translate.data.tokenizer import EOS_ID, PAD_ID
-from translate.decoding import programs
+from translate.decoding import saved_searches
 from translate.decoding.search import beam_search, greedy_search
 from translate.decoding.sentences import Searches
 from translate.decoding.settings import decode_settings
@@ -287,7 +287,7 @@ def test_a_search_with_cudnn_attention_is_saved_and_read_back(trained, tmp_path)
     leaves = jax.tree.leaves(params)
     setup = compilation.Setup(tmp_path / "cache", "a-setup")
     setup.save(leaves, [[TRAIN_STEPS]], [])
-    made = programs.SavedSearches(setup, leaves, lambda: (graphdefs, params), settings)
+    made = saved_searches.SavedSearches(setup, leaves, lambda: (graphdefs, params), settings)
     src, _ = held_out_sources(32, 16)
     expected = jax.device_get(Searches(graphdefs, params, settings)(src))
     found = jax.device_get(made(src))
@@ -299,7 +299,7 @@ def test_a_search_with_cudnn_attention_is_saved_and_read_back(trained, tmp_path)
     def model_not_needed():
         raise AssertionError("the search was saved: no model should be loaded")
 
-    loaded = programs.SavedSearches(setup, setup.load()[0], model_not_needed, settings)
+    loaded = saved_searches.SavedSearches(setup, setup.load()[0], model_not_needed, settings)
     for outputs in (found, jax.device_get(loaded(src))):
         for a, b in zip(expected, outputs, strict=True):
             np.testing.assert_array_equal(a, b)

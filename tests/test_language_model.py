@@ -1,4 +1,4 @@
-"""Language-model mode: data.source=monolingual, search.sample and the sample command."""
+"""Language-model mode: data.source=monolingual, sampling a continuation, the sample command."""
 
 import jax
 import jax.numpy as jnp
@@ -13,7 +13,7 @@ from translate.data import synthetic
 from translate.data.batching import BatchLayout, make_batch, plan_epoch
 from translate.data.sources import load_data
 from translate.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
-from translate.decoding.search import greedy_search, sample
+from translate.decoding.search import greedy_search, sample_search
 from translate.training.trainer import data_files, train_and_evaluate
 from translate.workdir import Workdir
 
@@ -81,33 +81,52 @@ def lm_source(rows):
     return jnp.full((rows, 1), EOS_ID, jnp.int32)  # an empty source: EOS alone
 
 
+def continuations(graphdef, params, src, prompt, seed, temperature, top_k, max_new):
+    """translate-sample's call: the prompt [P] forced, `max_new` pieces after it at most."""
+    stream = jnp.tile(jnp.array([[seed, 0]], jnp.uint32), (src.shape[0], 1))
+    prefix = jnp.tile(jnp.asarray([prompt], jnp.int32), (src.shape[0], 1))
+    tokens, _ = sample_search(
+        (graphdef,),
+        (params,),
+        src,
+        stream,
+        prefix,
+        method="topk" if top_k else "ancestral",
+        temperature=temperature,
+        top_k=top_k,
+        max_extra_len=len(prompt) + max_new,
+    )
+    return tokens[:, 0]  # [B, L]
+
+
 def test_sampling_from_the_top_1_token_is_greedy_decoding():
     graphdef, params = peaked(make_model(dropout_rate=0.0))
     src = lm_source(3)
     greedy, _ = greedy_search((graphdef,), (params,), src, max_extra_len=8)
-    prompt = jnp.full((3, 1), BOS_ID, jnp.int32)
-    sampled = sample(graphdef, params, src, prompt, jax.random.key(0), 0.7, 1, 8)
-    np.testing.assert_array_equal(sampled[:, 1:], greedy[:, :8])
+    sampled = continuations(graphdef, params, src, [], 0, 0.7, 1, 8)
+    np.testing.assert_array_equal(sampled[:, :8], greedy[:, :8])
 
 
 @pytest.mark.slow  # 8 s on 2 cores; top 1 = greedy stays in the default run
 def test_samples_keep_the_prompt_and_draw_only_from_the_top_k():
     model = make_model(dropout_rate=0.0)  # untrained: flat distributions, varied samples
     graphdef, params = nnx.split(model, nnx.Param)
-    prompt = jnp.tile(jnp.array([[BOS_ID, 7, 9]]), (4, 1))
     src = lm_source(4)
-    tokens = sample(graphdef, params, src, prompt, jax.random.key(1), 1.0, 3, 6)
-    np.testing.assert_array_equal(tokens[:, :3], prompt)
-    logits = model(unpacked_batch(src, tokens[:, :-1]))  # [B, P + 5, V]: next-token logits
+    tokens = continuations(graphdef, params, src, [7, 9], 1, 1.0, 3, 6)
+    np.testing.assert_array_equal(tokens[:, :2], jnp.tile(jnp.array([[7, 9]]), (4, 1)))
+    inputs = jnp.concatenate([jnp.full((4, 1), BOS_ID, jnp.int32), tokens[:, :-1]], axis=1)
+    logits = model(unpacked_batch(src, inputs))  # [B, L, V]: next-token logits
     top3 = np.asarray(jax.lax.top_k(logits, 3)[1])
     for b, row in enumerate(np.asarray(tokens)):
-        for t in range(3, len(row)):
-            if EOS_ID in row[3:t]:
+        for t in range(2, len(row)):
+            if EOS_ID in row[2:t]:
                 assert row[t] == PAD_ID
+            elif t == 2 + 6:  # the prompt and 6 new pieces: only EOS may follow
+                assert row[t] == EOS_ID
             else:
-                assert row[t] in top3[b, t - 1]
-    # Another key draws other samples at this temperature.
-    other = sample(graphdef, params, src, prompt, jax.random.key(2), 1.0, 3, 6)
+                assert row[t] in top3[b, t]
+    # Another seed draws other samples at this temperature.
+    other = continuations(graphdef, params, src, [7, 9], 2, 1.0, 3, 6)
     assert not np.array_equal(tokens, other)
 
 

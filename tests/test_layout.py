@@ -11,11 +11,10 @@ COMMANDS = {
     "train",
     "evaluate",
     "translate_text",
-    "translate",
     "score",
     "sample",
     "export",
-    "get_data",
+    "translate_data",
 }
 # The library's families, one folder each (STYLE.md's layout).
 FAMILIES = {"models", "data", "decoding", "training", "engines"}

@@ -1,5 +1,5 @@
 """The regularisers: the parameters' moving average (train.ema_decay) and subword sampling
-(data.src_subword_alpha and tgt_subword_alpha, translate/data/sampling.py)."""
+(data.src_subword_alpha and tgt_subword_alpha, translate/data/bpe_dropout.py)."""
 
 import json
 
@@ -12,7 +12,7 @@ from jax.sharding import Mesh
 
 from translate import checkpoint, evaluate, sharding
 from translate.data.corpus import tokenize_parallel
-from translate.data.sampling import BPEDropout, SampledEpochs
+from translate.data.bpe_dropout import BPEDropout, SampledEpochs
 from translate.trained import load_ensemble, load_model
 from translate.training.opening import check_config
 from translate.training.steps import make_ema_update
@@ -222,7 +222,7 @@ import json, sys
 sys.path.insert(0, {tests!r})
 from test_regularisers import sentences
 from translate.data.corpus import tokenize_parallel
-from translate.data.sampling import SampledEpochs
+from translate.data.bpe_dropout import SampledEpochs
 from translate.data.tokenizer import Tokenizer
 
 tokenizer = Tokenizer({vocab!r})

@@ -3,12 +3,12 @@
 import json
 
 from translate.decoding import report as report_module
-from translate.decoding import scoring
+from translate.decoding import metrics
 
 
 def a_report(**provenance) -> dict:
     hypotheses, references = ["die Katze schläft ."], ["die Katze schläft ."]
-    report = scoring.score(hypotheses, references, "de")
+    report = metrics.score(hypotheses, references, "de")
     report.update(
         num_sentences=1,
         decode_seconds=0.5,

@@ -10,7 +10,8 @@ from test_decode import ensembles, make_model, sources
 
 from translate.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from translate.decoding import search as search_module
-from translate.decoding.search import draw, greedy_search, search
+from translate.decoding.sampling import draw
+from translate.decoding.search import greedy_search, search
 from translate.decoding.settings import DecodeSettings
 
 MAX_EXTRA = 6
@@ -362,10 +363,10 @@ def test_sampling_values_that_cannot_work_are_one_line_errors_before_anything_lo
     workdir, tmp_path, flags, message, monkeypatch
 ):
     from translate import cli
-    from translate.decoding import programs
+    from translate.decoding import saved_searches
 
     loaded = []
-    monkeypatch.setattr(programs, "load_ensemble", lambda *a, **k: loaded.append(1))
+    monkeypatch.setattr(saved_searches, "load_ensemble", lambda *a, **k: loaded.append(1))
     target = tmp_path / "never.txt"
     with pytest.raises(ValueError, match=re.escape(message)) as error:
         translate_text.main([f"--workdir={workdir}", f"--output={target}", *flags])

@@ -24,7 +24,7 @@ from translate import atomic, cli, evaluate, translate_text
 from translate import trained as trained_module
 from translate.data.batching import source_batches
 from translate.data.tokenizer import train_tokenizer
-from translate.decoding import programs, sentences
+from translate.decoding import saved_searches, sentences
 from translate.decoding.search import beam_search, greedy_search
 from translate.decoding.sentences import DecodeTimes, translate_sentences
 from translate.decoding.settings import decode_settings
@@ -300,7 +300,7 @@ def test_an_interrupted_translation_leaves_the_earlier_output_as_it_was(
     target.write_text("an earlier translation\n", encoding="utf-8")
     target.chmod(0o640)
     monkeypatch.setattr(translate_text, "LINES_PER_CHUNK", 3)
-    decode = programs.OpenedModels.translate
+    decode = saved_searches.OpenedModels.translate
     calls = []
 
     def interrupted_at_the_second_chunk(*args, **kwargs):
@@ -309,13 +309,13 @@ def test_an_interrupted_translation_leaves_the_earlier_output_as_it_was(
             raise KeyboardInterrupt
         return decode(*args, **kwargs)
 
-    monkeypatch.setattr(programs.OpenedModels, "translate", interrupted_at_the_second_chunk)
+    monkeypatch.setattr(saved_searches.OpenedModels, "translate", interrupted_at_the_second_chunk)
     with pytest.raises(KeyboardInterrupt):
         run(tmp_path, LINES, f"--workdir={workdir}", "--beam_size=1")
     assert target.read_text(encoding="utf-8") == "an earlier translation\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt", "out.txt"]  # no temp file
 
-    monkeypatch.setattr(programs.OpenedModels, "translate", decode)
+    monkeypatch.setattr(saved_searches.OpenedModels, "translate", decode)
     (tmp_path / "via.txt").symlink_to(target)
     assert len(run(tmp_path, LINES, f"--workdir={workdir}", "--beam_size=1", name="via.txt")) == 7
     assert (tmp_path / "via.txt").is_symlink()  # written through the link, as open() would
@@ -561,7 +561,7 @@ def test_output_onto_anything_a_workdir_holds_is_refused(workdir, tmp_path):
 )
 def test_decoding_flags_out_of_range_are_refused_naming_them(workdir, flag, message, monkeypatch):
     loaded = []
-    monkeypatch.setattr(programs, "load_ensemble", lambda *a, **k: loaded.append(1))
+    monkeypatch.setattr(saved_searches, "load_ensemble", lambda *a, **k: loaded.append(1))
     with pytest.raises(ValueError, match=re.escape(message)) as error:
         translate_text.main([f"--workdir={workdir}", flag])
     assert cli.user_error_message(error.value) is not None and not loaded
@@ -601,7 +601,7 @@ def test_a_sigterm_leaves_no_temporary_output_and_a_killed_ones_is_cleaned_up(
     def exit_now(status):
         raise SystemExit(status)
 
-    monkeypatch.setattr(programs.OpenedModels, "translate", terminated)
+    monkeypatch.setattr(saved_searches.OpenedModels, "translate", terminated)
     monkeypatch.setattr(os, "_exit", exit_now)
     argv = [f"--workdir={workdir}", f"--input={source}", f"--output={target}"]
     with pytest.raises(SystemExit) as stopped:
@@ -623,7 +623,7 @@ def test_an_input_or_output_that_cannot_be_used_is_named_before_the_model_loads(
     workdir, tmp_path, monkeypatch
 ):
     loaded = []
-    monkeypatch.setattr(programs, "load_ensemble", lambda *a, **k: loaded.append(1))
+    monkeypatch.setattr(saved_searches, "load_ensemble", lambda *a, **k: loaded.append(1))
     for given, message in [(tmp_path, "a directory"), (tmp_path / "none.en", "no such file")]:
         with pytest.raises(ValueError, match=f"--input={given}: {message}"):
             translate_text.main([f"--workdir={workdir}", f"--input={given}"])

@@ -21,7 +21,7 @@ either way the command goes on and says once why.
 Beside JAX's cache, under `<cache>/searches/`, the text command keeps what comes before XLA's
 compile: the parameters a command read and the searches it traced, per "setup" (`Setup`: the
 workdirs' files, the checkpoint choice, this package's code and the machine, hashed), and
-their executables. translate/decoding/programs.py says how the searches use this store.
+their executables. translate/decoding/saved_searches.py says how the searches use this store.
 """
 
 from __future__ import annotations

@@ -121,7 +121,7 @@ class DataConfig:
     # training sources (src_) and targets (tgt_) are segmented anew, every merge dropped with
     # this probability, seeded by train.seed and the epoch; 0 = off (the pieces tokenized once).
     # Dev and test keep the deterministic segmentation. A resumed run sees the pieces an
-    # uninterrupted one sees (our own sampler, translate/data/sampling.py).
+    # uninterrupted one sees (our own sampler, translate/data/bpe_dropout.py).
     src_subword_alpha: float = 0.0
     tgt_subword_alpha: float = 0.0
 

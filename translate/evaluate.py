@@ -42,7 +42,7 @@ from translate import cli, compilation
 from translate.cli import Flag, parse_flags
 from translate.config import apply_override
 from translate.data.text import read_lines
-from translate.decoding import scoring
+from translate.decoding import metrics
 from translate.decoding.report import sha256_of_file, translate_and_score, write_report
 from translate.decoding.settings import decode_settings
 from translate.trained import load_ensemble, parameters_read
@@ -249,7 +249,7 @@ def main(argv: Sequence[str]) -> None:
             report["comparison"] = {
                 "other": str(pathlib.Path(flags["compare"]).resolve()),
                 "other_sha256": sha256_of_file(flags["compare"]),
-                **scoring.paired_bootstrap(hypotheses, other, references, config.data.tgt_lang),
+                **metrics.paired_bootstrap(hypotheses, other, references, config.data.tgt_lang),
             }
         write_report(out.path, report, sources, references, hypotheses, plots_dir=workdirs[0])
     print(out.report_txt.read_text(), end="")

@@ -4,8 +4,9 @@ r"""Sample text from a trained model with temperature and top-k: the sample comm
         [--temperature=0.8] [--top_k=40] [--max_new_tokens=50] [--seed=0] \
         [--step=N | --average=N] [--source=TEXT]
 
-Prints each sample on its own line: the prompt and its continuation, up to EOS or
---max_new_tokens. Made for a language model (a decoder-only model trained with
+Prints each sample on its own line, the likeliest first: the prompt and its continuation, up to
+EOS or --max_new_tokens; the draws are translate-text's sampler's (`--sampling=topk` or
+`ancestral`), each sample from its own stream of --seed. Made for a language model (a decoder-only model trained with
 data.source=monolingual, whose source is empty); with a translation model, --source gives the
 sentence whose translation is sampled (starting with --prompt).
 """
@@ -18,13 +19,12 @@ from translate import startup
 
 _imports_done = startup.interrupts_said_in_one_line()  # Ctrl-C meanwhile: one line
 
-import jax
 import numpy as np
 
 from translate import cli, compilation
 from translate.cli import Flag, parse_flags
-from translate.data.tokenizer import BOS_ID, EOS_ID
-from translate.decoding.search import sample
+from translate.data.tokenizer import EOS_ID
+from translate.decoding.search import sample_search
 from translate.trained import load_ensemble
 
 _imports_done()
@@ -58,6 +58,7 @@ def main(argv: Sequence[str]) -> None:
         ("temperature", flags["temperature"] > 0.0, "> 0 (lower is closer to arg-max)"),
         ("top_k", flags["top_k"] >= 0, ">= 0 (0: the whole vocabulary)"),
         ("max_new_tokens", flags["max_new_tokens"] >= 1, ">= 1"),
+        ("seed", 0 <= flags["seed"] < 2**32, "in [0, 2**32)"),
     ]:
         if not ok:
             raise SystemExit(f"--{name}={flags[name]}: must be {rule}")
@@ -70,20 +71,24 @@ def main(argv: Sequence[str]) -> None:
         raise SystemExit(
             f"--top_k={flags['top_k']}: the vocabulary has only {tokenizer.vocab_size} pieces"
         )
-    n = flags["num_samples"]
     source = tokenizer.encode([flags["source"]])[0] + [EOS_ID]
-    prompt = [BOS_ID] + tokenizer.encode([flags["prompt"]])[0]
-    tokens = sample(
-        graphdefs[0],
-        params[0],
-        np.tile(np.asarray(source, np.int32), (n, 1)),  # [N, S]
-        np.tile(np.asarray(prompt, np.int32), (n, 1)),  # [N, P]
-        jax.random.key(flags["seed"]),
-        flags["temperature"],
-        flags["top_k"],
-        flags["max_new_tokens"],
-    )
-    for row in np.asarray(tokens):
+    prompt = tokenizer.encode([flags["prompt"]])[0]
+    # The search lets an output run to (source pieces) + max_extra_len pieces before EOS; the
+    # prompt is forced as the output's first pieces and counts among them.
+    max_extra_len = len(prompt) + flags["max_new_tokens"] - (len(source) - 1)
+    tokens, _ = sample_search(
+        graphdefs,
+        params,
+        np.asarray([source], np.int32),  # [1, S]
+        np.asarray([[flags["seed"], 0]], np.uint32),  # the stream: seed, line 0
+        np.asarray([prompt], np.int32),  # [1, P], forced
+        method="topk" if flags["top_k"] else "ancestral",
+        temperature=flags["temperature"],
+        top_k=flags["top_k"],
+        num_candidates=flags["num_samples"],
+        max_extra_len=max_extra_len,
+    )  # [1, N, L], likeliest first
+    for row in np.asarray(tokens)[0]:
         print(tokenizer.decode(row))
 
 

@@ -10,7 +10,7 @@ best/).
 
 Orbax (translate/checkpoint.py) and the models (Flax) are imported inside the functions that
 read or write checkpoints: a command that reads only a workdir's config and vocabulary (the
-text command with its searches saved, translate/decoding/programs.py) starts without them.
+text command with its searches saved, translate/decoding/saved_searches.py) starts without them.
 """
 
 from __future__ import annotations

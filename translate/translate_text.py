@@ -6,25 +6,24 @@
         [--max_extra_len=50] [--batch_size=64] [--parallel_batches=2] [--nbest=N]
     translate-text --workdir=/tmp/quickstart    (type a sentence, read its translation)
 
-(`python -m translate.translate_text`, or by its older name `python -m translate.translate`, is
-the same command.) One sentence per input line gives one translation per output line, in input
-order; an empty line gives an empty line. Lines are decoded as soon as they arrive: typed at a
-terminal or written to a pipe one at a time, each line is translated and written at once; from a
-file, or a pipe that holds many lines, up to 10,000 lines are decoded together in length-sorted
-batches, so memory stays bounded and output streams however long the input. With `--nbest=N`
-every non-empty line gives N lines `LINE<TAB>SCORE<TAB>TRANSLATION` (LINE counts input lines
-from 0; SCORE is the length-normalised log-probability that beam search ranks by),
-best first; an empty line gives the single line `LINE<TAB>0.0000<TAB>`. The N are distinct texts
-from the beam's hypotheses; fewer come out when pieces that spell the same text fill the beam (a
-wider --beam_size helps). Without --step or --average the newest checkpoint decodes; `--step=N`
-picks one, and `--average=N` the mean of the newest N (as translate.evaluate); the first line
-on stderr says which (and, when the training report decoded the mean of the newest N, how to
-pick that). Several --workdir flags decode with their ensemble (one shared vocabulary), each
-workdir at the same choice. Decoding options left unset come from the first workdir's config;
-one that cannot decode (`--beam_size=-3`, `--length_penalty=nan`) is refused before anything
-is loaded. A line longer than the model's `data.max_len` tokens is translated from its first
-tokens only, and stderr says which line. Writing to --output shows progress and sentences/s on
-stderr.
+(`python -m translate.translate_text` is the same command.) One sentence per input line gives
+one translation per output line, in input order; an empty line gives an empty line. Lines are
+decoded as soon as they arrive: typed at a terminal or written to a pipe one at a time, each
+line is translated and written at once; from a file, or a pipe that holds many lines, up to
+10,000 lines are decoded together in length-sorted batches, so memory stays bounded and output
+streams however long the input. With `--nbest=N` every non-empty line gives N lines
+`LINE<TAB>SCORE<TAB>TRANSLATION` (LINE counts input lines from 0; SCORE is the length-normalised
+log-probability that beam search ranks by), best first; an empty line gives the single line
+`LINE<TAB>0.0000<TAB>`. The N are distinct texts from the beam's hypotheses; fewer come out when
+pieces that spell the same text fill the beam (a wider --beam_size helps). Without --step or
+--average the newest checkpoint decodes; `--step=N` picks one, and `--average=N` the mean of the
+newest N (as translate.evaluate); the first line on stderr says which (and, when the training
+report decoded the mean of the newest N, how to pick that). Several --workdir flags decode with
+their ensemble (one shared vocabulary), each workdir at the same choice. Decoding options left
+unset come from the first workdir's config; one that cannot decode (`--beam_size=-3`,
+`--length_penalty=nan`) is refused before anything is loaded. A line longer than the model's
+`data.max_len` tokens is translated from its first tokens only, and stderr says which line.
+Writing to --output shows progress and sentences/s on stderr.
 
 `--sampling=ancestral|topk|topp|epsilon` samples in place of the beam (`--temperature`, `--top_k`,
 `--top_p`, `--epsilon`), `--num_candidates=N` per line, each line's samples fixed by `--seed`
@@ -59,7 +58,7 @@ startup.import_jax()  # before anything imports JAX: without etils.epath (transl
 from translate import cli, compilation
 from translate.cli import Flag, parse_flags
 from translate.config import DecodeConfig, field_descriptions
-from translate.decoding import forced, programs
+from translate.decoding import forced, saved_searches
 from translate.decoding.settings import (
     DecodeSettings,
     check_combination,
@@ -243,7 +242,7 @@ def main(argv: Sequence[str]) -> None:
     check_output_files(outputs, inputs, flags["workdir"])
     step, average = cli.checkpoint_choice(flags)
     cache = compilation.use_persistent_cache(flags["compilation_cache"])
-    models = programs.OpenedModels(
+    models = saved_searches.OpenedModels(
         flags["workdir"], step, average, flags["params"], cache, flags["matmul_dtype"]
     )
     chosen = step is not None or average > 0

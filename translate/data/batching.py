@@ -210,7 +210,7 @@ def iterate_batches(
     """Yields (batch, position after it) forever, starting at `start`.
 
     `corpus` is the training pairs, or a function of the epoch that returns them (a
-    segmentation sampled anew each epoch: translate/data/sampling.py).
+    segmentation sampled anew each epoch: translate/data/bpe_dropout.py).
     """
     epoch, index = start.epoch, start.index
     while True:

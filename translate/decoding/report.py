@@ -1,6 +1,6 @@
 """A test-set report: decode and score, record what produced it, write it for people to read.
 
-`translate_and_score` decodes a set of sentences and scores them (translate/decoding/scoring.py)
+`translate_and_score` decodes a set of sentences and scores them (translate/decoding/metrics.py)
 into a report dict that also records the decoding settings and speed and its provenance: the git
 commit, package versions, device, config and model size. `write_report` writes report.json,
 report.txt (a person reads this one first) and hypotheses.txt. The trainer's final evaluation,
@@ -21,7 +21,7 @@ import numpy as np
 from translate import atomic
 from translate.config import Config
 from translate.data.tokenizer import Tokenizer
-from translate.decoding import scoring
+from translate.decoding import metrics
 from translate.decoding.sentences import DecodeTimes, translate_sentences
 from translate.decoding.settings import DecodeSettings
 from translate.provenance import git_commit, host, package_versions
@@ -84,7 +84,7 @@ def translate_and_score(
     )
     hypotheses = [best[0][1] for best in translations]
     seconds = times.decode_seconds
-    report = scoring.score(hypotheses, references, config.data.tgt_lang, lowercase)
+    report = metrics.score(hypotheses, references, config.data.tgt_lang, lowercase)
     report.update(
         {
             "num_sentences": len(sources),

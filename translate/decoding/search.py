@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 
 from translate.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from translate.decoding.sampling import argmax, draw, stream_keys
 from translate.decoding.settings import DecodeSettings
 
 NEG_INF = -1.0e9
@@ -39,7 +40,7 @@ def merge_models(graphdefs: tuple, params: tuple) -> list:
     """The models of an ensemble (one or more), from their graph definitions and parameters.
 
     Flax is imported here, when a search is traced: running a search saved compiled
-    (translate/decoding/programs.py) needs neither Flax nor the models.
+    (translate/decoding/saved_searches.py) needs neither Flax nor the models.
     """
     from flax import nnx
 
@@ -239,19 +240,6 @@ def _next_log_probs(models, tokens, index, caches):
     return total / len(models), new_caches
 
 
-def _argmax(x: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """The first index of each row's maximum [B] (jnp.argmax's answer) and the maximum [B].
-
-    Found as the smallest index holding the row's maximum: two vectorised passes, where XLA's
-    CPU argmax, a reduction over (value, index) pairs, took 2.4 ms on [64, 8,000], a third of
-    a greedy step.
-    """
-    best = jnp.max(x, axis=-1, keepdims=True)  # [B, 1]
-    first = jnp.min(jnp.where(x == best, jnp.arange(x.shape[-1]), x.shape[-1]), axis=-1)
-    # A row of NaNs holds no maximum; it gets the last index, not one past the end.
-    return jnp.minimum(first, x.shape[-1] - 1).astype(jnp.int32), best[:, 0]
-
-
 def top_k(x: jax.Array, k: int, block: int = 128) -> jax.Array:
     """`jax.lax.top_k(x, k)` over rows x [R, N], the same values and indices, found faster.
 
@@ -342,7 +330,7 @@ def greedy_search(
             at_limit & (jnp.arange(log_probs.shape[1]) != EOS_ID), NEG_INF, log_probs
         )
         log_probs = _force_prefix(log_probs, s)
-        token, token_lp = _argmax(log_probs)  # [B], [B]
+        token, token_lp = argmax(log_probs)  # [B], [B]
         written = jnp.where(s["done"], PAD_ID, token)
         return {
             **s,
@@ -470,102 +458,6 @@ def beam_search(
     return state["fin_tokens"], state["fin_scores"]
 
 
-# The ways `sample_search` draws a token (settings.DecodeSettings.sampling).
-SAMPLING = ("ancestral", "topk", "topp", "epsilon")
-
-
-def _largest_threshold(w: jax.Array, goal: jax.Array, mass: bool) -> jax.Array:
-    """Per row of weights w [R, V] in [0, 1], the largest float32 tau [R] such that the weights
-    >= tau number (mass=False) or sum to (mass=True) at least `goal` [R].
-
-    Found exactly by bisection on the bits of tau: non-negative floats order as their bits do,
-    and every tau in [0, 1] is one of 2^30 bit patterns, so 31 halvings find it. Each is one
-    pass over the row, where a sort of the vocabulary (XLA's CPU sort and top-k) took 1.1-1.3 s
-    on [1,024, 8,000] on 2 cores.
-    """
-    lo = jnp.zeros(w.shape[:1], jnp.int32)  # tau = 0 keeps every weight: always enough
-    hi = jnp.full(w.shape[:1], jax.lax.bitcast_convert_type(jnp.float32(1.0), jnp.int32) + 1)
-
-    def halve(_, bounds):
-        lo, hi = bounds
-        mid = lo + (hi - lo) // 2
-        kept = w >= jax.lax.bitcast_convert_type(mid, jnp.float32)[:, None]  # [R, V]
-        measure = jnp.sum(jnp.where(kept, w, 0.0), -1) if mass else jnp.sum(kept, -1)
-        enough = measure >= goal
-        return jnp.where(enough, mid, lo), jnp.where(enough, hi, mid)
-
-    lo, _ = jax.lax.fori_loop(0, 31, halve, (lo, hi))
-    return jax.lax.bitcast_convert_type(lo, jnp.float32)
-
-
-def _kth_largest(w: jax.Array, k: int) -> jax.Array:
-    """Per row of weights w [R, V] >= 0, the k-th largest [R] (ties counted: the largest tau
-    with at least k weights >= tau), by stepping down the distinct values from the largest:
-    k - 1 passes over the row, fewer than `_largest_threshold`'s 31 for k <= 31."""
-    if k - 1 > 31:
-        return _largest_threshold(w, k, False)
-
-    def step_down(_, tau):
-        count = jnp.sum(w >= tau[:, None], axis=-1)
-        below = jnp.max(jnp.where(w < tau[:, None], w, -1.0), axis=-1)  # the next value down
-        return jnp.where((count < k) & (below >= 0.0), below, tau)
-
-    return jax.lax.fori_loop(0, k - 1, step_down, jnp.max(w, axis=-1))
-
-
-def draw(
-    log_probs: jax.Array,
-    uniform: jax.Array,
-    method: str,
-    temperature: float = 1.0,
-    top_k: int = 0,
-    top_p: float = 1.0,
-    epsilon: float = 0.0,
-) -> jax.Array:
-    """One token per row of log-probabilities [R, V], drawn with `uniform` [R] in (0, 1].
-
-    The distribution is the model's at `temperature` (log-probabilities divided by it), cut as
-    `method` says, then renormalised:
-      ancestral: the whole vocabulary;
-      topk: the pieces at least as likely as the k-th likeliest (ties at the k-th all kept, as
-        in Hugging Face's top-k); k = 1 is arg-max, greedy decoding's token;
-      topp: the nucleus (Holtzman et al. 2020), the fewest likeliest pieces whose probability
-        reaches top_p (with the pieces as likely as its least likely one);
-      epsilon: the pieces of probability >= epsilon (Hewitt et al. 2022), the likeliest
-        always kept.
-    The draw is by inversion: the first piece whose cumulative weight reaches uniform x total,
-    one random number per row and step. A piece of weight 0 (cut, or forced away) is never
-    drawn, since uniform > 0.
-    """
-    if method == "topk" and top_k == 1:
-        return _argmax(log_probs)[0]
-    x = log_probs / temperature
-    w = jnp.exp(x - jnp.max(x, axis=-1, keepdims=True))  # [R, V], the likeliest 1.0
-    if method == "topk" and top_k:
-        w = jnp.where(w >= _kth_largest(w, top_k)[:, None], w, 0.0)
-    elif method == "topp":
-        goal = top_p * jnp.sum(w, axis=-1)
-        w = jnp.where(w >= _largest_threshold(w, goal, True)[:, None], w, 0.0)
-    elif method == "epsilon":
-        w = jnp.where((w >= epsilon * jnp.sum(w, axis=-1, keepdims=True)) | (w == 1.0), w, 0.0)
-    cumulative = jnp.cumsum(w, axis=-1)  # [R, V]
-    target = uniform * cumulative[:, -1]  # [R]
-    index = jnp.sum(cumulative < target[:, None], axis=-1)
-    return jnp.minimum(index, w.shape[-1] - 1).astype(jnp.int32)
-
-
-def stream_keys(stream: jax.Array, width: int) -> jax.Array:
-    """The random keys [B, N] of N candidates of each sentence from its stream [B, 2]: the seed
-    and the sentence's line in the input. A candidate's draws depend on these alone, never on
-    the batch, its size or the other sentences in it."""
-
-    def keys(seed_and_line):
-        base = jax.random.fold_in(jax.random.key(seed_and_line[0]), seed_and_line[1])
-        return jax.vmap(lambda n: jax.random.fold_in(base, n))(jnp.arange(width))
-
-    return jax.vmap(keys)(stream)
-
-
 @functools.partial(
     jax.jit,
     static_argnames=(
@@ -679,69 +571,6 @@ def sample_search(
     order = jnp.argsort(-scores, axis=1, stable=True)  # best first, ties in drawn order
     tokens = jnp.take_along_axis(state["tokens"], order[:, :, None], axis=1)
     return tokens, jnp.take_along_axis(scores, order, axis=1)
-
-
-@functools.partial(jax.jit, static_argnames=("graphdef", "top_k", "max_new"))
-def sample(
-    graphdef,
-    params,
-    src: jax.Array,
-    prompt: jax.Array,
-    key: jax.Array,
-    temperature: float,
-    top_k: int,
-    max_new: int,
-) -> jax.Array:
-    """Ancestral sampling of continuations of a prompt, with temperature and top-k.
-
-    Args:
-      graphdef, params: one model.
-      src: [B, S] source tokens + EOS (a language model's source is EOS alone).
-      prompt: [B, P] BOS and the prompt's tokens, the same length in every row.
-      key: PRNG key; each row and step draws its own.
-      temperature: divides the logits (> 0); lower is closer to arg-max.
-      top_k: draws among the k likeliest tokens only; 0 draws from the whole vocabulary.
-      max_new: tokens sampled at most after the prompt.
-
-    Returns:
-      tokens [B, P + max_new]: the prompt, then the sampled tokens up to EOS, PAD after it.
-    """
-    (model,) = merge_models((graphdef,), (params,))
-    batch, p = prompt.shape
-    length = p + max_new
-    cache = model.prefill(src, (src != PAD_ID).astype(jnp.int32), 1, length)
-    state = {
-        "t": jnp.array(0),
-        "tokens": jnp.pad(prompt, ((0, 0), (0, max_new))),  # [B, P + max_new]
-        "done": jnp.zeros((batch,), bool),  # [B]
-        "cache": cache,
-    }
-
-    def step(s):
-        t = s["t"]
-        logits, cache = model.decode_step(s["tokens"][:, t], t, s["cache"])  # [B, V]
-        logits = logits / temperature
-        step_key = jax.random.fold_in(key, t)
-        if top_k:
-            top_logits, top_ids = jax.lax.top_k(logits, top_k)  # [B, k]
-            pick = jax.random.categorical(step_key, top_logits)  # [B]
-            token = jnp.take_along_axis(top_ids, pick[:, None], axis=1)[:, 0]
-        else:
-            token = jax.random.categorical(step_key, logits)
-        token = token.astype(jnp.int32)
-        # Inside the prompt the next token is given; after it, the sampled one is written.
-        sampled = t + 1 >= p
-        written = jnp.where(sampled & ~s["done"], token, s["tokens"][:, t + 1])
-        written = jnp.where(sampled & s["done"], PAD_ID, written)
-        return {
-            "t": t + 1,
-            "tokens": s["tokens"].at[:, t + 1].set(written),
-            "done": s["done"] | (sampled & (written == EOS_ID)),
-            "cache": cache,
-        }
-
-    state = jax.lax.while_loop(lambda s: (s["t"] + 1 < length) & ~jnp.all(s["done"]), step, state)
-    return state["tokens"]
 
 
 def search(

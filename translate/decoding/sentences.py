@@ -60,7 +60,7 @@ class Searches:
     `compile(shape)` makes the program for batches of that shape, (B, S) or (B, S, P) with
     prefixes, ready; a call takes `search_inputs`' arrays (or sources [B, S] alone) and gives
     `search`'s (tokens [B, W, L], scores [B, W]). This one traces and compiles in the process
-    (JAX's persistent cache may hold the compiled program); translate/decoding/programs.py's
+    (JAX's persistent cache may hold the compiled program); translate/decoding/saved_searches.py's
     `SavedSearches` keeps programs compiled on disk.
     """
 
@@ -244,7 +244,7 @@ def translate_sentences(
       graphdefs, params: an ensemble's tuples (module docstring); None with `searches`.
       times: receives the seconds spent compiling and decoding.
       on_batch: called with the number of sentences done after every batch.
-      searches: runs the search (`Searches` or programs.SavedSearches, made for `settings`);
+      searches: runs the search (`Searches` or saved_searches.SavedSearches, made for `settings`);
         by default `Searches(graphdefs, params, settings)`.
       prefixes: one target prefix per sentence ("": none) its translations start with
         (`prefix_array`).

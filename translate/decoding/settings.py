@@ -4,7 +4,7 @@ A `DecodeSettings` is built once per command by `decode_settings`, from a config
 section and the values a command's own flags give over it (translate-text's `--beam_size`, ...),
 each checked by config.py's `SEARCH_RULES`. Everything that decodes takes it: the search
 (translate/decoding/search.py), the sentence loop (sentences.py), the saved searches
-(programs.py), the reports, the trainer's dev and test decoding and the benchmarks. A new
+(saved_searches.py), the reports, the trainer's dev and test decoding and the benchmarks. A new
 decoding option is a field here, its rule in config.py and its use in the search.
 """
 
@@ -17,7 +17,7 @@ from typing import Any
 
 from translate.config import SEARCH_RULES, DecodeConfig
 
-# The ways of drawing samples (search.SAMPLING) and of choosing among candidates (mbr.METRICS).
+# The ways of drawing samples (sampling.draw) and of choosing among candidates (mbr.METRICS).
 SAMPLING = ("ancestral", "topk", "topp", "epsilon")
 MBR = ("chrf", "bleu")
 # The rules of the settings that only commands take (translate-text's --sampling ...), as
@@ -54,7 +54,7 @@ class DecodeSettings:
     batch_size: int = DecodeConfig.batch_size
     parallel_batches: int = DecodeConfig.parallel_batches
     # Sampling in place of the beam (search.sample_search): "" (off), "ancestral", "topk",
-    # "topp" or "epsilon" (search.draw says what each keeps), from the model's distribution
+    # "topp" or "epsilon" (sampling.draw says what each keeps), from the model's distribution
     # at `temperature`.
     sampling: str = ""
     temperature: float = 1.0

@@ -32,7 +32,7 @@ from translate.atomic import remove_stale
 from translate.compilation import cache_hits
 from translate.config import Config, split_profile_steps
 from translate.data.batching import Batch, BatchLayout, DataPosition, iterate_batches
-from translate.data.sampling import SampledEpochs
+from translate.data.bpe_dropout import SampledEpochs
 from translate.data.sources import Data, DataFiles, load_data
 from translate.decoding.report import translate_and_score, write_report
 from translate.decoding.settings import decode_settings

@@ -4,8 +4,8 @@
     translate-data wmt_sample --dir=data/wmt_sample
     translate-data multi30k --dir=data/multi30k --from=COPIES   (offline: files copied in)
 
-(`python -m translate.get_data`.) Downloads each file from the dataset's public repository at a
-pinned commit (translate/data/fetch.py), decompresses it and checks its sha256 before writing it
+(`python -m translate.translate_data`.) Downloads each file from the dataset's public repository
+at a pinned commit (translate/data/fetch.py), decompresses it and checks its sha256 before writing it
 whole into --dir; a damaged, partial or other file is refused with its name and never used. A
 file already in --dir with the right sha256 is kept. Then, for example:
 

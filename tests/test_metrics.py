@@ -1,9 +1,9 @@
-"""translate/decoding/scoring.py: sacreBLEU, the paper's tokenized BLEU, the bootstrap."""
+"""translate/decoding/metrics.py: sacreBLEU, the paper's tokenized BLEU, the bootstrap."""
 
 import pytest
 
 from translate.data.text import read_lines
-from translate.decoding.scoring import (
+from translate.decoding.metrics import (
     paired_bootstrap,
     score,
     split_compounds,
@@ -97,16 +97,16 @@ def test_paired_bootstrap_tells_a_real_difference_from_none(tmp_path):
 def test_the_literature_bleu_scores_lowercased_normalised_moses_tokens():
     """Multi30k's lc.norm.tok form (its task1-tokenize.sh): case, punctuation and spacing that
     differ only in ways the form removes score 100, where sacreBLEU's cased 13a does not."""
-    from translate.decoding import scoring
+    from translate.decoding import metrics
 
     hypotheses = ["Ein Hund läuft über die Wiese.", "Zwei Männer spielen  „Fußball“."]
     references = ["ein hund läuft über die wiese .", 'zwei männer spielen "fußball" .']
-    assert scoring.normalise_for_literature(["Ein Hund, „groß“."], "de") == [
+    assert metrics.normalise_for_literature(["Ein Hund, „groß“."], "de") == [
         "ein hund , &quot; groß &quot; ."
     ]
-    assert scoring.literature_bleu(hypotheses, references, "de") == pytest.approx(100.0)
-    assert scoring.score(hypotheses, references, "de")["bleu"] < 100.0
-    report = scoring.score(hypotheses, references, "de")
+    assert metrics.literature_bleu(hypotheses, references, "de") == pytest.approx(100.0)
+    assert metrics.score(hypotheses, references, "de")["bleu"] < 100.0
+    report = metrics.score(hypotheses, references, "de")
     assert (
         report["literature_bleu"] == pytest.approx(100.0)
         and "lc.norm.tok" in report["literature_bleu_recipe"]

@@ -1,4 +1,4 @@
-"""Searches kept compiled on disk with their parameters (translate/decoding/programs.py)."""
+"""Searches kept compiled on disk with their parameters (translate/decoding/saved_searches.py)."""
 
 import json
 import logging
@@ -15,7 +15,7 @@ from conftest import copy_of_tiny_run
 
 from translate import compilation
 from translate.data.batching import source_batches
-from translate.decoding import programs
+from translate.decoding import saved_searches
 from translate.decoding.sentences import Searches
 from translate.decoding.settings import decode_settings
 from translate.trained import load_ensemble
@@ -91,13 +91,13 @@ def test_the_programs_decode_as_the_search_traced_here(workdir):
     leaves = jax.tree.leaves(params)
     setup = compilation.Setup(workdir / "unused-cache", "a-setup")
     setup.save(leaves, steps, [])
-    made = programs.SavedSearches(setup, leaves, lambda: (graphdefs, params), settings)
+    made = saved_searches.SavedSearches(setup, leaves, lambda: (graphdefs, params), settings)
 
     def model_not_needed():
         raise AssertionError("the program was saved: no model should be loaded")
 
     loaded_leaves, _, _ = setup.load()
-    loaded = programs.SavedSearches(setup, loaded_leaves, model_not_needed, settings)
+    loaded = saved_searches.SavedSearches(setup, loaded_leaves, model_not_needed, settings)
     for src in batches:
         expected = jax.device_get(traced(src))
         for searches in (made, loaded):
@@ -120,7 +120,7 @@ def test_a_search_jax_export_cannot_save_runs_unsaved_and_says_so(workdir, monke
         raise ValueError("Cannot serialize code with custom calls whose targets ...\nmore")
 
     monkeypatch.setattr(jax.export, "export", refuse)
-    searches = programs.SavedSearches(setup, leaves, lambda: (graphdefs, params), settings)
+    searches = saved_searches.SavedSearches(setup, leaves, lambda: (graphdefs, params), settings)
     traced = Searches(graphdefs, params, settings)
     capsys.readouterr()
     for src in batches:
@@ -137,7 +137,7 @@ def test_the_unchecked_calls_are_jaxs_cudnn_attention_targets():
     fused = pytest.importorskip("jax._src.cudnn.fused_attention_stablehlo")
     tables = [v for v in vars(fused).values() if isinstance(v, dict)]
     targets = {name for table in tables for name in table.values() if isinstance(name, str)}
-    for check in programs.UNCHECKED_CALLS:
+    for check in saved_searches.UNCHECKED_CALLS:
         assert check.is_custom_call() in targets, check
 
 
@@ -277,9 +277,9 @@ def test_a_file_replaced_in_place_or_chmodded_is_another_setup(workdir, tmp_path
 def test_a_fallback_to_an_older_step_is_not_kept_for_the_next_command(workdir, tmp_path):
     run = tmp_path / "run"
     shutil.copytree(workdir, run)
-    assert not programs.passed_over([str(run)], None, 0, [[6]])
-    assert programs.passed_over([str(run)], None, 0, [[3]])  # step 6 was passed over
-    assert not programs.passed_over([str(run)], 3, 0, [[3]])  # asked for
+    assert not saved_searches.passed_over([str(run)], None, 0, [[6]])
+    assert saved_searches.passed_over([str(run)], None, 0, [[3]])  # step 6 was passed over
+    assert not saved_searches.passed_over([str(run)], 3, 0, [[3]])  # asked for
 
 
 def test_a_users_own_searches_folder_is_neither_used_nor_cleaned(tmp_path, caplog):
@@ -302,12 +302,12 @@ def test_a_gpu_decodes_through_jaxs_cache_alone_and_keeps_no_saved_searches(
     with the searches evaluation traces, to the same translations."""
     settings = decode_settings(load_ensemble([str(workdir)]).config.decode)
     cache = tmp_path / "cache"
-    on_cpu = programs.OpenedModels([str(workdir)], None, 0, "auto", str(cache))
+    on_cpu = saved_searches.OpenedModels([str(workdir)], None, 0, "auto", str(cache))
     assert on_cpu.setup is not None
     expected = on_cpu.translate(LINES, settings)
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
     other = tmp_path / "other-cache"
-    on_gpu = programs.OpenedModels([str(workdir)], None, 0, "auto", str(other))
+    on_gpu = saved_searches.OpenedModels([str(workdir)], None, 0, "auto", str(other))
     assert on_gpu.setup is None
     assert isinstance(on_gpu.searches(settings), Searches)
     assert on_gpu.translate(LINES, settings) == expected
@@ -352,13 +352,13 @@ def test_a_saved_search_of_another_shape_is_traced_again(workdir):
     leaves = jax.tree.leaves(params)
     setup = compilation.Setup(workdir / "unused-cache-2", "3" * 32)
     setup.save(leaves, steps, [])
-    made = programs.SavedSearches(setup, leaves, lambda: (graphdefs, params), settings)
+    made = saved_searches.SavedSearches(setup, leaves, lambda: (graphdefs, params), settings)
     small, large = np.zeros((1, 8), np.int32), np.zeros((2, 16), np.int32)
     made.compile(small.shape)
     source = setup.directory / (settings.program_name(small.shape) + compilation.EXPORTED)
     target = setup.directory / (settings.program_name(large.shape) + compilation.EXPORTED)
     shutil.copyfile(source, target)
-    again = programs.SavedSearches(setup, leaves, lambda: (graphdefs, params), settings)
+    again = saved_searches.SavedSearches(setup, leaves, lambda: (graphdefs, params), settings)
     expected = Searches(graphdefs, params, settings)(large)
     for a, b in zip(jax.device_get(again(large)), jax.device_get(expected), strict=True):
         np.testing.assert_array_equal(a, b)
