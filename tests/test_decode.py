@@ -12,6 +12,7 @@ from flax import nnx
 from translate.config import ModelConfig, load_config
 from translate.data.batching import Batch
 from translate.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from translate.decoding import sampling as sampling_module
 from translate.decoding import search as search_module
 from translate.decoding.search import (
     NEG_INF,

@@ -11,8 +11,8 @@ from conftest import copy_of_tiny_run
 from jax.sharding import Mesh
 
 from translate import checkpoint, evaluate, sharding
-from translate.data.corpus import tokenize_parallel
 from translate.data.bpe_dropout import BPEDropout, SampledEpochs
+from translate.data.corpus import tokenize_parallel
 from translate.trained import load_ensemble, load_model
 from translate.training.opening import check_config
 from translate.training.steps import make_ema_update

@@ -2,8 +2,8 @@
 
 import json
 
-from translate.decoding import report as report_module
 from translate.decoding import metrics
+from translate.decoding import report as report_module
 
 
 def a_report(**provenance) -> dict:

@@ -6,10 +6,10 @@ r"""Sample text from a trained model with temperature and top-k: the sample comm
 
 Prints each sample on its own line, the likeliest first: the prompt and its continuation, up to
 EOS or --max_new_tokens; the draws are translate-text's sampler's (`--sampling=topk` or
-`ancestral`), each sample from its own stream of --seed. Made for a language model (a decoder-only model trained with
-data.source=monolingual, whose source is empty); with a translation model, --source gives the
-sentence whose translation is sampled (starting with --prompt).
-"""
+`ancestral`), each sample from its own stream of --seed. Made for a language model (a
+decoder-only model trained with data.source=monolingual, whose source is empty); with a
+translation model, --source gives the sentence whose translation is sampled (starting with
+--prompt). """
 
 from __future__ import annotations
 

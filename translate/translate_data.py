@@ -5,9 +5,9 @@
     translate-data multi30k --dir=data/multi30k --from=COPIES   (offline: files copied in)
 
 (`python -m translate.translate_data`.) Downloads each file from the dataset's public repository
-at a pinned commit (translate/data/fetch.py), decompresses it and checks its sha256 before writing it
-whole into --dir; a damaged, partial or other file is refused with its name and never used. A
-file already in --dir with the right sha256 is kept. Then, for example:
+at a pinned commit (translate/data/fetch.py), decompresses it and checks its sha256 before
+writing it whole into --dir; a damaged, partial or other file is refused with its name and never
+used. A file already in --dir with the right sha256 is kept. Then, for example:
 
     translate-train --config=multi30k --workdir=/tmp/multi30k --config.data.dir=data/multi30k
 """
