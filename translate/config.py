@@ -5,7 +5,9 @@ with `load_config(path_or_name, overrides)` (a file, or an example config of con
 where overrides come from `--config.<section>.<field>=value` flags; an unknown section or field,
 or a value that does not parse as the field's type, is an error that names the flag. The
 comment above each field is its description: `parse_flags` prints it for `--help`
-(`field_descriptions` reads it from this file), so a new field needs one.
+(`field_descriptions` reads it from this file), so a new field needs one. Dataclasses and flags
+of our own rather than ml_collections and absl flags: the fields are typed and checked by
+`validate`, and `--help` is written from the same comments a reader sees here.
 """
 
 from __future__ import annotations
@@ -220,8 +222,8 @@ class DecodeConfig:
     # penalty); "finished", once beam_size hypotheses have ended, EOS counting only among the
     # beam_size best candidates of a step (fairseq, CTranslate2, transformers' early_stopping).
     beam_stop: str = "exact"
-    # Sentences decoded together. Chosen with `parallel_batches` on 2 CPU cores (BENCHMARKS.md,
-    # issue 26): 32 with 3 in flight decoded Multi30k's test2016 faster than 64 with 2 (beam 4
+    # Sentences decoded together. Chosen with `parallel_batches` on 2 CPU cores (BENCHMARKS.md):
+    # 32 with 3 in flight decoded Multi30k's test2016 faster than 64 with 2 (beam 4
     # by 1.07-1.10x, greedy by 1.15-1.3x), with the same output tokens.
     batch_size: int = 32
     # Batches searched at once, each in its own thread: a search step is hundreds of small ops,

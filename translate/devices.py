@@ -192,7 +192,7 @@ def keep_freed_memory() -> bool:
     heap shrunk), so the next step faults every page in again: 80,000 page faults a step, a
     quarter of the process's CPU time spent in the kernel. With one arena (the main heap, which
     can grow), blocks up to 2 GiB served from it and not trimmed, the step ran 1.2x as fast
-    (BENCHMARKS.md, issue 28). The results are the same: only where memory comes from changes.
+    (BENCHMARKS.md). The results are the same: only where memory comes from changes.
 
     Done only on glibc, where JAX can run on nothing but the CPU (`cpu_only`), and not when the
     environment sets malloc itself (`_MALLOC_SETTINGS`).

@@ -9,7 +9,7 @@ the interrupted import (or an abort inside an extension's initialisation).
 `import jax` prefers `etils.epath` for its own file I/O (the persistent compilation cache's
 directory) whenever it is installed, and Orbax installs it. Importing it costs about 0.1 s on a
 2-core machine, most of it `unittest` and `unittest.mock` pulled in by `etils.epath.testing`:
-7% of a one-sentence `translate-text` (BENCHMARKS.md, issue 38). JAX falls back to `pathlib`,
+7% of a one-sentence `translate-text` (BENCHMARKS.md). JAX falls back to `pathlib`,
 which serves every local directory, so the commands that read no Orbax checkpoint (translate-text)
 import JAX through `import_jax()`: JAX is imported while `etils.epath` cannot be found, and then
 the module can be imported again as usual by anyone who needs it (Orbax, for one).

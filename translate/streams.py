@@ -82,7 +82,8 @@ def waiting(fd: int) -> bool:
 
 class Progress:
     """One self-overwriting stderr line: sentences (or pairs) done, of the total if known, and
-    speed."""
+    speed. Our own rather than tqdm's: it must end its line before any message (`end_line`) and
+    lose nothing when stderr's reader goes away (`say`)."""
 
     def __init__(self, total: int | None, unit: str = "sentences"):
         self.total, self.done, self.start = total, 0, time.perf_counter()

@@ -25,6 +25,8 @@ from typing import NamedTuple
 
 from translate import atomic
 
+# The standard library's urllib rather than a download library (pooch, TFDS's download manager):
+# a file here is a pinned URL and a sha256, which needs no dependency of its own.
 MULTI30K = "https://raw.githubusercontent.com/multi30k/dataset/a3d2e0d26b56f3846f66a952536ffed4e401d05a/data/task1/raw/"
 OPENNMT = "https://raw.githubusercontent.com/OpenNMT/OpenNMT-py/3518fbab3092b21f12d78f9054097dffabb4025e/data/"
 # Seconds a download may stall before it is given up.

@@ -127,7 +127,7 @@ def hashed_words(key: jax.Array, shape: tuple[int, ...]) -> jax.Array:
     words; good enough for dropout masks (tested: rate, independence between neighbours, keys
     and sites), not for anything that needs a cryptographic generator. On the Multi30k
     recipe's forward and backward pass it saved 3-9%, and 4.5% of the whole step timed in turn
-    (docs/benchmarks/multi30k-recipe.md, issue 58's sixth and seventh sessions). `a` and `b`
+    (docs/recipe.md). `a` and `b`
     are the key's first and last words, so keys folded apart (per step, micro-batch, layer and
     site) give unrelated streams.
     """
@@ -149,7 +149,7 @@ def attention_mask(q_segments: jax.Array, k_segments: jax.Array, causal: bool) -
     A padding query (segment 0) sees every key instead. Its output reaches no loss and no real
     token (no real query attends to padding), so nothing a sentence computes changes; but no
     row of the mask is empty. XLA's softmax takes an empty row in its stride; with cuDNN's
-    fused kernel the gradients were NaN from the first step on an H100 (issue 29), likely
+    fused kernel the gradients were NaN from the first step on an H100, likely
     because its backward pass recomputes such a row from a log-sum-exp near its -2^41 mask
     value, where float32 steps are 2^18 apart.
     """

@@ -94,6 +94,8 @@ def orthogonalize(g: jax.Array) -> jax.Array:
     return jnp.swapaxes(x, -1, -2) if tall else x
 
 
+# Written here rather than taken from optax.contrib.muon, whose bias-corrected Nesterov form moves
+# the weights differently (about 1e-3 apart at step 50, 3e-6 at step 200) from the form tuned here.
 def scale_by_muon(momentum: float = MUON_MOMENTUM) -> optax.GradientTransformation:
     """Muon's direction for matrices: Nesterov momentum m <- momentum m + g, then the update
     orthogonalize(g + momentum m), scaled by MUON_RMS sqrt(max(fan_in, fan_out)) so that its RMS
