@@ -36,7 +36,7 @@ import numpy as np
 from flax import nnx
 
 from translate.config import ModelConfig
-from translate.models.layers import EncoderLayer, fold, layer_norm
+from translate.models.layers import KV, EncoderLayer, Slots, fold, layer_norm
 from translate.models.transformer import TranslationModel
 
 if TYPE_CHECKING:  # for annotations only: the data pipeline feeds the model, not the reverse
@@ -46,8 +46,7 @@ if TYPE_CHECKING:  # for annotations only: the data pipeline feeds the model, no
 class PrefixCache(NamedTuple):
     """Keys and values of every layer for cached decoding: the source's S slots, then L steps."""
 
-    keys: list[jax.Array]  # per layer [B, H, K, S + L], transposed (attend_cached's layout)
-    values: list[jax.Array]  # per layer [B, H, S + L, K]
+    layers: list[KV]  # per layer [B, H, K, S + L] (keys, transposed), [B, H, S + L, K]
     prefix_valid: jax.Array  # [B, S] True on real source tokens
     prefix_len: jax.Array  # [B] source tokens (EOS included): the first step's position
 
@@ -102,7 +101,7 @@ class DecoderOnlyTransformer(TranslationModel):
         x = self.embed_tokens(tokens, positions, fold(dropout_key, 0))  # [B, N, D]
         mask = prefix_lm_mask(segments, positions, in_prefix, self.bidirectional)
         for i, layer in enumerate(self.decoder):
-            x = layer(x, mask, fold(dropout_key, 1 + i))
+            x, _ = layer(x, mask, fold(dropout_key, 1 + i))
         return x if self.decoder_norm is None else self.decoder_norm(x)
 
     def hidden(self, batch: Batch, *, dropout_key=None) -> jax.Array:
@@ -137,22 +136,17 @@ class DecoderOnlyTransformer(TranslationModel):
         mask = prefix_lm_mask(src_segments, positions, in_prefix, self.bidirectional)
         x = self.embed_tokens(src, positions, None)  # [B, S, D]
         h, k = self.num_heads, self.d_model // self.num_heads
-        keys, values = [], []
+        empty = KV(
+            jnp.zeros((b, h, k, s + max_len), self.dtype),
+            jnp.zeros((b, h, s + max_len, k), self.dtype),
+        )  # [B, H, K, S + L], [B, H, S + L, K]
+        layers = []
         for layer in self.decoder:
-            # The keys and values the layer's self-attention computes, kept for the steps.
-            prefix_k, prefix_v = layer.self_attention.project_kv_cached(
-                layer.normed(layer.norm1, x)
-            )  # [B, H, K, S], [B, H, S, K]
-            empty_k = jnp.zeros((b, h, k, max_len), self.dtype)
-            empty_v = jnp.zeros((b, h, max_len, k), self.dtype)
-            k_all = jnp.concatenate([prefix_k.astype(self.dtype), empty_k], axis=3)
-            v_all = jnp.concatenate([prefix_v.astype(self.dtype), empty_v], axis=2)
-            keys.append(jnp.repeat(k_all, copies, axis=0))  # [B * W, H, K, S + L]
-            values.append(jnp.repeat(v_all, copies, axis=0))  # [B * W, H, S + L, K]
-            x = layer(x, mask, None)
+            # The source's keys and values go into slots 0..S-1, kept for the steps.
+            x, kv = layer(x, mask, None, cache=empty, slots=Slots(0, step=False))
+            layers.append(KV(*(jnp.repeat(a, copies, axis=0) for a in kv)))  # B * W rows
         return PrefixCache(
-            keys,
-            values,
+            layers,
             jnp.repeat(in_prefix, copies, axis=0),
             jnp.repeat(jnp.sum(in_prefix, axis=1), copies, axis=0),
         )
@@ -160,13 +154,18 @@ class DecoderOnlyTransformer(TranslationModel):
     @staticmethod
     def extend_cache(cache: PrefixCache, max_len: int) -> PrefixCache:
         """The cache with room for `max_len` steps after the source (transformer.Transformer's)."""
-        grow = cache.prefix_valid.shape[1] + max_len - cache.keys[0].shape[-1]
+        grow = cache.prefix_valid.shape[1] + max_len - cache.layers[0].k.shape[-1]
         if grow == 0:
             return cache
         return cache._replace(
-            keys=[jnp.pad(k, ((0, 0), (0, 0), (0, 0), (0, grow))) for k in cache.keys],
-            values=[jnp.pad(v, ((0, 0), (0, 0), (0, grow), (0, 0))) for v in cache.values],
-        )  # [B, H, K, S + max_len], [B, H, S + max_len, K]
+            layers=[
+                KV(
+                    jnp.pad(c.k, ((0, 0), (0, 0), (0, 0), (0, grow))),  # [B, H, K, S + max_len]
+                    jnp.pad(c.v, ((0, 0), (0, 0), (0, grow), (0, 0))),  # [B, H, S + max_len, K]
+                )
+                for c in cache.layers
+            ]
+        )
 
     @staticmethod
     def reorder_cache(cache: PrefixCache, rows: jax.Array) -> PrefixCache:
@@ -174,9 +173,7 @@ class DecoderOnlyTransformer(TranslationModel):
 
         Rows move only within their sentence, whose source is the same for every hypothesis.
         """
-        return cache._replace(
-            keys=[k[rows] for k in cache.keys], values=[v[rows] for v in cache.values]
-        )
+        return cache._replace(layers=[KV(c.k[rows], c.v[rows]) for c in cache.layers])
 
     def decode_block(self, tokens: jax.Array, cache: PrefixCache) -> tuple[jax.Array, PrefixCache]:
         """Tokens [B, P] at target positions 0..P-1 in one pass -> logits [B, P, V] and the
@@ -188,46 +185,28 @@ class DecoderOnlyTransformer(TranslationModel):
         causal = jnp.broadcast_to(jnp.tril(jnp.ones((p, p), bool)), (b, p, p))
         source = jnp.broadcast_to(cache.prefix_valid[:, None, :], (b, p, s))
         mask = jnp.concatenate([source, causal], axis=2)[:, None]  # [B, 1, P, S + P]
-        keys, values = [], []
-        for layer, k, v in zip(self.decoder, cache.keys, cache.values):
-            attn = layer.self_attention
-            h = layer.normed(layer.norm1, y)  # [B, P, D]
-            k_t, v_h = attn.project_kv_cached(h)  # [B, H, K, P], [B, H, P, K]
-            k = jax.lax.dynamic_update_slice_in_dim(k, k_t.astype(k.dtype), s, 3)
-            v = jax.lax.dynamic_update_slice_in_dim(v, v_h.astype(v.dtype), s, 2)
-            seen_k = k[..., : s + p].transpose(0, 3, 1, 2)  # [B, S + P, H, K]
-            seen_v = v[:, :, : s + p].transpose(0, 2, 1, 3)  # [B, S + P, H, K]
-            y = layer.add(layer.norm1, y, attn.attend(h, seen_k, seen_v, mask), None)
-            y = layer.sublayer(layer.norm2, y, layer.feed_forward, None)
-            keys.append(k)
-            values.append(v)
-        if self.decoder_norm is not None:
-            y = self.decoder_norm(y)
-        new_cache = cache._replace(keys=keys, values=values)
-        return self.logits(y).astype(jnp.float32), new_cache
+        y, cache = self.decode_cached(y, mask, cache, Slots(s, step=False))
+        return self.logits(y).astype(jnp.float32), cache
 
     def decode_step(
         self, tokens: jax.Array, index: jax.Array, cache: PrefixCache
     ) -> tuple[jax.Array, PrefixCache]:
         """One step of cached decoding: tokens [B] at target index `index` -> logits [B, V]."""
         s = cache.prefix_valid.shape[1]
-        steps = cache.keys[0].shape[-1] - s
+        steps = cache.layers[0].k.shape[-1] - s
         positions = (cache.prefix_len + index)[:, None]  # [B, 1]
         y = self.embed_tokens(tokens[:, None], positions, None)  # [B, 1, D]
         step_valid = jnp.broadcast_to(jnp.arange(steps) <= index, (tokens.shape[0], steps))
         mask = jnp.concatenate([cache.prefix_valid, step_valid], axis=1)[:, None]  # [B, 1, S+L]
-        keys, values = [], []
-        for layer, k, v in zip(self.decoder, cache.keys, cache.values):
-            attn = layer.self_attention
-            h = layer.normed(layer.norm1, y)  # [B, 1, D]
-            k_new, v_new = attn.project_kv_cached(h)  # [B, H, K, 1], [B, H, 1, K]
-            k = jax.lax.dynamic_update_slice_in_dim(k, k_new.astype(k.dtype), s + index, 3)
-            v = jax.lax.dynamic_update_slice_in_dim(v, v_new.astype(v.dtype), s + index, 2)
-            y = layer.add(layer.norm1, y, attn.attend_cached(h, k, v, mask), None)
-            y = layer.sublayer(layer.norm2, y, layer.feed_forward, None)
-            keys.append(k)
-            values.append(v)
-        if self.decoder_norm is not None:
-            y = self.decoder_norm(y)
-        new_cache = cache._replace(keys=keys, values=values)
-        return self.logits(y[:, 0]).astype(jnp.float32), new_cache
+        y, cache = self.decode_cached(y, mask, cache, Slots(s + index, step=True))
+        return self.logits(y[:, 0]).astype(jnp.float32), cache
+
+    def decode_cached(self, y, mask, cache: PrefixCache, slots: Slots):
+        """Embedded tokens y [B, T, D] through every layer with its cache -> output [B, T, D]
+        (the final LayerNorm included) and the updated cache."""
+        layers = []
+        for layer, kv in zip(self.decoder, cache.layers):
+            y, kv = layer(y, mask, None, cache=kv, slots=slots)
+            layers.append(kv)
+        y = y if self.decoder_norm is None else self.decoder_norm(y)
+        return y, cache._replace(layers=layers)

@@ -9,7 +9,7 @@ translate/models/factory.py resolves both once, so building a model never asks t
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -143,6 +143,31 @@ def fold(key: jax.Array | None, site: int) -> jax.Array | None:
     return None if key is None else jax.random.fold_in(key, site)
 
 
+class KV(NamedTuple):
+    """One attention's cached keys and values, in the layout its products want."""
+
+    k: jax.Array  # [B, H, K, L] keys, transposed
+    v: jax.Array  # [B, H, L, K] values
+
+
+class Slots(NamedTuple):
+    """Where a cached call's tokens sit in the cache: `start`, the first slot they are written
+    to (an int for a block, the search's step index for one step); `step`, one token whose
+    query reads the whole cache under a mask, else a block read up to its last slot."""
+
+    start: int | jax.Array
+    step: bool
+
+
+class LayerCache(NamedTuple):
+    """One encoder-decoder decoder layer's cache: its self-attention's keys and values, and the
+    encoder output projected once for its cross-attention."""
+
+    self_kv: KV  # [B, H, K, L], [B, H, L, K]
+    cross_kv: KV  # [B, H, K, S], [B, H, S, K]
+    src_valid: jax.Array  # [B, S] True on real source tokens: the cross-attention's mask
+
+
 def attention_mask(q_segments: jax.Array, k_segments: jax.Array, causal: bool) -> jax.Array:
     """Boolean [B, 1, Tq, Tk] mask, True = attend: a token sees its own sentence, (causally).
 
@@ -269,6 +294,33 @@ class MultiHeadAttention(nnx.Module):
         k, v = self.project_kv(x)  # [B, T, H, K] each
         return k.transpose(0, 2, 3, 1), v.transpose(0, 2, 1, 3)
 
+    def attend_self_cached(
+        self, x: jax.Array, kv: KV, slots: Slots, mask: jax.Array
+    ) -> tuple[jax.Array, KV]:
+        """Self-attention of x [B, T, D] whose keys and values go into the cache `kv`.
+
+        x's own keys and values are written at `slots.start`; its queries then attend over the
+        cache up to them under `mask`: one step ([B or 1, 1, L]) reads the whole cache in its
+        own layout (`attend_cached`); a block ([B or 1, 1, T, start + T]) reads the slots
+        written so far.
+        """
+        k_new, v_new = self.project_kv_cached(x)  # [B, H, K, T], [B, H, T, K]
+        k = jax.lax.dynamic_update_slice_in_dim(kv.k, k_new.astype(kv.k.dtype), slots.start, 3)
+        v = jax.lax.dynamic_update_slice_in_dim(kv.v, v_new.astype(kv.v.dtype), slots.start, 2)
+        if slots.step:
+            return self.attend_cached(x, k, v, mask), KV(k, v)
+        seen = slots.start + x.shape[1]  # a block starts at a static slot
+        keys = k[..., :seen].transpose(0, 3, 1, 2)  # [B, start + T, H, K]
+        values = v[:, :, :seen].transpose(0, 2, 1, 3)  # [B, start + T, H, K]
+        return self.attend(x, keys, values, mask), KV(k, v)
+
+    def attend_projected(self, x: jax.Array, kv: KV, mask: jax.Array, step: bool) -> jax.Array:
+        """Attention of x [B, T, D] over keys and values projected once (the encoder output's,
+        `kv` in the cache's layout) under `mask` ([B, 1, S] for a step, [B, 1, 1, S] else)."""
+        if step:
+            return self.attend_cached(x, kv.k, kv.v, mask)
+        return self.attend(x, kv.k.transpose(0, 3, 1, 2), kv.v.transpose(0, 2, 1, 3), mask)
+
 
 class FeedForward(nnx.Module):
     """Sec. 3.3: FFN(x) = max(0, x W1 + b1) W2 + b2."""
@@ -325,11 +377,25 @@ class EncoderLayer(ResidualLayer):
         self.feed_forward = FeedForward(config, dtype, rngs)
         self.norm2 = layer_norm(config, dtype, rngs)
 
-    def __call__(self, x, mask, key):
+    def __call__(
+        self, x, mask, key=None, cache: KV | None = None, slots: Slots | None = None
+    ) -> tuple[jax.Array, KV | None]:
+        """x [B, T, D] -> the layer's output [B, T, D] and its cache.
+
+        Without `cache`, self-attention reads x alone (the encoder; the decoder-only stack in
+        training). With it, x's keys and values are written at `slots` and attended with those
+        before them (the decoder-only stack's cached decoding); the cache comes back updated.
+        """
         # Each sub-layer's key drops its output; its own dropouts fold theirs off it.
         k0, k1 = fold(key, 0), fold(key, 1)
-        x = self.sublayer(self.norm1, x, lambda h: self.self_attention(h, h, mask, k0), k0)
-        return self.sublayer(self.norm2, x, lambda h: self.feed_forward(h, k1), k1)
+        h = self.normed(self.norm1, x)
+        if cache is None:
+            attended = self.self_attention(h, h, mask, k0)
+        else:
+            attended, cache = self.self_attention.attend_self_cached(h, cache, slots, mask)
+        # Sec. 3.1: LayerNorm(x + Dropout(Sublayer(x))) (post), x + Dropout(Sublayer(LN(x))) (pre).
+        x = self.add(self.norm1, x, attended, k0)
+        return self.sublayer(self.norm2, x, lambda h: self.feed_forward(h, k1), k1), cache
 
 
 class DecoderLayer(ResidualLayer):
@@ -345,21 +411,38 @@ class DecoderLayer(ResidualLayer):
         self.feed_forward = FeedForward(config, dtype, rngs)
         self.norm3 = layer_norm(config, dtype, rngs)
 
-    def finish(self, x, self_out, cross_attend, key):
-        """Everything after self-attention, shared by full and cached decoding.
+    def __call__(
+        self,
+        x,
+        memory,
+        self_mask,
+        cross_mask,
+        key=None,
+        cache: LayerCache | None = None,
+        slots: Slots | None = None,
+    ) -> tuple[jax.Array, LayerCache | None]:
+        """Target x [B, T, D], the encoder output, their masks -> output [B, T, D], cache.
 
-        `self_out` is self-attention's output for the input `self.normed(self.norm1, x)`;
-        `cross_attend` maps a query input to its attention over the encoder output.
+        Without `cache`, the encoder output is `memory` [B, S, D] and self-attention reads x
+        alone (training, teacher forcing). With it, the encoder output is the cache's
+        projection of it (`memory` unused) and x's keys and values are written at `slots`:
+        one step of the search, or a block of forced prefix tokens. Full, block and step
+        decoding all run this one function.
         """
-        x = self.add(self.norm1, x, self_out, fold(key, 0))
-        x = self.sublayer(self.norm2, x, cross_attend, fold(key, 1))
-        k2 = fold(key, 2)
-        return self.sublayer(self.norm3, x, lambda h: self.feed_forward(h, k2), k2)
-
-    def __call__(self, x, memory, self_mask, cross_mask, key):
+        k0, k1, k2 = fold(key, 0), fold(key, 1), fold(key, 2)
         h = self.normed(self.norm1, x)
-        # As in EncoderLayer: the attention weights' dropout folds its key off the sub-layer's.
-        self_out = self.self_attention(h, h, self_mask, fold(key, 0))
-        k1 = fold(key, 1)
-        cross_attend = lambda h: self.cross_attention(h, memory, cross_mask, k1)  # noqa: E731
-        return self.finish(x, self_out, cross_attend, key)
+        if cache is None:
+            attended = self.self_attention(h, h, self_mask, k0)
+            cross = lambda h: self.cross_attention(h, memory, cross_mask, k1)  # noqa: E731
+        else:
+            attended, self_kv = self.self_attention.attend_self_cached(
+                h, cache.self_kv, slots, self_mask
+            )
+            cache = cache._replace(self_kv=self_kv)
+            cross = lambda h: self.cross_attention.attend_projected(  # noqa: E731
+                h, cache.cross_kv, cross_mask, slots.step
+            )
+        # Sec. 3.1: LayerNorm(x + Dropout(Sublayer(x))) (post), x + Dropout(Sublayer(LN(x))) (pre).
+        x = self.add(self.norm1, x, attended, k0)
+        x = self.sublayer(self.norm2, x, cross, k1)
+        return self.sublayer(self.norm3, x, lambda h: self.feed_forward(h, k2), k2), cache

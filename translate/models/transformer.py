@@ -31,7 +31,6 @@ al. 2020); the default "post" computes exactly the paper's model above.
 
 from __future__ import annotations
 
-import functools
 import math
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -42,9 +41,12 @@ from flax import nnx
 
 from translate.config import ModelConfig
 from translate.models.layers import (
+    KV,
     DecoderLayer,
     EncoderLayer,
+    LayerCache,
     MultiHeadAttention,
+    Slots,
     attention_mask,
     compute_dtype,
     dropout,
@@ -58,17 +60,7 @@ if TYPE_CHECKING:  # for annotations only: the data pipeline feeds the model, no
     from translate.data.batching import Batch
 
 
-class LayerCache(NamedTuple):
-    """One decoder layer's keys and values for cached decoding, in the products' layout."""
-
-    k: jax.Array  # [B, H, K, L] self-attention keys, transposed
-    v: jax.Array  # [B, H, L, K] self-attention values
-    cross_k: jax.Array  # [B, H, K, S] encoder-output keys, transposed
-    cross_v: jax.Array  # [B, H, S, K] encoder-output values
-    src_valid: jax.Array  # [B, S] True on real source tokens
-
-
-Cache = list[LayerCache]
+Cache = list[LayerCache]  # one per decoder layer
 
 
 class TranslationModel(nnx.Module):
@@ -198,7 +190,7 @@ class Transformer(TranslationModel):
         x = self.embed_tokens(src, src_positions, fold(dropout_key, 0))
         mask = attention_mask(src_segments, src_segments, causal=False)  # [B, 1, S, S]
         for i, layer in enumerate(self.encoder):
-            x = layer(x, mask, fold(dropout_key, 1 + i))
+            x, _ = layer(x, mask, fold(dropout_key, 1 + i))
         return x if self.encoder_norm is None else self.encoder_norm(x)
 
     def decode(
@@ -210,7 +202,7 @@ class Transformer(TranslationModel):
         self_mask = attention_mask(tgt_segments, tgt_segments, causal=True)  # [B, 1, T, T]
         cross_mask = attention_mask(tgt_segments, src_segments, causal=False)  # [B, 1, T, S]
         for i, layer in enumerate(self.decoder):
-            y = layer(y, memory, self_mask, cross_mask, fold(key, 1 + i))
+            y, _ = layer(y, memory, self_mask, cross_mask, fold(key, 1 + i))
         return y if self.decoder_norm is None else self.decoder_norm(y)
 
     def hidden(self, batch: Batch, *, dropout_key=None) -> jax.Array:
@@ -250,10 +242,10 @@ class Transformer(TranslationModel):
         k = self.d_model // h
         cache = []
         for layer in self.decoder:
-            cross_k, cross_v = layer.cross_attention.project_kv_cached(memory)
+            cross_kv = KV(*layer.cross_attention.project_kv_cached(memory))
             empty_k = jnp.zeros((b, h, k, max_len), self.dtype)
             empty_v = jnp.zeros((b, h, max_len, k), self.dtype)
-            cache.append(LayerCache(empty_k, empty_v, cross_k, cross_v, src_segments > 0))
+            cache.append(LayerCache(KV(empty_k, empty_v), cross_kv, src_segments > 0))
         return cache
 
     @staticmethod
@@ -263,13 +255,15 @@ class Transformer(TranslationModel):
         The search grows the cache as its outputs grow (search.cache_lengths): every step's
         attention, and beam search's reordering, read the whole cache, written or not.
         """
-        grow = max_len - cache[0].k.shape[-1]
+        grow = max_len - cache[0].self_kv.k.shape[-1]
         if grow == 0:
             return cache
         return [
             c._replace(
-                k=jnp.pad(c.k, ((0, 0), (0, 0), (0, 0), (0, grow))),  # [B, H, K, max_len]
-                v=jnp.pad(c.v, ((0, 0), (0, 0), (0, grow), (0, 0))),  # [B, H, max_len, K]
+                self_kv=KV(
+                    jnp.pad(c.self_kv.k, ((0, 0), (0, 0), (0, 0), (0, grow))),  # [B, H, K, max_len]
+                    jnp.pad(c.self_kv.v, ((0, 0), (0, 0), (0, grow), (0, 0))),  # [B, H, max_len, K]
+                )
             )
             for c in cache
         ]
@@ -281,7 +275,7 @@ class Transformer(TranslationModel):
         Self-attention keys and values follow their rows; the encoder side is the same for
         every hypothesis of a sentence and stays.
         """
-        return [c._replace(k=c.k[rows], v=c.v[rows]) for c in cache]
+        return [c._replace(self_kv=KV(c.self_kv.k[rows], c.self_kv.v[rows])) for c in cache]
 
     def decode_block(self, tokens: jax.Array, cache: Cache) -> tuple[jax.Array, Cache]:
         """Tokens [B, P] at positions 0..P-1 in one pass -> logits [B, P, V] and the cache with
@@ -293,58 +287,25 @@ class Transformer(TranslationModel):
         b, p = tokens.shape
         y = self.embed_tokens(tokens, jnp.broadcast_to(jnp.arange(p), (b, p)), None)  # [B, P, D]
         causal = jnp.tril(jnp.ones((p, p), bool))[None, None]  # [1, 1, P, P]
-        new_cache = []
-        for layer, c in zip(self.decoder, cache):
-            attn = layer.self_attention
-            h = layer.normed(layer.norm1, y)  # [B, P, D]
-            k_t, v_h = attn.project_kv_cached(h)  # [B, H, K, P], [B, H, P, K]
-            keys, values = k_t.transpose(0, 3, 1, 2), v_h.transpose(0, 2, 1, 3)  # [B, P, H, K]
-            cross_k = c.cross_k.transpose(0, 3, 1, 2)  # [B, S, H, K]
-            cross_v = c.cross_v.transpose(0, 2, 1, 3)  # [B, S, H, K]
-            cross_mask = c.src_valid[:, None, None, :]  # [B, 1, 1, S]
-            y = layer.finish(
-                y,
-                attn.attend(h, keys.astype(c.k.dtype), values.astype(c.v.dtype), causal),
-                functools.partial(
-                    layer.cross_attention.attend, k=cross_k, v=cross_v, mask=cross_mask
-                ),
-                None,
-            )
-            k = jax.lax.dynamic_update_slice_in_dim(c.k, k_t.astype(c.k.dtype), 0, 3)
-            v = jax.lax.dynamic_update_slice_in_dim(c.v, v_h.astype(c.v.dtype), 0, 2)
-            new_cache.append(c._replace(k=k, v=v))
-        if self.decoder_norm is not None:
-            y = self.decoder_norm(y)
-        return self.logits(y).astype(jnp.float32), new_cache
+        cross_mask = cache[0].src_valid[:, None, None, :]  # [B, 1, 1, S]
+        y, cache = self.decode_cached(y, causal, cross_mask, cache, Slots(0, step=False))
+        return self.logits(y).astype(jnp.float32), cache
 
     def decode_step(
         self, tokens: jax.Array, index: jax.Array, cache: Cache
     ) -> tuple[jax.Array, Cache]:
         """One step of cached decoding: tokens [B] at position `index` -> logits [B, V], cache."""
         y = self.embed_tokens(tokens[:, None], jnp.full((tokens.shape[0], 1), index), None)
+        self_mask = (jnp.arange(cache[0].self_kv.k.shape[-1]) <= index)[None, None, :]  # [1, 1, L]
+        cross_mask = cache[0].src_valid[:, None, :]  # [B, 1, S]
+        y, cache = self.decode_cached(y, self_mask, cross_mask, cache, Slots(index, step=True))
+        return self.logits(y[:, 0]).astype(jnp.float32), cache
+
+    def decode_cached(self, y, self_mask, cross_mask, cache: Cache, slots: Slots):
+        """Embedded targets y [B, T, D] through every decoder layer with its cache -> output
+        [B, T, D] (the final LayerNorm included) and the updated cache."""
         new_cache = []
         for layer, c in zip(self.decoder, cache):
-            attn = layer.self_attention
-            h = layer.normed(layer.norm1, y)  # [B, 1, D]
-            k_new, v_new = attn.project_kv_cached(h)  # [B, H, K, 1], [B, H, 1, K]
-            # Written in place: the cache is a loop carry that nothing else reads.
-            k = jax.lax.dynamic_update_slice_in_dim(c.k, k_new.astype(c.k.dtype), index, 3)
-            v = jax.lax.dynamic_update_slice_in_dim(c.v, v_new.astype(c.v.dtype), index, 2)
-            self_mask = (jnp.arange(k.shape[-1]) <= index)[None, None, :]  # [1, 1, L]
-            self_out = attn.attend_cached(h, k, v, self_mask)
-            cross_mask = c.src_valid[:, None, :]  # [B, 1, S]
-            y = layer.finish(
-                y,
-                self_out,
-                functools.partial(
-                    layer.cross_attention.attend_cached,
-                    keys_t=c.cross_k,
-                    values=c.cross_v,
-                    mask=cross_mask,
-                ),
-                None,
-            )
-            new_cache.append(c._replace(k=k, v=v))
-        if self.decoder_norm is not None:
-            y = self.decoder_norm(y)
-        return self.logits(y[:, 0]).astype(jnp.float32), new_cache
+            y, c = layer(y, None, self_mask, cross_mask, cache=c, slots=slots)
+            new_cache.append(c)
+        return (y if self.decoder_norm is None else self.decoder_norm(y)), new_cache
