@@ -32,7 +32,7 @@ al. 2020); the default "post" computes exactly the paper's model above.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
