@@ -26,7 +26,14 @@ import numpy as np
 
 from translate.config import ModelConfig
 from translate.data.tokenizer import BOS_ID, EOS_ID, UNK_ID, Tokenizer
-from translate.engines.shared import NUM_POSITIONS, array, groups_by_length, source_pieces
+from translate.engines.shared import (
+    NUM_POSITIONS,
+    Decision,
+    array,
+    groups_by_length,
+    refusal,
+    source_pieces,
+)
 from translate.models.layers import MultiHeadAttention, sinusoidal_positions
 from translate.models.transformer import TranslationModel
 
@@ -49,15 +56,42 @@ QUANTIZATIONS = (
 )
 
 
+# The model settings this export implements (shared.refusal refuses any other, and any field
+# without a decision here).
+IMPLEMENTS = {
+    **{
+        name: Decision(None, "read off the weights")
+        for name in ("num_layers", "d_model", "num_heads", "d_ff")
+    },
+    **{
+        name: Decision(None, "training only")
+        for name in (
+            "dropout_rate",
+            "attention_dropout_rate",
+            "activation_dropout_rate",
+            "dropout_bits",
+        )
+    },
+    # The weights are written in float32 (or --quantization's type); how our model rounded its
+    # products, and which attention kernel it ran, are ours to choose, not the weights'.
+    "compute_dtype": Decision(None, "the weights are float32"),
+    "matmul_dtype": Decision(None, "the weights are float32"),
+    "attention": Decision(None, "a kernel of ours"),
+    "norm_position": Decision(("post", "pre"), "CTranslate2 has post- and pre-LayerNorm only"),
+    "architecture": Decision(
+        ("encoder_decoder", "decoder_only"), "CTranslate2 knows these two architectures"
+    ),
+    "prefix_attention": Decision(
+        ("causal",),
+        "CTranslate2's decoder-only models attend causally, and this model's source tokens "
+        "attend to the whole source (model.prefix_attention=bidirectional)",
+    ),
+}
+
+
 def unsupported_reason(config: ModelConfig) -> str | None:
     """Why CTranslate2 cannot run this model exactly, or None when it can."""
-    if config.architecture == "decoder_only" and config.prefix_attention != "causal":
-        return (
-            "CTranslate2's decoder-only models attend causally, and this model's source "
-            "tokens attend to the whole source (model.prefix_attention="
-            f"{config.prefix_attention})"
-        )
-    return None
+    return refusal(config, IMPLEMENTS)
 
 
 def linear(spec: Any, layer: Any) -> None:

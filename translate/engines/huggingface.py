@@ -35,7 +35,14 @@ import numpy as np
 
 from translate.config import ModelConfig
 from translate.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
-from translate.engines.shared import NUM_POSITIONS, array, groups_by_length, source_pieces
+from translate.engines.shared import (
+    NUM_POSITIONS,
+    Decision,
+    array,
+    groups_by_length,
+    refusal,
+    source_pieces,
+)
 from translate.models.layers import sinusoidal_positions
 from translate.models.transformer import TranslationModel
 
@@ -53,14 +60,39 @@ QUANTIZATION_PACKAGES: dict[str, str] = {}
 MAX_LENGTH = 512
 
 
+# The model settings this export implements (shared.refusal refuses any other, and any field
+# without a decision here).
+IMPLEMENTS = {
+    **{
+        name: Decision(None, "read off the weights")
+        for name in ("num_layers", "d_model", "num_heads", "d_ff")
+    },
+    **{
+        name: Decision(None, "training only")
+        for name in (
+            "dropout_rate",
+            "attention_dropout_rate",
+            "activation_dropout_rate",
+            "dropout_bits",
+        )
+    },
+    "compute_dtype": Decision(None, "the weights are float32"),
+    "matmul_dtype": Decision(None, "the weights are float32"),
+    "attention": Decision(None, "a kernel of ours"),
+    "norm_position": Decision(("post", "pre"), "Marian (post) and Pegasus (pre) only"),
+    "architecture": Decision(
+        ("encoder_decoder",),
+        "transformers has no model class for the decoder-only layout (sinusoidal positions "
+        "over `source </s> <s> target`); export it with --format=ctranslate2",
+    ),
+    # Read by the decoder-only architecture alone, which this export refuses above.
+    "prefix_attention": Decision(None, "decoder-only models only"),
+}
+
+
 def unsupported_reason(config: ModelConfig) -> str | None:
     """Why this export cannot express the model, or None when it can."""
-    if config.architecture == "decoder_only":
-        return (
-            "transformers has no model class for the decoder-only layout (sinusoidal positions "
-            "over `source </s> <s> target`); export it with --format=ctranslate2"
-        )
-    return None
+    return refusal(config, IMPLEMENTS)
 
 
 def channel_order(d_model: int) -> np.ndarray:

@@ -1,14 +1,47 @@
-"""What the export formats share: the position table's size, weights as numpy arrays, and
-sources cut and grouped as our search reads them (for decoding an export as ours decodes)."""
+"""What the export formats share: the model settings each implements, the position table's size,
+weights as numpy arrays, and sources cut and grouped as our search reads them (for decoding an
+export as ours decodes)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
 
+from translate.config import ModelConfig
 from translate.data.tokenizer import Tokenizer
+
+
+class Decision(NamedTuple):
+    """What an export does with one model field: the values it implements (None: every value,
+    as for a size it reads off the weights or a setting of training alone) and why, or the
+    reason it gives for refusing any other value."""
+
+    accepted: tuple | None
+    why: str
+
+
+def refusal(config: ModelConfig, implements: Mapping[str, Decision]) -> str | None:
+    """Why an export refuses this model, or None: it fails closed.
+
+    Every field of the model's config must have a decision in `implements`; a field without
+    one (added to the model after the export was written) is refused by name, so that a model
+    the export does not know is never written as one it does.
+    """
+    for field in dataclasses.fields(config):
+        value = getattr(config, field.name)
+        decision = implements.get(field.name)
+        if decision is None:
+            return (
+                f"the export does not know model.{field.name} (={value!r}): it implements "
+                "only the settings it lists (translate/engines/)"
+            )
+        if decision.accepted is not None and value not in decision.accepted:
+            return decision.why
+    return None
+
 
 # Positions an export can embed: the rows of CTranslate2's stored position table (it refuses a
 # position past it, and cuts sources at 1,024 tokens by its default `max_input_length`; a

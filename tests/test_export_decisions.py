@@ -1,0 +1,48 @@
+"""Exports fail closed: every model field has a decision in each export, and others are refused."""
+
+import dataclasses
+
+import pytest
+
+from translate.config import ModelConfig
+from translate.engines import ctranslate2, huggingface
+from translate.engines.writer import FORMATS
+
+FIELDS = [field.name for field in dataclasses.fields(ModelConfig)]
+
+
+@pytest.mark.parametrize("fmt", sorted(FORMATS))
+def test_every_model_field_has_an_export_decision(fmt):
+    # A new model field (a position encoding, say) fails here until each export says whether
+    # it implements the field's values or refuses them.
+    implements = FORMATS[fmt].IMPLEMENTS
+    assert sorted(implements) == sorted(FIELDS), set(FIELDS) ^ set(implements)
+
+
+@pytest.mark.parametrize("fmt", sorted(FORMATS))
+def test_a_model_field_the_export_does_not_know_is_refused(fmt):
+    @dataclasses.dataclass
+    class Grown(ModelConfig):
+        position_encoding: str = "rope"
+
+    reason = FORMATS[fmt].unsupported_reason(Grown())
+    assert reason and "model.position_encoding" in reason
+
+
+@pytest.mark.parametrize("fmt", sorted(FORMATS))
+def test_a_value_outside_a_decision_is_refused_with_its_reason(fmt):
+    implements = FORMATS[fmt].IMPLEMENTS
+    assert FORMATS[fmt].unsupported_reason(ModelConfig()) is None  # the paper's model
+    for name, decision in implements.items():
+        if decision.accepted is None:
+            continue
+        config = dataclasses.replace(ModelConfig(), **{name: "something else"})
+        assert FORMATS[fmt].unsupported_reason(config) == decision.why, name
+
+
+def test_the_decoder_only_layout_is_refused_by_transformers_and_kept_by_ctranslate2():
+    config = ModelConfig(architecture="decoder_only")
+    assert "decoder-only" in huggingface.unsupported_reason(config)
+    assert ctranslate2.unsupported_reason(config) is None
+    bidirectional = dataclasses.replace(config, prefix_attention="bidirectional")
+    assert "attend causally" in ctranslate2.unsupported_reason(bidirectional)
