@@ -32,6 +32,7 @@ from translate import compilation, devices
 from translate.config import (
     CONFIG_SECTIONS,
     Config,
+    choices,
     config_field_type,
     field_descriptions,
     parse_value,
@@ -319,7 +320,9 @@ def format_help(doc: str, known: dict[str, Any], sections: Sequence[str]) -> str
     width = 100
 
     def entry(name: str, kind: Any, default: Any, text: str) -> list[str]:
-        head = f"  --{name}={kind.__name__.upper()}"
+        values = choices(kind)
+        shown = "{" + ",".join(v or "''" for v in values) + "}" if values else ""
+        head = f"  --{name}=" + (shown or kind.__name__.upper())
         if isinstance(default, list):
             head += "  (repeatable)"
         elif default is not None:

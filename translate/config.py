@@ -26,7 +26,45 @@ import tokenize
 import traceback
 import typing
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
+
+# Each choice a config field offers, declared once: validation, `--help` and the code that acts
+# on the field read these (`choices`), and that code refuses a value outside them.
+DropoutBits = Literal["threefry", "hash"]
+ComputeDtype = Literal["auto", "float32", "bfloat16", "float16"]
+MatmulDtype = Literal["compute", "bfloat16"]
+AttentionKernel = Literal["auto", "xla", "cudnn"]
+NormPosition = Literal["post", "pre"]
+Architecture = Literal["encoder_decoder", "decoder_only"]
+PrefixAttention = Literal["causal", "bidirectional"]
+DataSource = Literal["files", "synthetic", "tfds", "monolingual"]
+LrDecay = Literal["rsqrt", "linear", "cosine"]
+Optimizer = Literal["adam", "muon"]
+LossKeep = Literal["auto", "exp", "logits", "logits_bf16"]
+OnNonfinite = Literal["stop", "skip"]
+KeepBestBy = Literal["dev_bleu", ""]
+BeamStop = Literal["exact", "finished"]
+
+
+def choices(kind: Any) -> tuple | None:
+    """The values a field of type `kind` may take when it is a choice (a Literal), else None."""
+    return typing.get_args(kind) if typing.get_origin(kind) is Literal else None
+
+
+def choice_rule(values: tuple) -> str:
+    """ "must be 'a', 'b' or 'c'": the rule a choice's value breaks."""
+    quoted = [f"'{v}'" for v in values]
+    return "must be " + " or ".join(
+        [", ".join(quoted[:-1]), quoted[-1]] if len(quoted) > 1 else quoted
+    )
+
+
+def check_choice(value: Any, kind: Any, name: str) -> Any:
+    """`value` when it is one of the choice `kind`'s; ValueError naming `name` otherwise. For code
+    that branches on a choice: a value it does not know is refused, never read as another."""
+    if value not in choices(kind):
+        raise ValueError(f"{name}={value!r}: {choice_rule(choices(kind))}")
+    return value
 
 
 @dataclasses.dataclass
@@ -52,29 +90,29 @@ class ModelConfig:
     # Where dropout's random bits come from: "threefry" (JAX's generator) or "hash" (a counter
     # hash with a third of the integer operations, models/layers.py's hashed_words: other masks,
     # so other numbers; the Multi30k recipe's whole step x0.955, scripts/benchmark.py --variant).
-    dropout_bits: str = "threefry"
+    dropout_bits: DropoutBits = "threefry"
     # "auto": bfloat16 on GPU/TPU, float32 on CPU. Parameters are always float32.
-    compute_dtype: str = "auto"
+    compute_dtype: ComputeDtype = "auto"
     # The operands of the linear layers' and the output projection's matrix products: "compute"
     # (the compute dtype) or "bfloat16" (rounded to bfloat16 in both passes, accumulated and
     # returned in float32, the rest of the model in the compute dtype: mixed precision as TPUs
     # run float32 products by default). On this project's CPU (AMD EPYC, AVX512-BF16) such
     # products ran about 1.8x as fast, the Multi30k recipe's step 1.4x (docs/speed.md).
-    matmul_dtype: str = "compute"
+    matmul_dtype: MatmulDtype = "compute"
     # Attention kernel of jax.nn.dot_product_attention: "xla", "cudnn" (fused, GPU only, bf16 or
     # fp16) or "auto": cuDNN on GPU when the compute dtype and head size allow, else XLA.
-    attention: str = "auto"
+    attention: AttentionKernel = "auto"
     # Where each sub-layer's LayerNorm sits: "post" is the paper's LayerNorm(x + Sublayer(x))
     # (Sec. 3.1); "pre" is x + Sublayer(LayerNorm(x)) with a final LayerNorm on each stack
     # (Xiong et al. 2020), which trains stably at higher learning rates and depths.
-    norm_position: str = "post"
+    norm_position: NormPosition = "post"
     # "encoder_decoder" (the paper) or "decoder_only": one stack of num_layers self-attention
     # + feed-forward layers over `source <sep> target`, scored on the target
     # (models/decoder_only.py).
-    architecture: str = "encoder_decoder"
+    architecture: Architecture = "encoder_decoder"
     # Decoder-only: "causal" (each token sees those before it) or "bidirectional" (source
     # tokens also see the source tokens after them: a prefix LM).
-    prefix_attention: str = "causal"
+    prefix_attention: PrefixAttention = "causal"
 
 
 @dataclasses.dataclass
@@ -84,7 +122,7 @@ class DataConfig:
     # translate.data.wmt) or
     # "monolingual" (one language's text, {train,dev}_prefix.tgt_lang in `dir`, for a language
     # model: the decoder-only architecture scored on every token).
-    source: str = "files"
+    source: DataSource = "files"
     # Directory holding {train,dev,test}_prefix.{src_lang,tgt_lang} for source "files".
     dir: str = ""
     # File stem of the training, development and test sets inside `dir` ("" for no dev or test
@@ -138,13 +176,13 @@ class TrainConfig:
     learning_rate_scale: float = 1.0
     # After warm-up: "rsqrt" (the paper's step^-0.5), or "linear" or "cosine" from the same peak
     # towards 0 at num_train_steps, which helps runs too short for rsqrt to have fallen far.
-    lr_decay: str = "rsqrt"
+    lr_decay: LrDecay = "rsqrt"
     # "adam": the paper's Adam (AdamW with train.weight_decay) for every parameter. "muon": Muon
     # (Jordan et al. 2024: momentum orthogonalised by Newton-Schulz iterations) for every linear
     # layer's kernel, its update scaled to AdamW's RMS (Liu et al. 2025) so that the same
     # learning rate and weight decay apply, and that Adam for the embedding, biases and
     # LayerNorms (training/optim.py). A run cannot switch it when it resumes.
-    optimizer: str = "adam"
+    optimizer: Optimizer = "adam"
     # Adam hyper-parameters (Sec. 5.3).
     adam_beta1: float = 0.9
     adam_beta2: float = 0.98
@@ -161,7 +199,7 @@ class TrainConfig:
     # projected_cross_entropy): "exp" (fastest on CPUs), "logits" (fewer passes over the
     # [tokens x vocabulary] float32 logits, for GPUs), "logits_bf16" (the logits rounded to
     # bfloat16, half the bytes again), or "auto": "exp" on CPUs, else "logits".
-    loss_keep: str = "auto"
+    loss_keep: LossKeep = "auto"
     # An exponential moving average of the parameters, kept beside them and saved in the
     # checkpoints: ema = d * ema + (1 - d) * params after every applied step, with
     # d = min(ema_decay, (1 + step) / (10 + step)); the dev and final evaluations and the
@@ -185,7 +223,7 @@ class TrainConfig:
     keep_checkpoints: int = 5
     # A step whose loss or gradient is not finite is never applied; "stop" ends the run there
     # (naming the step), "skip" carries on and counts such steps in the log.
-    on_nonfinite: str = "stop"
+    on_nonfinite: OnNonfinite = "stop"
     # With on_nonfinite "skip": this many skipped steps in a row stop the run (it has stopped
     # learning).
     max_consecutive_skips: int = 100
@@ -200,7 +238,7 @@ class TrainConfig:
     init_from: str = ""
     # "dev_bleu": also keep the checkpoint with the best dev BLEU so far, in the workdir's
     # best/ (a workdir of its own for evaluate, translate and init_from); "" = off.
-    keep_best_by: str = ""
+    keep_best_by: KeepBestBy = ""
     # Stop after this many dev evaluations in a row without a better dev BLEU, then save and
     # test as at the last step; 0 = off (the paper trains a fixed number of steps).
     early_stopping_patience: int = 0
@@ -221,7 +259,7 @@ class DecodeConfig:
     # beam_size finished ones (exact, but loose: it assumes the longest allowed output's length
     # penalty); "finished", once beam_size hypotheses have ended, EOS counting only among the
     # beam_size best candidates of a step (fairseq, CTranslate2, transformers' early_stopping).
-    beam_stop: str = "exact"
+    beam_stop: BeamStop = "exact"
     # Sentences decoded together. Chosen with `parallel_batches` on 2 CPU cores (BENCHMARKS.md):
     # 32 with 3 in flight decoded Multi30k's test2016 faster than 64 with 2 (beam 4
     # by 1.07-1.10x, greedy by 1.15-1.3x), with the same output tokens.
@@ -248,7 +286,7 @@ Rule = tuple[str, Callable[[Any], bool], str]
 # The longest output past its source's length that decoding allows (decode.max_extra_len).
 MAX_EXTRA_LEN = 1024
 # The values of decode.beam_stop.
-BEAM_STOPS = ("exact", "finished")
+BEAM_STOPS = choices(BeamStop)
 # The rules of the decoding settings that a command may also take as flags of its own
 # (translate-text's --beam_size ...), as {field of DecodeConfig: (condition, what it must be)}:
 # config.validate and translate/decoding/settings.py check them, the one place they are written.
@@ -260,7 +298,7 @@ SEARCH_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "max_extra_len": (lambda v: 0 <= v <= MAX_EXTRA_LEN, f"must be in [0, {MAX_EXTRA_LEN}]"),
     "beam_stop": (
         lambda v: v in BEAM_STOPS,
-        "must be " + " or ".join(f"'{b}'" for b in BEAM_STOPS),
+        choice_rule(BEAM_STOPS),
     ),
     "batch_size": (lambda v: v >= 1, "must be >= 1"),
     "parallel_batches": (lambda v: v >= 1, "must be >= 1"),
@@ -287,6 +325,7 @@ class Config:
         # Types next, so that every rule below may compare and divide: a config file can set
         # any Python value, and NaN or inf passes a range check such as `> 0`.
         self._check_types()
+        self._check_choices()
         # Checked in order, so a rule may rely on one above it: d_model % num_heads needs
         # num_heads >= 1.
         rules = [
@@ -313,11 +352,19 @@ class Config:
                 value = getattr(getattr(self, section.name), name)
                 if not _has_type(value, kind):
                     raise ValueError(
-                        f"invalid config: {self._flag(field)}: must be {kind.__name__}, "
+                        f"invalid config: {self._flag(field)}: must be {type_name(kind)}, "
                         f"not {type(value).__name__}"
                     )
                 if kind is float and not math.isfinite(value):
                     raise ValueError(f"invalid config: {self._flag(field)}: must be finite")
+
+    def _check_choices(self) -> None:
+        for section in dataclasses.fields(self):
+            for name, kind in typing.get_type_hints(type(getattr(self, section.name))).items():
+                values = choices(kind)
+                if values and getattr(getattr(self, section.name), name) not in values:
+                    field = f"{section.name}.{name}"
+                    raise ValueError(f"invalid config: {self._flag(field)}: {choice_rule(values)}")
 
     def _model_rules(self) -> list[Rule]:
         """The model's rules, as (field, condition on its value, rule)."""
@@ -338,37 +385,6 @@ class Config:
             ("model.attention_dropout_rate", lambda v: 0.0 <= v < 1.0, "must be in [0, 1)"),
             ("model.activation_dropout_rate", lambda v: 0.0 <= v < 1.0, "must be in [0, 1)"),
             (
-                "model.dropout_bits",
-                lambda v: v in ("threefry", "hash"),
-                "must be threefry or hash",
-            ),
-            (
-                "model.matmul_dtype",
-                lambda v: v in ("compute", "bfloat16"),
-                "must be compute or bfloat16",
-            ),
-            (
-                "model.compute_dtype",
-                lambda v: v in ("auto", "float32", "bfloat16", "float16"),
-                "must be auto, float32, bfloat16 or float16",
-            ),
-            (
-                "model.attention",
-                lambda v: v in ("auto", "xla", "cudnn"),
-                "must be auto, xla or cudnn",
-            ),
-            ("model.norm_position", lambda v: v in ("post", "pre"), "must be 'post' or 'pre'"),
-            (
-                "model.architecture",
-                lambda v: v in ("encoder_decoder", "decoder_only"),
-                "must be 'encoder_decoder' or 'decoder_only'",
-            ),
-            (
-                "model.prefix_attention",
-                lambda v: v in ("causal", "bidirectional"),
-                "must be 'causal' or 'bidirectional'",
-            ),
-            (
                 "model.prefix_attention",
                 lambda v: v == "causal" or m.architecture == "decoder_only",
                 "applies only to --config.model.architecture=decoder_only",
@@ -380,11 +396,6 @@ class Config:
         m, d = self.model, self.data
         flag = self._flag
         return [
-            (
-                "data.source",
-                lambda v: v in ("files", "synthetic", "tfds", "monolingual"),
-                "must be 'files', 'synthetic', 'tfds' or 'monolingual'",
-            ),
             (
                 "data.source",
                 lambda v: v != "monolingual" or m.architecture == "decoder_only",
@@ -428,29 +439,18 @@ class Config:
             ("train.num_train_steps", lambda v: v >= 1, "must be >= 1"),
             ("train.warmup_steps", lambda v: v >= 1, "must be >= 1"),
             ("train.learning_rate_scale", lambda v: v > 0.0, "must be > 0"),
-            (
-                "train.lr_decay",
-                lambda v: v in ("rsqrt", "linear", "cosine"),
-                "must be 'rsqrt', 'linear' or 'cosine'",
-            ),
             # A decay to 0 needs steps after the warm-up to fall over.
             (
                 "train.warmup_steps",
                 lambda v: t.lr_decay == "rsqrt" or v < t.num_train_steps,
                 f"must be below {flag('train.num_train_steps')} when {flag('train.lr_decay')}",
             ),
-            ("train.optimizer", lambda v: v in ("adam", "muon"), "must be 'adam' or 'muon'"),
             # Adam divides by (1 - beta^t) and by sqrt(v) + eps (Sec. 5.3).
             ("train.adam_beta1", lambda v: 0.0 <= v < 1.0, "must be in [0, 1)"),
             ("train.adam_beta2", lambda v: 0.0 <= v < 1.0, "must be in [0, 1)"),
             ("train.adam_eps", lambda v: v > 0.0, "must be > 0"),
             ("train.weight_decay", lambda v: 0.0 <= v < 1.0, "must be in [0, 1) (0 = off)"),
             ("train.label_smoothing", lambda v: 0.0 <= v < 1.0, "must be in [0, 1)"),
-            (
-                "train.loss_keep",
-                lambda v: v in ("auto", "exp", "logits", "logits_bf16"),
-                "must be 'auto', 'exp', 'logits' or 'logits_bf16'",
-            ),
             ("train.ema_decay", lambda v: 0.0 <= v < 1.0, "must be in [0, 1) (0 = off)"),
             ("train.grad_accum_steps", lambda v: v >= 1, "must be >= 1"),
             # Each micro-batch needs a row (and on several devices a row per device).
@@ -467,7 +467,6 @@ class Config:
             ("train.checkpoint_every_steps", lambda v: v >= 1, "must be >= 1"),
             # Orbax keeps this many and deletes the rest: 0 would keep no checkpoint at all.
             ("train.keep_checkpoints", lambda v: v >= 1, "must be >= 1"),
-            ("train.on_nonfinite", lambda v: v in ("stop", "skip"), "must be 'stop' or 'skip'"),
             ("train.max_consecutive_skips", lambda v: v >= 1, "must be >= 1"),
             ("train.stop_check_every_steps", lambda v: v >= 1, "must be >= 1"),
             ("train.eval_every_steps", lambda v: v >= 1, "must be >= 1"),
@@ -475,11 +474,6 @@ class Config:
                 "train.init_from",
                 lambda v: v == "" or split_init_from(v)[0] != "",
                 'must be WORKDIR or WORKDIR@STEP ("" = off)',
-            ),
-            (
-                "train.keep_best_by",
-                lambda v: v in ("", "dev_bleu"),
-                "must be 'dev_bleu' or '' (off)",
             ),
             (
                 "train.early_stopping_patience",
@@ -608,12 +602,21 @@ def _has_type(value: Any, kind: Any) -> bool:
     """Whether a field of type `kind` may hold `value` (an int may stand for a float)."""
     if isinstance(value, bool):
         return kind is bool
+    if choices(kind):
+        return isinstance(value, str)
     if kind is float:
         return isinstance(value, (int, float))
     return isinstance(value, kind)
 
 
+def type_name(kind: Any) -> str:
+    """The name a message gives a field's type: a choice's values are strings."""
+    return "str" if choices(kind) else kind.__name__
+
+
 def parse_value(text: str, kind: Any, flag: str) -> Any:
+    if choices(kind):
+        return text  # the choice itself is checked by validate, naming its values
     try:
         if kind is bool:
             lowered = text.lower()

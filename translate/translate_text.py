@@ -9,9 +9,9 @@
 (`python -m translate.translate_text` is the same command.) One sentence per input line gives
 one translation per output line, in input order; an empty line gives an empty line. Lines are
 decoded as soon as they arrive: typed at a terminal or written to a pipe one at a time, each
-line is translated and written at once; from a file, or a pipe that holds many lines, up to
-10,000 lines are decoded together in length-sorted batches, so memory stays bounded and output
-streams however long the input. With `--nbest=N` every non-empty line gives N lines
+line is translated and written at once; from a file, or a pipe that holds many lines,
+up to 10,000 lines are decoded together in length-sorted batches, so memory stays bounded and
+output streams however long the input. With `--nbest=N` every non-empty line gives N lines
 `LINE<TAB>SCORE<TAB>TRANSLATION` (LINE counts input lines from 0; SCORE is the length-normalised
 log-probability that beam search ranks by), best first; an empty line gives the single line
 `LINE<TAB>0.0000<TAB>`. The N are distinct texts from the beam's hypotheses; fewer come out when

@@ -17,7 +17,7 @@ import logging
 import pathlib
 from typing import NamedTuple
 
-from translate.config import Config
+from translate.config import Config, DataSource, check_choice
 from translate.data import synthetic, wmt
 from translate.data.corpus import TokenizedCorpus, tokenize_once, tokenize_parallel
 from translate.data.text import ParallelText, read_lines, read_parallel, sample_sentences
@@ -52,6 +52,7 @@ def data_paths(config: Config, files: DataFiles) -> dict[str, tuple[pathlib.Path
     """(source, target) file paths per split; synthetic data is generated once, into
     `files.generated_dir`."""
     d = config.data
+    check_choice(d.source, DataSource, "data.source")
     if d.source == "synthetic":
         out = files.generated_dir
         if not (out / "test.de").is_file():

@@ -35,8 +35,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from translate.config import ModelConfig
-from translate.models.layers import KV, EncoderLayer, Slots, fold, layer_norm
+from translate.config import ModelConfig, PrefixAttention, check_choice
+from translate.models.layers import KV, EncoderLayer, Slots, fold, is_pre_norm, layer_norm
 from translate.models.transformer import TranslationModel
 
 if TYPE_CHECKING:  # for annotations only: the data pipeline feeds the model, not the reverse
@@ -74,12 +74,13 @@ class DecoderOnlyTransformer(TranslationModel):
         self, config: ModelConfig, vocab_size: int, *, rngs: nnx.Rngs, dtype=None, attention="xla"
     ):
         super().__init__(config, vocab_size, rngs, dtype)
-        self.bidirectional = config.prefix_attention == "bidirectional"
+        attention = check_choice(config.prefix_attention, PrefixAttention, "model.prefix_attention")
+        self.bidirectional = attention == "bidirectional"
         self.decoder = nnx.List(
             [EncoderLayer(config, self.dtype, attention, rngs) for _ in range(config.num_layers)]
         )
         # Pre-LayerNorm only, as in transformer.Transformer.
-        pre_norm = config.norm_position == "pre"
+        pre_norm = is_pre_norm(config)
         self.decoder_norm = layer_norm(config, self.dtype, rngs) if pre_norm else None
 
     @classmethod

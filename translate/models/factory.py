@@ -12,7 +12,14 @@ from typing import Any
 
 from flax import nnx
 
-from translate.config import Config, ModelConfig
+from translate.config import (
+    Architecture,
+    AttentionKernel,
+    ComputeDtype,
+    Config,
+    ModelConfig,
+    check_choice,
+)
 from translate.devices import DeviceFacts, resolve_attention, resolve_dtype
 from translate.models.decoder_only import DecoderOnlyTransformer
 from translate.models.transformer import Transformer, TranslationModel
@@ -26,13 +33,13 @@ ARCHITECTURES: dict[str, type[TranslationModel]] = {
 
 def architecture(config: ModelConfig) -> type[TranslationModel]:
     """The class of `config.architecture`: what builds it and counts its FLOPs."""
-    return ARCHITECTURES[config.architecture]
+    return ARCHITECTURES[check_choice(config.architecture, Architecture, "model.architecture")]
 
 
 def resolve_model_dtype(config: ModelConfig) -> Any:
     """The jnp dtype that `config.compute_dtype` means on this device ("auto": bfloat16 on
     GPUs and TPUs, float32 on CPUs)."""
-    return resolve_dtype(config.compute_dtype)
+    return resolve_dtype(check_choice(config.compute_dtype, ComputeDtype, "model.compute_dtype"))
 
 
 def resolve_model_attention(config: ModelConfig, facts: DeviceFacts | None = None) -> str:
@@ -41,7 +48,7 @@ def resolve_model_attention(config: ModelConfig, facts: DeviceFacts | None = Non
     Raises ValueError when the config asks for cuDNN where it cannot run.
     """
     return resolve_attention(
-        config.attention,
+        check_choice(config.attention, AttentionKernel, "model.attention"),
         resolve_model_dtype(config),
         config.d_model // config.num_heads,
         facts,

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from translate.config import ModelConfig
+from translate.config import MatmulDtype, ModelConfig, NormPosition, check_choice
 
 
 def compute_dtype(config: ModelConfig) -> Any:
@@ -30,7 +30,8 @@ def compute_dtype(config: ModelConfig) -> Any:
 def product_dtype(config: ModelConfig, dtype: Any) -> Any:
     """The operands' dtype of the linear layers' and the projection's products: `dtype`, the
     compute dtype, unless `model.matmul_dtype` rounds float32 operands to bfloat16."""
-    if config.matmul_dtype == "bfloat16" and jnp.dtype(dtype) == jnp.float32:
+    matmul = check_choice(config.matmul_dtype, MatmulDtype, "model.matmul_dtype")
+    if matmul == "bfloat16" and jnp.dtype(dtype) == jnp.float32:
         return jnp.dtype(jnp.bfloat16)
     return jnp.dtype(dtype)
 
@@ -105,8 +106,10 @@ def dropout(x: jax.Array, rate: float, key: jax.Array | None, bits: str = "three
     shape = (*lead, (last + 1) // 2)
     if bits == "hash":
         words = hashed_words(key, shape)  # [..., ceil(last/2)]
-    else:
+    elif bits == "threefry":
         words = jax.random.bits(key, shape, jnp.uint32)  # [..., ceil(last/2)]
+    else:
+        raise ValueError(f"model.dropout_bits={bits!r}: must be 'threefry' or 'hash'")
     halves = jax.lax.bitcast_convert_type(words, jnp.uint16).reshape(*lead, -1)[..., :last]
     return jnp.where(halves >= threshold, x / keep_prob, 0).astype(x.dtype)
 
@@ -205,6 +208,11 @@ def xavier_linear(
         kernel_init=nnx.initializers.xavier_uniform(),
         **({"dot_general": bfloat16_dot_general} if bfloat16 else {}),
     )
+
+
+def is_pre_norm(config: ModelConfig) -> bool:
+    """Whether each LayerNorm sits before its sub-layer (`model.norm_position`)."""
+    return check_choice(config.norm_position, NormPosition, "model.norm_position") == "pre"
 
 
 def layer_norm(config: ModelConfig, dtype: Any, rngs: nnx.Rngs) -> nnx.LayerNorm:
@@ -371,7 +379,7 @@ class EncoderLayer(ResidualLayer):
 
     def __init__(self, config: ModelConfig, dtype: Any, attention: str, rngs: nnx.Rngs):
         self.rate, self.bits = config.dropout_rate, config.dropout_bits
-        self.pre_norm = config.norm_position == "pre"
+        self.pre_norm = is_pre_norm(config)
         self.self_attention = MultiHeadAttention(config, dtype, attention, rngs)
         self.norm1 = layer_norm(config, dtype, rngs)
         self.feed_forward = FeedForward(config, dtype, rngs)
@@ -403,7 +411,7 @@ class DecoderLayer(ResidualLayer):
 
     def __init__(self, config: ModelConfig, dtype: Any, attention: str, rngs: nnx.Rngs):
         self.rate, self.bits = config.dropout_rate, config.dropout_bits
-        self.pre_norm = config.norm_position == "pre"
+        self.pre_norm = is_pre_norm(config)
         self.self_attention = MultiHeadAttention(config, dtype, attention, rngs)
         self.norm1 = layer_norm(config, dtype, rngs)
         self.cross_attention = MultiHeadAttention(config, dtype, attention, rngs)

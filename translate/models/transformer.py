@@ -51,6 +51,7 @@ from translate.models.layers import (
     compute_dtype,
     dropout,
     fold,
+    is_pre_norm,
     layer_norm,
     product_dtype,
     sinusoidal_positions,
@@ -160,7 +161,7 @@ class Transformer(TranslationModel):
         )
         # Pre-LayerNorm only: each stack's output is normalised once more (post-LayerNorm's
         # last sub-layer already ends in a LayerNorm).
-        pre_norm = config.norm_position == "pre"
+        pre_norm = is_pre_norm(config)
         self.encoder_norm = layer_norm(config, self.dtype, rngs) if pre_norm else None
         self.decoder_norm = layer_norm(config, self.dtype, rngs) if pre_norm else None
 

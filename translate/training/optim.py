@@ -7,10 +7,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from translate.config import Config
-
-LR_DECAYS = ("rsqrt", "linear", "cosine")
-OPTIMIZERS = ("adam", "muon")
+from translate.config import Config, LrDecay, Optimizer, check_choice
 
 # Muon (Jordan et al. 2024): the quintic Newton-Schulz iteration's coefficients from that work,
 # which take every singular value of a matrix scaled to Frobenius norm 1 into about [0.7, 1.2]
@@ -47,6 +44,8 @@ def decay_to_zero_schedule(
     A run that ends where the rate has fallen gains from it: the rsqrt rate is still at
     warmup^0.5 / steps^0.5 of its peak when a short run stops.
     """
+    if shape not in ("linear", "cosine"):
+        raise ValueError(f"train.lr_decay={shape!r}: a decay to 0 is 'linear' or 'cosine'")
     peak = scale * d_model**-0.5 * warmup_steps**-0.5
     span = num_train_steps - warmup_steps + 1
 
@@ -61,7 +60,7 @@ def decay_to_zero_schedule(
 
 def make_schedule(config: Config) -> optax.Schedule:
     t = config.train
-    if t.lr_decay == "rsqrt":
+    if check_choice(t.lr_decay, LrDecay, "train.lr_decay") == "rsqrt":
         return inverse_sqrt_schedule(config.model.d_model, t.warmup_steps, t.learning_rate_scale)
     return decay_to_zero_schedule(
         config.model.d_model,
@@ -147,7 +146,7 @@ def make_optimizer(config: Config) -> tuple[optax.GradientTransformation, optax.
         optimizer = optax.adamw(schedule, **adam, weight_decay=t.weight_decay, mask=decayed)
     else:
         optimizer = optax.adam(schedule, **adam)
-    if t.optimizer == "muon":
+    if check_choice(t.optimizer, Optimizer, "train.optimizer") == "muon":
         muon = optax.chain(
             scale_by_muon(),
             optax.add_decayed_weights(t.weight_decay),
