@@ -96,6 +96,53 @@ def _encode_for_decoding(models, src, max_extra_len, copies, min_rows):
     return caches, limit, max_len
 
 
+class Forced(NamedTuple):
+    """The target prefixes a search forces: every output starts with its row's pieces."""
+
+    prefix: jax.Array  # [B, P] int32, PAD after each prefix
+    plen: jax.Array  # [B] int32, each prefix's length
+
+
+class GreedyState(NamedTuple):
+    """The loop carry of `greedy_search`, one row per sentence."""
+
+    t: jax.Array  # [] int32: the step, the output position written next
+    tokens: jax.Array  # [B, L] int32: the outputs so far, PAD after EOS
+    last: jax.Array  # [B] int32: the token fed at step t
+    score: jax.Array  # [B] float32: the outputs' log-probabilities
+    done: jax.Array  # [B] bool: EOS written
+    limit: jax.Array  # [B] int32: output tokens before EOS, at most
+    cache: list  # one per model: the decoding cache of B rows
+    forced: Forced | None  # the prefixes, or None
+
+
+class BeamState(NamedTuple):
+    """The loop carry of `beam_search`: W live and W finished hypotheses per sentence."""
+
+    t: jax.Array  # [] int32: the step, the output position written next
+    live_tokens: jax.Array  # [B, W, L] int32: the live hypotheses, PAD after the step
+    live_lp: jax.Array  # [B, W] float32: their log-probabilities, best first
+    fin_tokens: jax.Array  # [B, W, L] int32: the finished hypotheses, PAD after EOS
+    fin_scores: jax.Array  # [B, W] float32: their length-normalised scores, best first
+    limit: jax.Array  # [B] int32: output tokens before EOS, at most
+    cache: list  # one per model: the decoding cache of B * W rows
+    forced: Forced | None  # the prefixes, or None
+
+
+class SampleState(NamedTuple):
+    """The loop carry of `sample_search`: N candidates per sentence, each drawn on its own."""
+
+    t: jax.Array  # [] int32: the step, the output position written next
+    tokens: jax.Array  # [B, N, L] int32: the candidates so far, PAD after EOS
+    last: jax.Array  # [B, N] int32: the tokens fed at step t
+    score: jax.Array  # [B, N] float32: the candidates' log-probabilities under the model
+    done: jax.Array  # [B, N] bool: EOS drawn
+    stream: jax.Array  # [B, 2] uint32: each sentence's seed and line (`stream_keys`)
+    limit: jax.Array  # [B] int32: output tokens before EOS, at most
+    cache: list  # one per model: the decoding cache of B * N rows
+    forced: Forced | None  # the prefixes, or None
+
+
 class PrefixStart(NamedTuple):
     """Where a search with forced target prefixes starts (`_start_after_prefix`)."""
 
@@ -104,7 +151,7 @@ class PrefixStart(NamedTuple):
     max_len: int  # L, the output buffer's length
     first: int  # the cache's length: the first of `cache_lengths` past P
     t: jax.Array  # the first step searched: the shortest real prefix's length
-    state: dict  # "prefix" [B, P] (PAD after each) and "plen" [B], for `_force_prefix`
+    forced: Forced  # the prefixes, for `_force_prefix`
     score: jax.Array  # [B] the log-probability of each prefix's first t pieces
 
 
@@ -129,16 +176,16 @@ def _start_after_prefix(models, src, prefix, max_extra_len, copies, min_rows) ->
         caches.append(jax.tree.map(lambda a: jnp.repeat(a, copies, axis=0), cache))
     pieces = jnp.take_along_axis(total / len(models), prefix[:, :, None], axis=2)[:, :, 0]
     score = jnp.sum(jnp.where(jnp.arange(p) < t, pieces, 0.0), axis=1)  # [B]
-    return PrefixStart(caches, limit, max_len, first, t, {"prefix": prefix, "plen": plen}, score)
+    return PrefixStart(caches, limit, max_len, first, t, Forced(prefix, plen), score)
 
 
-def _force_prefix(log_probs: jax.Array, s: dict) -> jax.Array:
-    """log_probs [B, ..., V] with only each prefix's piece allowed at a step inside it."""
-    if "prefix" not in s:
+def _force_prefix(log_probs: jax.Array, forced: Forced | None, t: jax.Array) -> jax.Array:
+    """log_probs [B, ..., V] with only each prefix's piece allowed at a step t inside it."""
+    if forced is None:
         return log_probs
-    prefix, t = s["prefix"], s["t"]
+    prefix = forced.prefix
     piece = prefix[:, jnp.minimum(t, prefix.shape[1] - 1)]  # [B]
-    inside = t < s["plen"]  # [B]
+    inside = t < forced.plen  # [B]
     shape = (-1,) + (1,) * (log_probs.ndim - 1)
     allowed = jnp.arange(log_probs.shape[-1]) == piece.reshape(shape)
     return jnp.where(inside.reshape(shape) & ~allowed, NEG_INF, log_probs)
@@ -163,34 +210,36 @@ def batch_levels(batch: int, width: int, min_rows: int = MIN_LEVEL_ROWS) -> list
     return sizes
 
 
-def _take(state: dict, index: jax.Array, width: int) -> dict:
+def _take(state: NamedTuple, index: jax.Array, width: int) -> NamedTuple:
     """The search state of sentences `index` [n]: their rows of every array, the same step."""
     rows = (index[:, None] * width + jnp.arange(width)).reshape(-1)  # [n * W]
-    return {
-        key: value
-        if key == "t"
-        else jax.tree.map(lambda a: a[rows], value)
-        if key == "cache"
-        else value[index]
-        for key, value in state.items()
-    }
+    return state._replace(
+        **{
+            key: jax.tree.map(lambda a: a[rows], value)
+            if key == "cache"
+            else jax.tree.map(lambda a: a[index], value)
+            for key, value in state._asdict().items()
+            if key != "t"
+        }
+    )
 
 
-def _put(state: dict, index: jax.Array, sub: dict, width: int) -> dict:
+def _put(state: NamedTuple, index: jax.Array, sub: NamedTuple, width: int) -> NamedTuple:
     """`state` with sentences `index` [n] (sorted, distinct) replaced by `sub`'s."""
     rows = (index[:, None] * width + jnp.arange(width)).reshape(-1)  # [n * W]
 
     def put(a, b, where):
         return a.at[where].set(b, indices_are_sorted=True, unique_indices=True)
 
-    return {
-        key: sub[key]
-        if key == "t"
-        else jax.tree.map(lambda a, b: put(a, b, rows), value, sub[key])
-        if key == "cache"
-        else put(value, sub[key], index)
-        for key, value in state.items()
-    }
+    return sub._replace(
+        **{
+            key: jax.tree.map(lambda a, b: put(a, b, rows), value, getattr(sub, key))
+            if key == "cache"
+            else jax.tree.map(lambda a, b: put(a, b, index), value, getattr(sub, key))
+            for key, value in state._asdict().items()
+            if key != "t"
+        }
+    )
 
 
 def _loop(models, done, step, state, max_len, width, min_rows, first=0):
@@ -203,16 +252,18 @@ def _loop(models, done, step, state, max_len, width, min_rows, first=0):
     sentence's hypotheses are computed as in the whole batch: the same tokens, with scores that
     can differ in the last bits, since matrix products of fewer rows may sum in another order.
     """
-    sizes = batch_levels(state["limit"].shape[0], width, min_rows)
+    sizes = batch_levels(state.limit.shape[0], width, min_rows)
     floors = [*sizes[1:], 0]  # a level's loop ends once the live sentences fit in the next
 
     def going(s, end, floor):
-        return (s["t"] < end) & (jnp.sum(~done(s)) > floor)
+        return (s.t < end) & (jnp.sum(~done(s)) > floor)
 
-    for length in cache_lengths(max_len, state["limit"].shape[0] * width, min_rows):
+    for length in cache_lengths(max_len, state.limit.shape[0] * width, min_rows):
         if length < first:  # the cache starts longer (a prefix filled its first slots)
             continue
-        state["cache"] = [m.extend_cache(c, length) for m, c in zip(models, state["cache"])]
+        state = state._replace(
+            cache=[m.extend_cache(c, length) for m, c in zip(models, state.cache)]
+        )
         state = jax.lax.while_loop(
             functools.partial(going, end=length, floor=floors[0]), step, state
         )
@@ -267,7 +318,7 @@ def top_k(x: jax.Array, k: int, block: int = 128) -> jax.Array:
 
 def _with_prefix(tokens: jax.Array, start: PrefixStart) -> jax.Array:
     """Output buffers [B, ..., L] with each prefix written in their first slots."""
-    prefix = start.state["prefix"]  # [B, P]
+    prefix = start.forced.prefix  # [B, P]
     shape = (prefix.shape[0],) + (1,) * (tokens.ndim - 2) + (prefix.shape[1],)
     prefix = jnp.broadcast_to(prefix.reshape(shape), (*tokens.shape[:-1], prefix.shape[1]))
     return tokens.at[..., : prefix.shape[-1]].set(prefix)
@@ -298,52 +349,37 @@ def greedy_search(
     first = 0
     if prefix is None or prefix.shape[1] == 0:
         cache, limit, max_len = _encode_for_decoding(models, src, max_extra_len, 1, min_level_rows)
-        state = {
-            "t": jnp.array(0),
-            "tokens": jnp.full((batch, max_len), PAD_ID, jnp.int32),  # [B, L]
-            "last": jnp.full((batch,), BOS_ID, jnp.int32),  # [B]
-            "score": jnp.zeros((batch,), jnp.float32),  # [B]
-        }
+        t, forced = jnp.array(0), None
+        tokens = jnp.full((batch, max_len), PAD_ID, jnp.int32)  # [B, L]
+        last, score = jnp.full((batch,), BOS_ID, jnp.int32), jnp.zeros((batch,), jnp.float32)
     else:
         start = _start_after_prefix(models, src, prefix, max_extra_len, 1, min_level_rows)
         cache, limit, max_len, first = start.caches, start.limit, start.max_len, start.first
+        t, forced, score = start.t, start.forced, start.score
         tokens = _with_prefix(jnp.full((batch, max_len), PAD_ID, jnp.int32), start)
-        state = {
-            "t": start.t,
-            "tokens": tokens,
-            "last": _last_token(tokens, start.t),
-            "score": start.score,
-            **start.state,
-        }
-    state.update(
-        {
-            "done": jnp.zeros((batch,), bool),  # [B]
-            "limit": limit,  # [B]
-            "cache": cache,  # one per model
-        }
-    )
+        last = _last_token(tokens, start.t)
+    state = GreedyState(t, tokens, last, score, jnp.zeros((batch,), bool), limit, cache, forced)
 
-    def step(s):
-        log_probs, cache = _next_log_probs(models, s["last"], s["t"], s["cache"])  # [B, V]
-        at_limit = (s["t"] >= s["limit"])[:, None]
+    def step(s: GreedyState) -> GreedyState:
+        log_probs, cache = _next_log_probs(models, s.last, s.t, s.cache)  # [B, V]
+        at_limit = (s.t >= s.limit)[:, None]
         log_probs = jnp.where(
             at_limit & (jnp.arange(log_probs.shape[1]) != EOS_ID), NEG_INF, log_probs
         )
-        log_probs = _force_prefix(log_probs, s)
+        log_probs = _force_prefix(log_probs, s.forced, s.t)
         token, token_lp = argmax(log_probs)  # [B], [B]
-        written = jnp.where(s["done"], PAD_ID, token)
-        return {
-            **s,
-            "t": s["t"] + 1,
-            "tokens": s["tokens"].at[:, s["t"]].set(written),
-            "last": token,
-            "score": s["score"] + jnp.where(s["done"], 0.0, token_lp),
-            "done": s["done"] | (token == EOS_ID),
-            "cache": cache,
-        }
+        written = jnp.where(s.done, PAD_ID, token)
+        return s._replace(
+            t=s.t + 1,
+            tokens=s.tokens.at[:, s.t].set(written),
+            last=token,
+            score=s.score + jnp.where(s.done, 0.0, token_lp),
+            done=s.done | (token == EOS_ID),
+            cache=cache,
+        )
 
-    state = _loop(models, lambda s: s["done"], step, state, max_len, 1, min_level_rows, first)
-    return state["tokens"], state["score"]
+    state = _loop(models, lambda s: s.done, step, state, max_len, 1, min_level_rows, first)
+    return state.tokens, state.score
 
 
 @functools.partial(
@@ -386,45 +422,45 @@ def beam_search(
         cache, limit, max_len = _encode_for_decoding(
             models, src, max_extra_len, width, min_level_rows
         )
-        state = {"t": jnp.array(0)}
+        t, forced = jnp.array(0), None
     else:
         start = _start_after_prefix(models, src, prefix, max_extra_len, width, min_level_rows)
         cache, limit, max_len, first = start.caches, start.limit, start.max_len, start.first
         live_lp = live_lp.at[:, 0].set(start.score)
         live_tokens = _with_prefix(live_tokens, start)
-        state = {"t": start.t, **start.state}
-    state.update(
-        {
-            "live_tokens": live_tokens,  # [B, W, L]
-            "live_lp": live_lp,  # [B, W]
-            "fin_tokens": jnp.full((batch, width, max_len), PAD_ID, jnp.int32),  # [B, W, L]
-            "fin_scores": jnp.full((batch, width), NEG_INF, jnp.float32),  # [B, W]
-            "limit": limit,  # [B]
-            "cache": cache,  # one per model, batch B * W
-        }
+        t, forced = start.t, start.forced
+    state = BeamState(
+        t,
+        live_tokens,
+        live_lp,
+        jnp.full((batch, width, max_len), PAD_ID, jnp.int32),  # fin_tokens [B, W, L]
+        jnp.full((batch, width), NEG_INF, jnp.float32),  # fin_scores [B, W]
+        limit,
+        cache,
+        forced,
     )
 
-    def is_done(s):
-        limit = s["limit"]
+    def is_done(s: BeamState) -> jax.Array:
+        limit = s.limit
         if stop == "finished":
-            return (s["fin_scores"][:, -1] > NEG_INF / 2) | (s["t"] > limit)  # [B]
-        best_possible = s["live_lp"][:, 0] / length_penalty(limit + 1, alpha)  # [B]
-        return (s["fin_scores"][:, -1] >= best_possible) | (s["t"] > limit)
+            return (s.fin_scores[:, -1] > NEG_INF / 2) | (s.t > limit)  # [B]
+        best_possible = s.live_lp[:, 0] / length_penalty(limit + 1, alpha)  # [B]
+        return (s.fin_scores[:, -1] >= best_possible) | (s.t > limit)
 
-    def step(s):
-        t, limit = s["t"], s["limit"]
+    def step(s: BeamState) -> BeamState:
+        t, limit = s.t, s.limit
         batch = limit.shape[0]
-        last = jnp.where(t == 0, BOS_ID, s["live_tokens"][:, :, jnp.maximum(t - 1, 0)])
-        log_probs, cache = _next_log_probs(models, last.reshape(-1), t, s["cache"])
+        last = jnp.where(t == 0, BOS_ID, s.live_tokens[:, :, jnp.maximum(t - 1, 0)])
+        log_probs, cache = _next_log_probs(models, last.reshape(-1), t, s.cache)
         vocab = log_probs.shape[-1]
         log_probs = log_probs.reshape(batch, width, vocab)  # [B, W, V]
         at_limit = (t >= limit)[:, None, None]
         log_probs = jnp.where(at_limit & (jnp.arange(vocab) != EOS_ID), NEG_INF, log_probs)
-        log_probs = _force_prefix(log_probs, s)
-        candidates = (s["live_lp"][:, :, None] + log_probs).reshape(batch, width * vocab)
+        log_probs = _force_prefix(log_probs, s.forced, t)
+        candidates = (s.live_lp[:, :, None] + log_probs).reshape(batch, width * vocab)
         cand_lp, cand_idx = top_k(candidates, 2 * width)  # [B, 2W]
         parent, token = cand_idx // vocab, (cand_idx % vocab).astype(jnp.int32)  # [B, 2W]
-        cand_tokens = jnp.take_along_axis(s["live_tokens"], parent[:, :, None], axis=1)
+        cand_tokens = jnp.take_along_axis(s.live_tokens, parent[:, :, None], axis=1)
         cand_tokens = cand_tokens.at[:, :, t].set(token)  # [B, 2W, L]
         ended = token == EOS_ID
         # A sentence that is already done accepts no new hypotheses.
@@ -433,9 +469,9 @@ def beam_search(
             ended_ok &= jnp.arange(2 * width) < width  # EOS counts among the W best only
 
         fin_new = jnp.where(ended_ok, cand_lp / length_penalty(t + 1, alpha), NEG_INF)
-        fin_all = jnp.concatenate([s["fin_scores"], fin_new], axis=1)  # [B, 3W]
+        fin_all = jnp.concatenate([s.fin_scores, fin_new], axis=1)  # [B, 3W]
         fin_scores, fin_pick = jax.lax.top_k(fin_all, width)  # [B, W]
-        fin_pool = jnp.concatenate([s["fin_tokens"], cand_tokens], axis=1)  # [B, 3W, L]
+        fin_pool = jnp.concatenate([s.fin_tokens, cand_tokens], axis=1)  # [B, 3W, L]
         fin_tokens = jnp.take_along_axis(fin_pool, fin_pick[:, :, None], axis=1)
 
         live_lp, live_pick = jax.lax.top_k(jnp.where(ended, NEG_INF, cand_lp), width)  # [B, W]
@@ -443,19 +479,17 @@ def beam_search(
         live_parent = jnp.take_along_axis(parent, live_pick, axis=1)  # [B, W]
         rows = (jnp.arange(batch)[:, None] * width + live_parent).reshape(-1)  # [B * W]
         cache = [model.reorder_cache(c, rows) for model, c in zip(models, cache)]
-        return {
-            **s,
-            "t": t + 1,
-            "live_tokens": live_tokens,
-            "live_lp": live_lp,
-            "fin_tokens": fin_tokens,
-            "fin_scores": fin_scores,
-            "limit": limit,
-            "cache": cache,
-        }
+        return s._replace(
+            t=t + 1,
+            live_tokens=live_tokens,
+            live_lp=live_lp,
+            fin_tokens=fin_tokens,
+            fin_scores=fin_scores,
+            cache=cache,
+        )
 
     state = _loop(models, is_done, step, state, max_len, width, min_level_rows, first)
-    return state["fin_tokens"], state["fin_scores"]
+    return state.fin_tokens, state.fin_scores
 
 
 @functools.partial(
@@ -510,55 +544,54 @@ def sample_search(
         cache, limit, max_len = _encode_for_decoding(
             models, src, max_extra_len, width, min_level_rows
         )
-        t, score, extra = jnp.array(0), jnp.zeros((batch,), jnp.float32), {}
+        t, score, forced = jnp.array(0), jnp.zeros((batch,), jnp.float32), None
         tokens = jnp.full((batch, width, max_len), PAD_ID, jnp.int32)
     else:
         start = _start_after_prefix(models, src, prefix, max_extra_len, width, min_level_rows)
         cache, limit, max_len, first = start.caches, start.limit, start.max_len, start.first
-        t, score, extra = start.t, start.score, start.state
+        t, score, forced = start.t, start.score, start.forced
         tokens = _with_prefix(jnp.full((batch, width, max_len), PAD_ID, jnp.int32), start)
-    state = {
-        "t": t,
-        "tokens": tokens,  # [B, N, L]
-        "last": _last_token(tokens, t),  # [B, N]
-        "score": jnp.broadcast_to(score[:, None], (batch, width)),  # [B, N]
-        "done": jnp.zeros((batch, width), bool),  # [B, N]
-        "stream": stream,  # [B, 2]
-        "limit": limit,  # [B]
-        "cache": cache,  # one per model, batch B * N
-        **extra,
-    }
+    state = SampleState(
+        t,
+        tokens,
+        _last_token(tokens, t),
+        jnp.broadcast_to(score[:, None], (batch, width)),
+        jnp.zeros((batch, width), bool),
+        stream,
+        limit,
+        cache,
+        forced,
+    )
 
-    def step(s):
-        t, b = s["t"], s["limit"].shape[0]
-        log_probs, cache = _next_log_probs(models, s["last"].reshape(-1), t, s["cache"])
+    def step(s: SampleState) -> SampleState:
+        t, b = s.t, s.limit.shape[0]
+        log_probs, cache = _next_log_probs(models, s.last.reshape(-1), t, s.cache)
         vocab = log_probs.shape[-1]
         log_probs = log_probs.reshape(b, width, vocab)  # [B, N, V]
-        at_limit = (t >= s["limit"])[:, None, None]
+        at_limit = (t >= s.limit)[:, None, None]
         log_probs = jnp.where(at_limit & (jnp.arange(vocab) != EOS_ID), NEG_INF, log_probs)
-        log_probs = _force_prefix(log_probs, s)
+        log_probs = _force_prefix(log_probs, s.forced, t)
         keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(
-            stream_keys(s["stream"], width).reshape(-1), t
+            stream_keys(s.stream, width).reshape(-1), t
         )  # [B * N]
         uniform = 1.0 - jax.vmap(jax.random.uniform)(keys)  # (0, 1]
         token = draw(
             log_probs.reshape(-1, vocab), uniform, method, temperature, top_k, top_p, epsilon
         ).reshape(b, width)  # [B, N]
         token_lp = jnp.take_along_axis(log_probs, token[..., None], axis=-1)[..., 0]
-        written = jnp.where(s["done"], PAD_ID, token)
-        return {
-            **s,
-            "t": t + 1,
-            "tokens": s["tokens"].at[:, :, t].set(written),
-            "last": token,
-            "score": s["score"] + jnp.where(s["done"], 0.0, token_lp),
-            "done": s["done"] | (token == EOS_ID),
-            "cache": cache,
-        }
+        written = jnp.where(s.done, PAD_ID, token)
+        return s._replace(
+            t=t + 1,
+            tokens=s.tokens.at[:, :, t].set(written),
+            last=token,
+            score=s.score + jnp.where(s.done, 0.0, token_lp),
+            done=s.done | (token == EOS_ID),
+            cache=cache,
+        )
 
     state = _loop(
         models,
-        lambda s: jnp.all(s["done"], axis=1),
+        lambda s: jnp.all(s.done, axis=1),
         step,
         state,
         max_len,
@@ -566,10 +599,10 @@ def sample_search(
         min_level_rows,
         first,
     )
-    lengths = jnp.sum(state["tokens"] != PAD_ID, axis=-1)  # [B, N], EOS included
-    scores = state["score"] / length_penalty(lengths, alpha)
+    lengths = jnp.sum(state.tokens != PAD_ID, axis=-1)  # [B, N], EOS included
+    scores = state.score / length_penalty(lengths, alpha)
     order = jnp.argsort(-scores, axis=1, stable=True)  # best first, ties in drawn order
-    tokens = jnp.take_along_axis(state["tokens"], order[:, :, None], axis=1)
+    tokens = jnp.take_along_axis(state.tokens, order[:, :, None], axis=1)
     return tokens, jnp.take_along_axis(scores, order, axis=1)
 
 

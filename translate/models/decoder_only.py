@@ -74,8 +74,8 @@ class DecoderOnlyTransformer(TranslationModel):
         self, config: ModelConfig, vocab_size: int, *, rngs: nnx.Rngs, dtype=None, attention="xla"
     ):
         super().__init__(config, vocab_size, rngs, dtype)
-        attention = check_choice(config.prefix_attention, PrefixAttention, "model.prefix_attention")
-        self.bidirectional = attention == "bidirectional"
+        prefix = check_choice(config.prefix_attention, PrefixAttention, "model.prefix_attention")
+        self.bidirectional = prefix == "bidirectional"
         self.decoder = nnx.List(
             [EncoderLayer(config, self.dtype, attention, rngs) for _ in range(config.num_layers)]
         )

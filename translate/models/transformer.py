@@ -12,21 +12,39 @@ Batches may be packed: several sentences share a row. `segments` (int, 0 = paddi
 sentence each token belongs to and `positions` its index inside that sentence; attention never
 crosses sentences, so a packed row computes exactly what separate rows would.
 
-Deviations from the paper, all of them:
+Deviations from the paper, all of them (the one list; docs/architecture.md links here). With
+the default config:
   - Padding and packing as above (an implementation detail with identical outputs).
   - Linear layers have biases (except the key projection, whose bias cannot change any output)
     and Xavier-uniform initialisation, and embeddings are initialised with N(0, d_model^-0.5);
     the paper does not state either.
   - LayerNorm epsilon is 1e-6; the paper does not state it.
-  - Compute may run in bfloat16 (config) while parameters, softmax and the loss stay float32.
   - Dropout draws 16 random bits per element, so its rate is rounded to a multiple of 2^-16
     (0.1 becomes 0.100006); see `layers.dropout`.
+  - Label smoothing (Sec. 5.4) spreads eps over the whole vocabulary, the target piece and the
+    special pieces included: (1 - eps) NLL + eps * cross-entropy against 1/V
+    (training/losses.py). The paper does not say over which pieces.
+  - A batch is a number of token slots per side, `data.tokens_per_batch` (25,000, Sec. 5.1),
+    padding of the packed rows included, rather than of real tokens.
+  - On a GPU or TPU the model computes in bfloat16 (`model.compute_dtype=auto`) while the
+    parameters, softmax and the loss stay float32; on a CPU it computes in float32.
 There is no final LayerNorm on either stack: with post-LayerNorm the last sub-layer already
-ends in one (Sec. 3.1). Dropout on attention probabilities is not used, as in the paper.
+ends in one (Sec. 3.1).
 
-A variant, not the paper: `model.norm_position="pre"` moves each LayerNorm to the sub-layer's
-input, x + Dropout(Sublayer(LayerNorm(x))), and adds a final LayerNorm to each stack (Xiong et
-al. 2020); the default "post" computes exactly the paper's model above.
+Options that depart further, each off unless a config sets it:
+  - `model.norm_position="pre"` moves each LayerNorm to the sub-layer's input,
+    x + Dropout(Sublayer(LayerNorm(x))), and adds a final LayerNorm to each stack (Xiong et
+    al. 2020); "post" computes exactly the paper's model above.
+  - `model.matmul_dtype="bfloat16"`: the linear layers' and the projection's products take
+    bfloat16 operands with float32 accumulation, in both passes.
+  - `model.attention_dropout_rate` (dropout on the attention weights) and
+    `model.activation_dropout_rate` (on the feed-forward's inner ReLU): tensor2tensor's two
+    extra dropouts; the paper uses neither.
+  - `model.dropout_bits="hash"`: dropout's bits from a counter hash instead of threefry.
+  - `model.architecture="decoder_only"` (models/decoder_only.py) replaces the encoder-decoder.
+  - Training (translate/training/optim.py): `train.lr_decay` linear or cosine in place of the
+    paper's inverse square root, `train.weight_decay` (AdamW), `train.optimizer="muon"`, and a
+    moving average of the parameters (`train.ema_decay`).
 """
 
 from __future__ import annotations
