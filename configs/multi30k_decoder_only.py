@@ -1,18 +1,15 @@
-"""The Multi30k CPU recipe (configs/multi30k.py) with a decoder-only Transformer of the same size.
+"""The Multi30k recipe (configs/multi30k.py) with a decoder-only Transformer of the same size.
 
-    python -m translate.train --config=configs/multi30k_decoder_only.py \
-        --workdir=/tmp/multi30k_decoder_only --config.data.dir=../shared/data/multi30k \
+    translate-data multi30k --dir=data/multi30k      # once
+    translate-train --config=multi30k_decoder_only --workdir=/tmp/multi30k_decoder_only \
         [--config.model.prefix_attention=bidirectional]
 
 One causal stack reads `source <sep> target` and is scored on the target (translate/models/
 decoder_only.py); `--config.model.prefix_attention=bidirectional` makes it a prefix LM. The
 stack has as many layers as the recipe's encoder and decoder together (2N) and the feed-forward
-width that brings its parameters to the recipe's encoder-decoder's (the difference is printed
-by `python -m scripts.model_summary --config=configs/multi30k.py
---config=configs/multi30k_decoder_only.py`; the test suite holds it within 5%). Everything else
-(data, batch, schedule, steps) is the recipe's, whatever it currently is. Not measured on the
-current recipe, so no time or BLEU to expect yet; docs/benchmarks/config-history.md has it on
-an earlier one.
+width that brings its parameters to the recipe's (the test suite holds them within 5%).
+Everything else (data, batch, schedule, steps) is the recipe's, whatever it currently is.
+Result to expect: not measured yet on the current recipe (docs/variants.md).
 """
 
 import pathlib

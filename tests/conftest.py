@@ -5,8 +5,8 @@ platform to JAX, so the gpu tests run on the machine's GPU; every other run forc
 
 Most of the suite's time is XLA compiling the same tiny models again: each test builds its own
 trainer, and the subprocess tests start fresh interpreters. A persistent compilation cache in a
-temporary directory, new for each session and removed at its end, lets a program compiled once
-be loaded by every later test and subprocess that builds the same one (it cut the trainer,
+temporary directory, new for each test session and removed at its end, lets a program compiled
+once be loaded by every later test and subprocess that builds the same one (it cut the trainer,
 workflow, plots and text-command tests from 285 s to 211 s on 2 cores). A cache directory the
 caller sets (JAX_COMPILATION_CACHE_DIR) is used as it is.
 
@@ -95,7 +95,7 @@ def config() -> Config:
 @pytest.fixture(scope="session")
 def tiny_run(tmp_path_factory):
     """configs/tiny.py trained for its 6 steps (checkpoints at 3 and 6, dev and test decoded),
-    once per session; modules take copies (`copy_of_tiny_run`) and never touch this one."""
+    once per test session; modules take copies (`copy_of_tiny_run`) and never touch this one."""
     from translate.training.trainer import train_and_evaluate
 
     path = tmp_path_factory.mktemp("tiny_run")
@@ -104,7 +104,7 @@ def tiny_run(tmp_path_factory):
 
 
 def copy_of_tiny_run(tiny_run, tmp_path_factory) -> pathlib.Path:
-    """A private copy of the session's tiny run (its files are all small)."""
+    """A private copy of the test session's tiny run (its files are all small)."""
     path = tmp_path_factory.mktemp("trained") / "run"
     shutil.copytree(tiny_run, path)
     return path

@@ -221,8 +221,8 @@ def test_remove_stale_keeps_a_temporary_younger_than_a_writer_needs_to_lock_it(t
 
 
 def test_a_write_that_the_disk_refuses_names_the_file(tmp_path):
-    """Issue 40: a full disk while the synthetic corpus or a report was written said "No space
-    left on device" without naming the file."""
+    """A full disk while the synthetic corpus or a report is written names the file, not only
+    "No space left on device"."""
     import errno
 
     target = tmp_path / "report.json"

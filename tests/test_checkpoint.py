@@ -192,7 +192,7 @@ def save_steps(manager, steps, base):
 
 
 def test_a_stops_step_off_the_grid_never_pushes_a_grid_step_out(run, tmp_path):
-    """Item 4 of issue 27: a stop at step 10 must leave the same steps as no stop at all."""
+    """A stop at step 10 must leave the same steps as no stop at all."""
     _, base = run
     grid = checkpoint.KeepOnGrid(keep=3, every=3, last=12)
     straight = checkpoint.make_manager(tmp_path / "straight", grid=grid)
@@ -207,8 +207,8 @@ def test_a_stops_step_off_the_grid_never_pushes_a_grid_step_out(run, tmp_path):
 
 
 def test_average_retries_when_the_trainer_deletes_a_step_meanwhile(run, monkeypatch):
-    """Item 5: `--average` on a workdir that is still training, whose trainer saves a new step
-    and deletes the oldest while the average reads them."""
+    """`--average` on a workdir that is still training, whose trainer saves a new step and
+    deletes the oldest while the average reads them."""
     workdir, base = run
     restore = checkpoint.restore
     calls = []
@@ -229,8 +229,8 @@ def test_average_retries_when_the_trainer_deletes_a_step_meanwhile(run, monkeypa
 
 
 def test_the_newest_is_chosen_again_when_the_trainer_deletes_it_meanwhile(run, monkeypatch):
-    """Issue 40: a reader of the newest checkpoint of a workdir still training, whose trainer
-    (keeping one checkpoint) saves a new step and deletes every older one while it is read."""
+    """A reader of the newest checkpoint of a workdir still training, whose trainer (keeping
+    one checkpoint) saves a new step and deletes every older one while it is read."""
     workdir, base = run
     restore = checkpoint.restore
     calls, said = [], []
@@ -287,8 +287,8 @@ def test_average_checkpoints_names_the_flag_of_a_bad_number(run):
 
 
 def test_checkpoints_of_which_only_some_hold_an_average_are_never_mixed(tmp_path):
-    """Issue 59: the moving average switched on by a resume, then --average mixed the
-    parameters of some steps with the averages of others, saying "the moving average"."""
+    """With the moving average switched on by a resume, --average must not mix the parameters
+    of some steps with the averages of others under the name "the moving average"."""
     import jax.numpy as jnp
 
     from translate import checkpoint
@@ -309,9 +309,9 @@ def test_checkpoints_of_which_only_some_hold_an_average_are_never_mixed(tmp_path
 def test_a_step_unreadable_while_a_live_run_saves_a_newer_one_is_chosen_again(
     tmp_path, monkeypatch
 ):
-    """Issue 59: translate-evaluate beside a run keeping one checkpoint failed "no readable
-    checkpoint" when the step it read was being replaced: its directory was still there, its
-    files going. The newer step saved meanwhile means the listing is to be made again."""
+    """translate-evaluate beside a run keeping one checkpoint, when the step it reads is being
+    replaced (its directory still there, its files going), lists the steps again rather than
+    failing "no readable checkpoint": the newer step saved meanwhile is read."""
     import jax.numpy as jnp
 
     from translate import checkpoint

@@ -173,7 +173,7 @@ def evaluate_in_a_process(workdir, data, cache, output) -> dict:
 
 
 def test_a_second_evaluation_reads_every_search_from_the_cache_and_says_so(tiny_run, tmp_path):
-    """Issue 60's warm decoding: the second run of the same evaluation compiles no program
+    """Warm decoding: the second run of the same evaluation compiles no program
     (each batch shape's search is read from the persistent cache), decodes the same text, and
     its report says how many programs it read."""
     from translate.data import synthetic

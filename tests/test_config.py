@@ -292,7 +292,7 @@ def test_a_language_model_refuses_what_needs_dev_bleu(field, value):
     ],
 )
 def test_a_config_file_that_cannot_give_a_config_is_one_line_naming_it(tmp_path, text, expected):
-    """Issue 40: these were tracebacks."""
+    """Each of these is one line naming the file, not a traceback."""
     path = tmp_path / "cfg.py"
     path.write_text(text)
     with pytest.raises(ValueError, match=expected) as error:

@@ -234,7 +234,7 @@ def test_export_directory_holds_the_vocabulary_and_the_marker(exported):
     record = json.loads((export_dir / exporter.MARKER).read_text())
     assert record["format"] == "ctranslate2" and record["steps"] == [1]
     assert record["workdir"] == str(workdir.resolve())
-    assert record["parameters"] == "raw"  # issue 59: which parameters (no moving average here)
+    assert record["parameters"] == "raw"  # which parameters (no moving average here)
 
 
 def test_int8_quantization_stores_every_projection_in_8_bits(workdirs, tmp_path, monkeypatch):
@@ -588,7 +588,7 @@ def test_training_into_an_export_is_refused_and_changes_nothing(workdir, tmp_pat
 def test_a_full_disk_while_exporting_is_one_line_and_keeps_the_earlier_export(
     workdir, tmp_path, capsys, monkeypatch
 ):
-    """Issue 40: a raw traceback from inside the engine's converter."""
+    """One line, not a raw traceback from inside the engine's converter."""
     import errno
 
     out = tmp_path / "ct2"

@@ -3,6 +3,7 @@
 import ast
 import importlib
 import pathlib
+import re
 import tomllib
 
 PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "translate"
@@ -16,7 +17,7 @@ COMMANDS = {
     "export",
     "translate_data",
 }
-# The library's families, one folder each (STYLE.md's layout).
+# The library's families, one folder each (docs/architecture.md's layout).
 FAMILIES = {"models", "data", "decoding", "training", "engines"}
 
 
@@ -194,3 +195,88 @@ def test_no_core_module_and_family_import_each_other():
 def test_the_data_family_takes_paths_not_a_workdir():
     graph = import_graph()
     assert not any("workdir" in graph[m] for m in graph if m.startswith("data."))
+
+
+# What the repository's prose may not hold: it describes the code, not the work that made it.
+# One letter of each word sits in brackets (s[e]ssion), the grep idiom by which a pattern does
+# not match its own source, so this file is scanned like any other.
+ORDINALS = (
+    "first|second|third|fourth|fifth|sixth|seventh|eighth|ninth|tenth|eleventh|twelfth|"
+    "thirteenth|fourteenth|fifteenth|sixteenth|seventeenth|eighteenth|nineteenth|twentieth|"
+    "last|next|earlier|previous|later"
+)
+SITTINGS = "r[o]und|s[e]ssion|v[i]sit|s[i]tting"
+HISTORY = {
+    "a tracker number": r"\biss[u]es? ?#?\d+",
+    "an ordinal of the work's sittings": rf"\b({ORDINALS})[- ]({SITTINGS})s?\b",
+    "a word of borrowing the GPU": r"\b(le[n]t|le[a]sed?|lo[a]n|device t[o]ol|device t[i]me)\b",
+    "a path outside the clone": r"\.\./s[h]ared",
+}
+# pytest's own uses of the word stay: a fixture's scope="session", "test session" and
+# "pytest session" for one run of the suite, `request.session`, and the parameter of a
+# `pytest_session*` hook. Any other is the work's, not the code's.
+THE_WORD = r"\bs[e]ssions?\b"
+PYTESTS_USES = (
+    r"""scope=["']s[e]ssion["']|\b(py)?test s[e]ssion\b|\brequest\.s[e]ssion\b"""
+    r"|\bdef pytest_\w+\(s[e]ssion\b"
+)
+PROSE_ROOTS = ("README.md", "BENCHMARKS.md", "docs", "configs", "translate", "scripts", "tests")
+PROSE_SUFFIXES = {".py", ".md", ".sh", ".toml", ".txt"}
+
+
+def history_words(line: str) -> list[str]:
+    """The names of what a line holds of HISTORY, and of THE_WORD outside pytest's uses."""
+    found = [name for name, pattern in HISTORY.items() if re.search(pattern, line, re.I)]
+    if re.search(THE_WORD, re.sub(PYTESTS_USES, "", line, flags=re.I), re.I):
+        found.append("the word of a sitting, not pytest's")
+    return found
+
+
+def prose_files(root: pathlib.Path = PACKAGE.parent) -> list[pathlib.Path]:
+    files = []
+    for name in PROSE_ROOTS:
+        path = root / name
+        found = [path] if path.is_file() else sorted(path.rglob("*")) if path.is_dir() else []
+        files += [
+            p
+            for p in found
+            if p.is_file()
+            and p.suffix in PROSE_SUFFIXES
+            and not any(part.startswith(".") or part == "__pycache__" for part in p.parts)
+        ]
+    return files
+
+
+def test_the_repository_speaks_of_the_code_not_of_how_it_was_made():
+    root = PACKAGE.parent
+    offenders = []
+    for path in prose_files(root):
+        for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+            for what in history_words(line):
+                offenders.append(f"{path.relative_to(root)}:{number}: {what}")
+    assert not offenders, "\n".join(offenders)
+
+
+def test_the_history_patterns_catch_the_work_and_spare_pytest():
+    word = "ses" + "sion"
+    caught = [
+        "see iss" + "ue 58",
+        "Iss" + "ues #40",
+        "the thirteenth " + word,
+        "the next vis" + "it",
+        "an earlier rou" + "nd",
+        "while the GPU was le" + "nt",
+        "ask the device to" + "ol",
+        "../" + "shared/data/multi30k",
+        f"a {word} of measurements",
+    ]
+    spared = [
+        f'@pytest.fixture(scope="{word}")',
+        f"this module's copy of the test {word}'s tiny run",
+        f"def pytest_{word}finish({word}, exitstatus):",
+        f"request.{word}.config",
+        f"subprocess.Popen(args, start_new_{word}=True)",
+        "round to the nearest even; the first visitor; lentil",
+    ]
+    assert [line for line in caught if not history_words(line)] == []
+    assert [(line, history_words(line)) for line in spared if history_words(line)] == []

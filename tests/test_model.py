@@ -321,7 +321,7 @@ def test_pre_norm_zero_sublayers_leave_the_residual_stream_untouched():
 @pytest.mark.parametrize("causal", [False, True])
 def test_attention_mask_has_no_empty_row_and_keeps_real_tokens_to_their_sentence(causal):
     # Packed rows with padding at the end and in a row of padding alone: every query sees some
-    # key (cuDNN's backward gave NaN on empty rows, issue 29), a real query sees exactly the
+    # key (cuDNN's backward gives NaN on empty rows), a real query sees exactly the
     # earlier-or-all keys of its own sentence, and a padding query sees every key.
     q = jnp.array([[1, 1, 2, 2, 2, 0], [0, 0, 0, 0, 0, 0], [3, 3, 3, 3, 3, 3]])
     k = q if causal else jnp.array([[1, 2, 2, 0], [0, 0, 0, 0], [3, 3, 3, 3]])

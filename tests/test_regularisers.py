@@ -316,8 +316,8 @@ def test_adamw_cannot_be_switched_on_or_off_by_a_resume(config, tmp_path):
 
 @pytest.mark.slow  # one run with a dev evaluation: 15-30 s on 2 cores
 def test_best_keeps_the_parameters_and_their_average_apart(config, tmp_path):
-    """Issue 59: best/ of a run with train.ema_decay stored the average as its parameters,
-    so --params=raw decoded the average and --params=ema said there was none."""
+    """best/ of a run with train.ema_decay keeps the parameters and the average apart, so
+    --params=raw decodes the parameters and --params=ema the average."""
 
     config = regularised(config, 6)
     config.train.keep_best_by = "dev_bleu"

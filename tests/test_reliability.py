@@ -124,7 +124,7 @@ def test_many_kills_and_terms_leave_the_run_identical(tmp_path):
 @pytest.fixture(scope="module")
 def trained_once(tiny_run, tmp_path_factory):
     """A finished tiny run with checkpoints at steps 3 and 6, trained once for this module:
-    this module's copy of the session's tiny run."""
+    this module's copy of the test session's tiny run."""
     return copy_of_tiny_run(tiny_run, tmp_path_factory)
 
 
@@ -740,8 +740,9 @@ def test_a_workdir_that_cannot_be_made_is_a_one_line_error(config, tmp_path):
 
 
 def test_a_reader_of_an_interrupted_force_run_is_told_to_train_again(tmp_path):
-    """Issue 40: after kill -9 of a --force run while its data loaded, config.json is set aside
-    in previous_run/; a reader said "holds no config.json"."""
+    """After kill -9 of a --force run while its data loaded, config.json is set aside in
+    previous_run/; a reader is told to train again, not that the workdir "holds no
+    config.json"."""
     run = Workdir(tmp_path / "run")
     run.previous_run.mkdir(parents=True)
     (run.previous_run / "config.json").write_text("{}")
@@ -753,7 +754,7 @@ def test_a_reader_of_an_interrupted_force_run_is_told_to_train_again(tmp_path):
 def test_a_full_disk_while_keeping_the_first_best_checkpoint_is_one_line(
     config, tmp_path, monkeypatch, caplog
 ):
-    """Issue 59 (from round 3): hundreds of lines with a traceback and no one-line error."""
+    """One line of error, not hundreds of lines with a traceback."""
     config.train.keep_best_by = "dev_bleu"
     config.train.eval_every_steps = 3
     save_params = checkpoint.save_params

@@ -1,4 +1,5 @@
-"""Sampling, forced target prefixes (translate/decoding/search.py) and their sentence loop."""
+"""Sampling (the draws of translate/decoding/sampling.py, run by translate/decoding/search.py),
+forced target prefixes and their sentence loop."""
 
 import re
 
@@ -235,7 +236,7 @@ SENTENCES = [
 
 @pytest.fixture(scope="module")
 def workdir(tiny_run, tmp_path_factory):
-    """A tiny model trained for 6 steps: this module's copy of the session's tiny run."""
+    """A tiny model trained for 6 steps: this module's copy of the test session's tiny run."""
     return copy_of_tiny_run(tiny_run, tmp_path_factory)
 
 

@@ -240,7 +240,7 @@ def test_the_least_recently_used_setups_go_past_the_bound(tmp_path, monkeypatch,
 
 
 def test_a_step_that_is_a_link_is_followed_into_the_setups_name(workdir, tmp_path):
-    """Issue 59: a step under checkpoints/ that links to another run's was left out."""
+    """A step under checkpoints/ that links to another run's is followed, not left out."""
     run = tmp_path / "run"
     shutil.copytree(workdir, run)
     other = tmp_path / "other"
@@ -255,8 +255,8 @@ def test_a_step_that_is_a_link_is_followed_into_the_setups_name(workdir, tmp_pat
 
 
 def test_a_file_replaced_in_place_or_chmodded_is_another_setup(workdir, tmp_path):
-    """Issue 59: a step made unreadable for one run (then readable again, its size and time
-    unchanged) kept every later run on the older step its fallback had chosen."""
+    """A step made unreadable for one run (then readable again, its size and time unchanged)
+    does not keep every later run on the older step its fallback chose."""
     run = tmp_path / "run"
     shutil.copytree(workdir, run)
     file = next(p for p in (run / "checkpoints" / "6").rglob("*") if p.is_file())
@@ -283,7 +283,7 @@ def test_a_fallback_to_an_older_step_is_not_kept_for_the_next_command(workdir, t
 
 
 def test_a_users_own_searches_folder_is_neither_used_nor_cleaned(tmp_path, caplog):
-    """Issue 59: a cache directory of the user's own holding searches/ lost its subfolders."""
+    """A cache directory of the user's own holding searches/ keeps its subfolders."""
     cache = tmp_path / "mine"
     own = cache / compilation.SUBDIR / "holiday-photos"
     own.mkdir(parents=True)
@@ -346,7 +346,8 @@ def test_damaged_saved_parameters_are_made_again(tmp_path, damage, caplog):
 
 
 def test_a_saved_search_of_another_shape_is_traced_again(workdir):
-    """Issue 59: a saved search copied over another's name gave a traceback."""
+    """A saved search copied over another's name is not run: the search is traced again and
+    decodes as the plain one does, without a traceback."""
     graphdefs, params, tokenizer, config, steps = load_ensemble([workdir])
     settings = decode_settings(config.decode)
     leaves = jax.tree.leaves(params)
@@ -365,7 +366,7 @@ def test_a_saved_search_of_another_shape_is_traced_again(workdir):
 
 
 def test_a_remade_file_does_not_inherit_an_unreadable_mode(tmp_path):
-    """Issue 59: an executable made unreadable was remade with mode 000, so on every run."""
+    """An executable made unreadable is remade readable, not with mode 000 on every run."""
     setup = compilation.Setup(tmp_path, "4" * 32)
     path = setup.executables / ("x" + compilation.EXECUTABLE)
     setup.write(path, b"payload")

@@ -48,7 +48,7 @@ def test_nul_byte_is_an_error_naming_file_and_line(tmp_path):
 
 
 def test_sentences_are_read_from_a_pipe_as_from_a_file(tmp_path):
-    """Issue 40: `translate-evaluate --src=<(zcat test.en.gz)` reads a pipe, not a file."""
+    """`translate-evaluate --src=<(zcat test.en.gz)` reads a pipe as it reads a file."""
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
 

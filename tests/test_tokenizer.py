@@ -14,7 +14,7 @@ def test_special_ids_are_distinct_and_round_trip(tokenizer):
 
 
 def test_a_vocabulary_smaller_than_the_characters_is_a_one_line_error(tmp_path):
-    """Issue 59: SentencePiece's 12-frame traceback; now the flag and the size to give."""
+    """Not SentencePiece's 12-frame traceback: the flag and the size to give."""
     from translate.data.tokenizer import train_tokenizer
 
     texts = ["abcdefghijklmnopqrstuvwxyz ABCDEFGHIJKLMNOPQRSTUVWXYZ 0123456789"] * 20

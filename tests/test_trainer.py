@@ -327,7 +327,7 @@ def test_final_report_decodes_the_average_that_average_checkpoints_writes(config
 def test_a_stop_off_the_checkpoint_grid_averages_the_same_steps_as_no_stop(
     config, tmp_path, monkeypatch
 ):
-    """Issue 27, item 4: a SIGTERM saved step 10, off the grid of every 3 steps; the final
+    """A SIGTERM saves step 10, off the grid of every 3 steps; the final
     average must still be of [6, 9, 12], the uninterrupted run's, not [9, 10, 12]."""
     config.train.num_train_steps, config.train.checkpoint_every_steps = 12, 3
     config.train.keep_checkpoints = config.decode.average_last = 3

@@ -47,7 +47,7 @@ LINES = [
 @pytest.fixture(scope="module")
 def workdir(tiny_run, tmp_path_factory):
     """A tiny model trained for 6 steps, with checkpoints at steps 3 and 6:
-    this module's copy of the session's tiny run."""
+    this module's copy of the test session's tiny run."""
     return copy_of_tiny_run(tiny_run, tmp_path_factory)
 
 
@@ -519,7 +519,7 @@ def test_two_evaluations_never_write_one_report_over_the_other(workdir, tmp_path
 
 
 def test_output_onto_anything_a_workdir_holds_is_refused(workdir, tmp_path):
-    """The training report, hypotheses, curves, best/ and evaluations/ too (issue 27, B)."""
+    """The training report, hypotheses, curves, best/ and evaluations/ too."""
     copy = tmp_path / "copy"
     shutil.copytree(workdir, copy)
     (copy / "evaluations" / "test.en.step6").mkdir(parents=True)
@@ -676,7 +676,7 @@ def test_beam_stop_flag_sets_the_stopping_rule_and_the_default_keeps_the_workdir
 
 @pytest.mark.slow  # a fresh process compiles the search for one row: 45 s on 2 cores
 def test_at_a_terminal_the_command_says_it_waits_for_a_sentence(workdir):
-    """Issue 40: interactive mode showed no sign that it waited for a sentence."""
+    """Interactive mode at a terminal shows that it waits for a sentence."""
     import pty
 
     user, terminal = pty.openpty()
@@ -715,7 +715,7 @@ def test_at_a_terminal_the_command_says_it_waits_for_a_sentence(workdir):
     ],
 )
 def test_a_decoding_flag_given_its_unset_value_is_refused_not_ignored(flag, expected):
-    """Issue 40 (a new user's try): --beam_size=0 decoded with the workdir's beam of 4."""
+    """--beam_size=0 is refused, not decoded with the workdir's beam of 4 (a new user's try)."""
     with pytest.raises(ValueError, match=re.escape(expected)):
         translate_text.main(["--workdir=/nonexistent", flag])
 
@@ -727,7 +727,7 @@ def test_a_workdir_that_does_not_exist_is_said_so(tmp_path):
 
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="Linux's always-full device")
 def test_an_output_device_that_is_full_is_named(workdir, tmp_path, varied_outputs):
-    """A new user's try in issue 40: --output=/dev/full said "No space left on device" alone."""
+    """--output=/dev/full names the output, not "No space left on device" alone."""
     source = tmp_path / "in.txt"
     source.write_text("the cat sleeps .\n", encoding="utf-8")
     with pytest.raises(OSError) as error:
@@ -737,8 +737,8 @@ def test_an_output_device_that_is_full_is_named(workdir, tmp_path, varied_output
 
 @pytest.mark.slow  # four fresh commands: 40-80 s on 2 cores
 def test_closed_or_broken_standard_streams_give_one_line_and_lose_no_output(workdir, tmp_path):
-    """Issue 59: stdout or stdin closed gave AttributeError tracebacks; a stderr whose reader
-    went away ended the command with --output never written."""
+    """Closed stdout or stdin give one line, not AttributeError tracebacks; a stderr whose
+    reader went away does not end the command before --output is written."""
     source = tmp_path / "in.txt"
     source.write_text("the cat sleeps .\n", encoding="utf-8")
     command = [sys.executable, "-m", "translate.translate_text", f"--workdir={workdir}"]

@@ -372,8 +372,8 @@ def test_a_checkpoint_past_the_configs_last_step_warns_that_nothing_is_trained(
 
 @pytest.mark.slow  # trains twice: 26 s on 2 cores
 def test_keep_best_turned_on_by_a_resume_keeps_the_best_from_then_on(text_dir, tmp_path):
-    """Issue 40: keep_best_by added on resume, after a better dev BLEU had been logged, left
-    best/ empty (the history's best was never kept)."""
+    """keep_best_by added on resume, after a better dev BLEU was logged, keeps the best from
+    then on instead of leaving best/ empty (the history's best is not kept)."""
     scores = iter([3.0, 1.0, 2.0, 2.5, 1.0])
     monkeypatch = pytest.MonkeyPatch()
     monkeypatch.setattr(trainer, "dev_bleu", lambda *args, **kwargs: {"eval/bleu": next(scores)})
