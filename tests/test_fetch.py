@@ -70,7 +70,7 @@ def test_a_wrong_file_already_there_is_replaced_by_the_checked_one(server, tmp_p
     out = tmp_path / "out"
     out.mkdir()
     (out / "train.en").write_text("edited by hand\n")
-    fetch.fetch("tiny", out, log=lambda line: None, datasets=datasets)
+    fetch.fetch("tiny", out, log=lambda line: None, datasets=datasets, force=True)
     assert (out / "train.en").read_text(encoding="utf-8") == TEXTS["train.en"]
 
 

@@ -4,7 +4,10 @@ Each file is downloaded from the dataset's public repository at a pinned commit 
 a directory of copies, offline), decompressed when it is gzipped, and checked against the sha256
 recorded here before it is written, whole, into the target directory: a wrong, partial or
 damaged file is refused with its name and never used. A file already there with the right
-sha256 is kept as it is.
+sha256 is kept as it is. Anything else already there under a dataset file's name (a file edited
+by hand, another dataset's file of the same name, a symbolic link) is the user's: it stops the
+command before anything is written, unless `force` says to replace it (a link itself, never the
+file it points to).
 
   multi30k     Multi30k task 1 (Elliott et al. 2016): train, val, test2016, raw text, English and
                German, from github.com/multi30k/dataset at a3d2e0d (the files have not changed
@@ -15,11 +18,17 @@ sha256 is kept as it is.
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import hashlib
+import http.client
+import os
 import pathlib
+import re
+import stat
 import urllib.error
 import urllib.request
+import zlib
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -107,6 +116,15 @@ def sha256_of(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def read_bytes(path: pathlib.Path) -> bytes:
+    """`path`'s bytes; an error reading them (permissions) is this module's, naming the file,
+    and so a one-line message rather than a library's traceback."""
+    try:
+        return path.read_bytes()
+    except OSError as e:
+        raise OSError(e.errno, e.strerror, str(path)) from None
+
+
 def read_source(file: DataFile, copies: pathlib.Path | None) -> tuple[bytes, str]:
     """The file's bytes as its source gives them (perhaps gzipped), and where they came from.
 
@@ -118,12 +136,13 @@ def read_source(file: DataFile, copies: pathlib.Path | None) -> tuple[bytes, str
         names = dict.fromkeys((file.source_name, file.name, file.name + ".gz"))
         for name in names:
             if (copies / name).is_file():
-                return (copies / name).read_bytes(), str(copies / name)
+                return read_bytes(copies / name), str(copies / name)
         raise FileNotFoundError(f"--from={copies}: holds none of {', '.join(names)}")
     try:
         with urllib.request.urlopen(file.url, timeout=TIMEOUT) as response:
             return response.read(), file.url
-    except (urllib.error.URLError, TimeoutError, OSError) as e:
+    except (urllib.error.URLError, TimeoutError, OSError, http.client.HTTPException) as e:
+        # HTTPException: a connection that ends before the length it announced (IncompleteRead).
         reason = getattr(e, "reason", None) or e
         raise OSError(
             f"could not download {file.url} ({reason}); offline, copy the files into a "
@@ -140,7 +159,7 @@ def checked(file: DataFile, data: bytes, origin: str) -> bytes:
     if data[:2] == b"\x1f\x8b":
         try:
             data = gzip.decompress(data)
-        except (OSError, EOFError) as e:
+        except (OSError, EOFError, zlib.error) as e:  # a bad header, a cut, a damaged block
             raise ValueError(
                 f"{origin}: not a whole gzip file ({e}); nothing was written"
             ) from None
@@ -160,33 +179,171 @@ def fetch(
     copies: str | pathlib.Path | None = None,
     log: Callable[[str], None] = print,
     datasets: dict[str, list[DataFile]] = DATASETS,
+    force: bool = False,
 ) -> list[pathlib.Path]:
     """Writes dataset `name`'s files into `directory`, each checked; returns their paths.
+
+    Every file already in `directory` is looked at before anything is downloaded or written: one
+    with the recorded sha256 is kept; any other (edited, another dataset's, a symbolic link)
+    stops the command with nothing written, unless `force`.
 
     Args:
       copies: a directory holding the files (their names here or at their source, gzipped
         or not) instead of downloading them.
+      force: replace the files already there that are not the recorded ones, and symbolic links
+        (the link itself, never the file it points to).
 
     Raises:
-      ValueError: an unknown name, or a file that is not the one recorded.
+      ValueError: an unknown name, a file that is not the one recorded, or a file already in
+        `directory` that is not the recorded one (without `force`).
     """
     if name not in datasets:
         raise ValueError(f"{name}: not a dataset here; one of {', '.join(sorted(datasets))}")
     directory = pathlib.Path(directory)
     if directory.exists() and not directory.is_dir():
         raise ValueError(f"--dir={directory} is a file; give a directory")
-    directory.mkdir(parents=True, exist_ok=True)
+    files = datasets[name]
+    kept = check_existing(name, files, directory, force, datasets)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise OSError(e.errno, e.strerror, f"--dir={directory}") from None
+    for stale in remove_stale_temporaries(directory, files):
+        log(f"{stale}: removed, a temporary file that a killed run left")
     source = None if copies is None else pathlib.Path(copies)
     written = []
-    for file in datasets[name]:
+    for file in files:
         target = directory / file.name
-        if target.is_file() and sha256_of(target.read_bytes()) == file.sha256:
+        if file.name in kept:
             log(f"{target}: already there, checked")
             written.append(target)
             continue
         data, origin = read_source(file, source)
         text = checked(file, data, origin)
-        atomic.write_bytes(target, text, fsync=True)  # whole or absent, even if killed
+        write_file(target, text)
         log(f"{target}: {file.lines} lines from {origin}, sha256 checked")
         written.append(target)
     return written
+
+
+def check_existing(
+    name: str,
+    files: list[DataFile],
+    directory: pathlib.Path,
+    force: bool,
+    datasets: dict[str, list[DataFile]],
+) -> set[str]:
+    """The names of `files` already in `directory` as recorded (to keep); refuses the others.
+
+    A file there that is not the recorded one is someone's work, or another dataset's file (the
+    datasets share names such as train.en): only `force` replaces it. A symbolic link is never
+    written through, and only `force` replaces the link itself; one that points to the recorded
+    file is kept. Something else (a directory, a FIFO) is never replaced.
+
+    Raises:
+      ValueError: saying why the first file is refused and naming the others, before
+        anything is written.
+    """
+    kept, refused = set(), []  # refused: (name, why)
+    for file in files:
+        target = directory / file.name
+        try:
+            link = stat.S_ISLNK(os.lstat(target).st_mode)
+        except (FileNotFoundError, NotADirectoryError):  # to be written
+            continue
+        try:
+            regular = stat.S_ISREG(os.stat(target).st_mode)  # a link's file: only ever read
+        except (FileNotFoundError, NotADirectoryError):  # a link to nothing
+            regular = False
+        if regular:
+            found = sha256_of(read_bytes(target))
+            if found == file.sha256:
+                kept.add(file.name)
+                continue
+            whose = [
+                f"{other}'s {f.name}"
+                for other, others in sorted(datasets.items())
+                for f in others
+                if f.sha256 == found
+            ]
+            what = f"not {name}'s {file.name} (" + (
+                f"it is {whose[0]})" if whose else f"sha256 {found[:16]}...)"
+            )
+        else:
+            what = "not a regular file"
+        why = None
+        if link and not force:
+            why = (
+                f"a symbolic link, {what}, never written through: remove the link, or give "
+                "--force to replace the link itself"
+            )
+        elif not link and not regular:
+            why = f"{what}, never replaced: move it away"
+        elif not link and not force:
+            why = (
+                f"already there and {what}, never replaced unasked: move it away (or give "
+                "another --dir), or give --force to replace it"
+            )
+        if why:
+            refused.append((file.name, f"{target}: {why}"))
+    if refused:
+        others = [other for other, _ in refused[1:]]
+        likewise = f" ({', '.join(others)} likewise)" if others else ""
+        raise ValueError(f"{refused[0][1]}{likewise}; nothing was written")
+    return kept
+
+
+# A temporary file of `write_file`: `.NAME.<8 hex digits>.tmp` (atomic.beside's names).
+TEMPORARY = re.compile(r"\.(?P<name>.+)\.[0-9a-f]{8}\.tmp")
+
+
+def write_file(target: pathlib.Path, data: bytes) -> None:
+    """Replaces (or creates) `target` with `data`, whole or not at all, flushed to disk.
+
+    Unlike atomic.write_bytes, a symbolic link at `target` is replaced itself, not written
+    through: the data is written into a new temporary file beside it (created exclusively, never
+    through a link) and renamed over the name. A file that was there lends the new one its
+    permissions.
+    """
+    tmp = atomic.beside(target, "tmp")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666)
+    except OSError as e:
+        raise OSError(e.errno, e.strerror, str(target)) from None
+    atomic.hold(fd)  # a lock, so that another run never takes it for a killed run's
+    try:
+        with os.fdopen(fd, "wb") as out:
+            with contextlib.suppress(OSError):
+                status = target.lstat()
+                if stat.S_ISREG(status.st_mode):
+                    os.chmod(out.fileno(), stat.S_IMODE(status.st_mode))
+            out.write(data)
+            out.flush()
+            os.fsync(out.fileno())  # whole on disk before its name is, even after a crash
+        os.replace(tmp, target)
+    except BaseException as e:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        if isinstance(e, OSError) and e.filename is None and e.errno is not None:
+            raise OSError(e.errno, e.strerror, str(target)) from None  # a full disk, named
+        raise
+
+
+def remove_stale_temporaries(directory: pathlib.Path, files: list[DataFile]) -> list[pathlib.Path]:
+    """Deletes the temporary files of `write_file` for `files` that a killed run left in
+    `directory` (unlocked and old: atomic.is_stale); returns them. Nothing else is touched."""
+    names = {file.name for file in files}
+    try:
+        candidates = sorted(directory.iterdir())
+    except OSError:  # not listable: writing there says why, naming the file
+        return []
+    removed = []
+    for candidate in candidates:
+        match = TEMPORARY.fullmatch(candidate.name)
+        if match is None or match["name"] not in names:
+            continue
+        with contextlib.suppress(OSError):
+            if stat.S_ISREG(candidate.lstat().st_mode) and atomic.is_stale(candidate):
+                candidate.unlink()
+                removed.append(candidate)
+    return removed
