@@ -5,15 +5,13 @@ r"""Average the parameters of a run's newest checkpoints into a new workdir (pap
     python -m translate.evaluate --workdir=runs/base/average_5 --src=... --ref=...
 
 The paper averages the last 5 checkpoints of the base model and the last 20 of the big one.
-The output is a workdir with the run's config and vocabulary and one checkpoint (parameters
-only, saved at `--output_step`, by default the newest averaged step) whose metadata lists the
-averaged steps; `translate.evaluate` reads it like any workdir and records those steps in its
-report. `python -m translate.evaluate --average=5` does the same without writing anything.
-
---output must not exist, be empty, or hold an earlier average written by this script (its
-config.json, vocab.model and checkpoints whose metadata lists `averaged_steps`, nothing else);
-anything else, such as another run's workdir, is refused and left as it was. The new average
-is written beside --output and swapped in once complete, so a failed run keeps the old one.
+The output is a workdir with the run's config and vocabulary and one parameters-only checkpoint
+(at `--output_step`, by default the newest averaged step) whose metadata lists the averaged
+steps, which `translate.evaluate` reads like any workdir (`translate.evaluate --average=5`
+averages without writing anything). --output must be new, empty, or an earlier average of this
+script (config.json, vocab.model and checkpoints listing `averaged_steps`, nothing else);
+anything else is refused and left as it was. The average is written beside --output and swapped
+in once complete, so a failed run keeps the old one.
 """
 
 from __future__ import annotations
@@ -37,14 +35,9 @@ def average_workdir(
     output_step: int | None = None,
     params: str = "auto",
 ) -> list[int]:
-    """Writes the mean parameters of `workdir`'s newest `num` checkpoints (or `steps`) to `output`.
-
-    `params` as trained.load_model's: by default the mean of the checkpoints' moving averages
-    when they hold them (train.ema_decay), else of their parameters.
-
-    Returns:
-      The averaged steps, oldest first.
-    """
+    """Writes the mean parameters of `workdir`'s newest `num` checkpoints (or `steps`) to
+    `output` and returns the averaged steps, oldest first. `params` as trained.load_model's: by
+    default the mean of the checkpoints' moving averages (train.ema_decay) where they hold them."""
     workdir, output = pathlib.Path(workdir).resolve(), pathlib.Path(output).resolve()
     if output == workdir:
         # A parameters-only checkpoint there would become the step that training resumes from.
@@ -73,13 +66,9 @@ def average_workdir(
 
 
 def check_output(output: pathlib.Path, run: Workdir) -> None:
-    """Raises ValueError unless `output` is absent, empty, or an earlier average alone.
-
-    An earlier average holds only the config.json, vocab.model and checkpoints/ that this
-    script writes, and every step of its checkpoints lists `averaged_steps` in its metadata (a
-    training checkpoint never does). The error names --output and what was found there;
-    nothing is changed.
-    """
+    """Raises ValueError, naming --output and what is there, unless `output` is absent, empty,
+    or an earlier average alone: this script's config.json, vocab.model and checkpoints/, each
+    step's metadata listing `averaged_steps` (a training checkpoint's never does)."""
     if output.is_relative_to(run.checkpoints.resolve()):
         raise ValueError(f"--output={output} is inside the checkpoints of --workdir={run.path}")
     if output.exists() and not output.is_dir():
@@ -127,33 +116,28 @@ def check_output(output: pathlib.Path, run: Workdir) -> None:
             raise ValueError(refusal.format(output, found))
 
 
+FLAGS = {
+    "workdir": Flag("", "Required. The training workdir whose checkpoints are averaged."),
+    "num": Flag(5, "Average the newest N checkpoints."),
+    "steps": Flag([], "Average these steps instead of the newest --num (repeat it)."),
+    "output": Flag("", "The new workdir; default WORKDIR/average_N."),
+    "output_step": Flag(-1, "The step to save the average at; -1: the newest averaged."),
+    "params": cli.checkpoint_flags("average")["params"],
+}
+
+
 def main(argv: list[str]) -> None:
     absl_logging.set_verbosity(absl_logging.ERROR)  # Orbax's per-save INFO/WARNING lines
-    flags, _ = parse_flags(
-        argv,
-        {
-            "workdir": Flag("", "Required. The training workdir whose checkpoints are averaged."),
-            "num": Flag(5, "Average the newest N checkpoints."),
-            "steps": Flag([], "Average these steps instead of the newest --num (repeat it)."),
-            "output": Flag("", "The new workdir; default WORKDIR/average_N."),
-            "output_step": Flag(-1, "The step to save the average at; -1: the newest averaged."),
-            "params": cli.checkpoint_flags("average")["params"],
-        },
-        doc=__doc__,
-        sections=(),
-    )
+    flags, _ = parse_flags(argv, FLAGS, doc=__doc__, sections=())
     if not flags["workdir"]:
         raise SystemExit(__doc__)
     name = f"average_{len(flags['steps']) or flags['num']}"
     output = flags["output"] or str(pathlib.Path(flags["workdir"]) / name)
     try:
+        steps = [parse_value(s, int, "--steps") for s in flags["steps"]]
+        out_step = None if flags["output_step"] < 0 else flags["output_step"]
         steps = average_workdir(
-            flags["workdir"],
-            output,
-            flags["num"],
-            [parse_value(s, int, "--steps") for s in flags["steps"]],
-            None if flags["output_step"] < 0 else flags["output_step"],
-            flags["params"],
+            flags["workdir"], output, flags["num"], steps, out_step, flags["params"]
         )
     except (ValueError, FileNotFoundError) as e:
         raise SystemExit(str(e)) from None

@@ -1,71 +1,29 @@
 r"""Training and decoding speed of a config on this machine's devices, with utilisation.
 
     translate-data wmt_sample --dir=data/wmt_sample     # the 10,000 WMT pairs, once
-    python -m scripts.benchmark --config=configs/small.py \
-        --src=data/wmt_sample/train.en \
-        --tgt=data/wmt_sample/train.de \
-        --batch_tokens=2048 [--vocab=SPM_MODEL] [--steps=30] [--warmup=3] \
-        [--decode_src=FILE] [--decode_workdir=DIR] [--decode_num=N] [--json=PATH] \
-        [--config.a.b=value ...]
-
+    python -m scripts.benchmark --config=configs/small.py --src=data/wmt_sample/train.en \
+        --tgt=data/wmt_sample/train.de --batch_tokens=2048 [--vocab=SPM_MODEL] [--steps=30] \
+        [--warmup=3] [--decode_src=FILE] [--decode_workdir=DIR] [--decode_num=N] \
+        [--json=PATH] [--config.a.b=value ...]
     python -m scripts.benchmark --skip_training --decode_src=FILE [--decode_num=N] \
         [--decode_ref=FILE] [--ctranslate2=false] [--huggingface] \
         (--decode_workdir=DIR | --config=CONFIG (--src=SRC --tgt=TGT | --vocab=SPM_MODEL))
 
-Training: batches of `batch_tokens` target token slots (and as many source slots) are packed
-from the given parallel files exactly as the trainer packs them (`data.row_len` slots per row),
-and the trainer's own jitted step (`translate.steps.make_steps`) runs on a mesh of every
-device; with `train.ema_decay` that step updates the moving average too, as the trainer's
-does. After `warmup` steps, each of `steps` steps is timed from handing its batch to the
-devices until its results are ready; the figures are medians. That synchronous loop leaves the
-devices idle while the host dispatches the next step, which the trainer does not (it reads a
-step's metrics a window later): the steady-state mode (`steady_rounds`, 3 by default) then
-dispatches the same `steps` steps without waiting and waits once, and reports the median
-round's mean step (`*_steady` keys) beside the synchronous figures. The model's vocabulary is the
-config's `data.vocab_size` even when the BPE model learned from the files came out smaller, so
-the softmax costs what it would at that size.
-
-Utilisation: model FLOPs per step are counted from the batch's shapes (translate.flops), with
-padding excluded ("real") and included ("padded"). MFU is real model FLOPs per second over two
-peaks: the one this script measures itself (`mfu`), the best of many runs of a jitted square
-matrix product in the config's compute dtype (2048 on CPU, 8192 on GPU); and the dense
-tensor-core peak that the GPU's maker publishes for that dtype (`mfu_published`), looked up by
-the device's name, null for devices not in PUBLISHED_PEAKS (every CPU).
-
-Decoding (with --decode_src): beam 4 and greedy over the file's sentences, in the evaluator's
-length-sorted batches of `decode.batch_size`, one pass each. The evaluator times compilation
-(each new batch shape is first compiled on a batch of padding) apart from decoding; speeds are
-over decoding seconds alone, and the whole pass's seconds are reported beside them. With
---decode_workdir the trained model (and its vocabulary) there is used; otherwise the freshly
-initialised model, which seldom emits EOS, so each sentence runs to its length limit: a worst
-case, said so in the output. That model has the vocabulary's size, as the trainer would build
-it, so that every id it emits decodes (a vocabulary smaller than the config's crashed it).
---skip_training decodes only. With --decode_ref, every search's output gets its sacreBLEU.
-
-Exported engines, in the same sitting on the same sentences: the model exported to CTranslate2
-(translate/engines/ctranslate2.py, into a temporary directory) runs in float32 and in int8
-(`compute_type="int8"`: the weights quantized as they load), unless --ctranslate2=false or the
-package is missing; with --huggingface also in transformers (translate/engines/huggingface.py)
-with our LayerNorm epsilon, and as loaded (PyTorch's 1e-5). Each engine decodes with our limits
-(export_ctranslate2.translate); a first call on one batch is timed apart (it allocates what
-later calls reuse), then one pass over every sentence, as our decoder's compilation is timed
-apart from its pass.
-`*_same_as_ours_*` is the share of sentences whose translation is ours exactly. CTranslate2 and
-torch run OpenMP threads that spin while they wait: on cores that other processes keep busy,
-run with OMP_WAIT_POLICY=passive in the environment (BENCHMARKS.md: without it, CTranslate2's
-float32 beam search ran 10 times slower on the 2 shared cores).
-
-Variants (--variant, repeatable): the same batches through the config's step and through each
-variant's (the config with the variant's overrides), compiled and warmed up first, then timed in
-turn for `variant_rounds` rounds, the order rotating each round: each turn dispatches the `steps`
-steps without waiting and waits once (the steady state above), and records the mean step's wall
-time and the process's CPU time (all its threads). A machine whose speed drifts within minutes
-then slows every variant alike, and each variant's ratio to the config is the median of its
-per-round ratios, so it compares steps timed minutes apart at most. Step timings run one after
-another in separate commands drifted by 40% within twenty minutes on the 2-core CPU
-(docs/benchmarks/multi30k-recipe.md); the CPU time also counts only this process's work.
-
-The JSON (--json) holds every printed figure; keys are listed in BENCHMARKS.md.
+Training: batches of `batch_tokens` target token slots (and as many source slots) packed from
+the files as the trainer packs them, through the trainer's own jitted step (with the moving
+average of `train.ema_decay`) on a mesh of every device; after `warmup` steps, each of `steps`
+is timed until its results are ready (medians), then the steady state (`steady_rounds`)
+dispatches the same steps without waiting, as the trainer does, and waits once a round. The
+model's vocabulary is the config's `data.vocab_size` even when the BPE model learned is smaller.
+Model FLOPs come from the batch's shapes, padding excluded and included (`_padded`); MFU divides
+their rate by this script's matmul peak (`mfu`) and the maker's published dense peak
+(`mfu_published`, null on CPUs). Decoding (--decode_src): beam 4 and greedy in the evaluator's
+length-sorted batches, compilation timed apart, with --decode_workdir's model or an untrained
+one (a worst case: it seldom emits EOS), and the exported engines on the same sentences:
+CTranslate2 in float32 and int8, transformers with --huggingface (`*_same_as_ours_*`: the share
+of translations equal to ours; set OMP_WAIT_POLICY=passive on busy cores). --variant times the
+config's step and each variant's in turn in one process, `variant_rounds` rounds, as ratios.
+docs/speed.md ("Measure it") says more; --json writes every figure (BENCHMARKS.md lists them).
 """
 
 from __future__ import annotations
@@ -75,7 +33,6 @@ import functools
 import json
 import os
 import pathlib
-import platform
 import resource
 import statistics
 import tempfile
@@ -106,9 +63,6 @@ from translate.models.layers import product_dtype
 from translate.trained import load_model
 from translate.training.steps import Packed, make_steps
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
-
-
 FLAGS = {
     "config": Flag("", "A config file or an example config's name (see translate-train --help)."),
     "src": Flag("", "Source side of the parallel text that batches are packed from."),
@@ -126,46 +80,20 @@ FLAGS = {
     "huggingface": Flag(False, "Also time the model exported to transformers (needs torch)."),
     "engine_threads": Flag(0, "Threads of CTranslate2 and torch; 0: one per CPU core."),
     "json": Flag("", "Write every printed figure to this JSON file."),
-    "packed": Flag(
-        True,
-        "Pass the parameters and Adam's state as steps.Packed, as the trainer does; false: as "
-        "nnx.State trees (the same program, more host time per call).",
-    ),
-    "steady_rounds": Flag(
-        3,
-        "Rounds of the steady-state mode after the timed steps: the same steps dispatched "
-        "without waiting, then waited for once (0: off).",
-    ),
-    "steps_per_call": Flag(
-        1,
-        "Training steps per call of the jitted step (a lax.scan over stacked batches: one host "
-        "dispatch for K steps; steps.packed_train_many); --steps and --warmup must be multiples.",
-    ),
-    "variant": Flag(
-        [],
-        "A variant of the config to time against it, step for step in one process (repeat the "
-        "flag for more): space-separated overrides such as 'model.dropout_bits=hash'; model "
-        "and train fields only. See 'Variants' above.",
-    ),
+    "packed": Flag(True, "State as steps.Packed (the trainer's); false: nnx.State trees."),
+    "steady_rounds": Flag(3, "Steady rounds: steps dispatched, then waited for once (0: off)."),
+    "steps_per_call": Flag(1, "Steps a call (a lax.scan); --steps, --warmup: multiples of it."),
+    "variant": Flag([], "Overrides timed against the config, e.g. 'model.dropout_bits=hash'."),
     "variant_rounds": Flag(8, "Alternating rounds of --variant timing (each: every variant once)."),
-    "profile": Flag(
-        "",
-        "After the timed steps, trace 5 more with jax.profiler into this directory and "
-        "print the time per op and per kind of op (scripts/profile_summary.py).",
-    ),
+    "profile": Flag("", "Trace 5 more steps into this directory; print the time per op and kind."),
 }
 
 
 def matmul_peak(dtype, accumulate=None) -> tuple[float, int]:
-    """Best FLOP/s of a jitted n x n matrix product on the first device over many runs, and n.
-
-    `accumulate`: the product's output dtype when it is not `dtype` (float32 for the bfloat16
-    operands of `model.matmul_dtype`: on CPUs that product runs at about twice the rate of one
-    that returns bfloat16).
-
-    The best run, not the median: a peak is what the device can do, and on a shared CPU the
-    median of a few runs moved by 15% between invocations.
-    """
+    """Best FLOP/s of a jitted n x n matrix product on the first device over many runs, and n;
+    `accumulate`: its output dtype when not `dtype` (float32 for model.matmul_dtype's bfloat16).
+    The best run, not the median: a peak is what the device can do (the median of a few runs
+    moved by 15% between invocations on a shared CPU)."""
     n = 2048 if jax.default_backend() == "cpu" else 8192
     a, b = (jax.random.normal(k, (n, n), dtype) for k in jax.random.split(jax.random.key(0)))
     product = jax.jit(functools.partial(jnp.matmul, preferred_element_type=accumulate))
@@ -187,9 +115,11 @@ def peak_memory() -> tuple[int, str]:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "process peak RSS"
 
 
-def get_tokenizer(flags: dict, config: Config, src: list[str], tgt: list[str], tmp: pathlib.Path):
+def get_tokenizer(flags: dict, config: Config, tmp: pathlib.Path) -> Tokenizer:
+    """--vocab, else a BPE model of the config's size trained on --src and --tgt in `tmp`."""
     if flags["vocab"]:
         return Tokenizer(flags["vocab"])
+    src, tgt = read_parallel(flags["src"], flags["tgt"])
     print(f"training a {config.data.vocab_size}-piece BPE model on {len(src)} pairs ...")
     text = ParallelText.from_lists(src, tgt, flags["src"])
     sample = sample_sentences(text, config.data.vocab_sample_size, seed=0)
@@ -218,22 +148,17 @@ def calls_of(flags: dict, batches: list, mesh) -> list[Callable]:
     k = flags["steps_per_call"]
     if k == 1:
         return [functools.partial(sharding.put_batch, b, mesh) for b in batches]
-    return [
-        functools.partial(sharding.put_batches, batches[i : i + k], mesh)
-        for i in range(0, len(batches), k)
-    ]
+    groups = [batches[i : i + k] for i in range(0, len(batches), k)]
+    return [functools.partial(sharding.put_batches, group, mesh) for group in groups]
 
 
 def benchmark_training(flags: dict, config: Config, tokenizer: Tokenizer) -> dict:
     corpus, dropped, mesh, layout, vocab_size, batches = training_batches(flags, config, tokenizer)
-
     k = flags["steps_per_call"]
     steps = make_steps(config, vocab_size, mesh, steps_per_call=k)
-    graphdef = steps.graphdef
     state, train_step = trainer_step(flags, steps)
     dropout_key = jax.random.key(1)
     calls = calls_of(flags, batches, mesh)
-
     times, nonfinite = [], 0
     for call, place in enumerate(calls):
         start = time.perf_counter()
@@ -252,33 +177,23 @@ def benchmark_training(flags: dict, config: Config, tokenizer: Tokenizer) -> dic
     # The host's part of each step (placing the batch, dispatching the step) is timed too: when
     # it is as long as the step, the host bounds the speed; when the device still idles between
     # its ops with the host ahead, launching them does.
-    rounds, put_s, dispatch_s = [], [], []
+    rounds, host = [], []
     for _ in range(flags["steady_rounds"]):
-        start, outs = time.perf_counter(), []
-        for call, place in enumerate(timed_calls):
-            t0 = time.perf_counter()
-            placed = place()
-            t1 = time.perf_counter()
-            state, metrics = train_step(state, placed, call * k, dropout_key)
-            put_s.append((t1 - t0) / k)
-            dispatch_s.append((time.perf_counter() - t1) / k)
-            outs.append(metrics["nonfinite"])
-        jax.block_until_ready((state, outs))
-        rounds.append((time.perf_counter() - start) / len(timed))
-        nonfinite += int(sum(np.sum(np.asarray(x)) for x in outs))
+        state, seconds, _, bad = steady_round(train_step, state, timed_calls, k, dropout_key, host)
+        rounds.append(seconds)
+        nonfinite += bad
+    put_s, dispatch_s = [x for x, _ in host], [x for _, x in host]
     if flags["profile"]:
         few = timed_calls[: -(-5 // k)]
         state = profile_steps(flags["profile"], train_step, state, few, k)
     slots = layout.num_micro * layout.rows * layout.row_len  # per side
     real_src = np.array([(b.src_segments > 0).sum() for b in timed])
     real_tgt = np.array([(b.tgt_segments > 0).sum() for b in timed])
-    real_flops, padded_flops = [], []
-    for b in timed:
-        s, t = flops.batch_lengths(b)
-        real_flops.append(flops.train_flops(config.model, vocab_size, s, t))
-        rows = layout.num_micro * layout.rows
-        full = np.full(rows, layout.row_len)
-        padded_flops.append(flops.train_flops(config.model, vocab_size, full, full))
+    real_flops = [
+        flops.train_flops(config.model, vocab_size, *flops.batch_lengths(b)) for b in timed
+    ]
+    full = np.full(layout.num_micro * layout.rows, layout.row_len)  # every slot of every row
+    padded_flops = flops.train_flops(config.model, vocab_size, full, full)
     step_s = statistics.median(times)
     return {
         "train_pairs": len(corpus),
@@ -309,11 +224,29 @@ def benchmark_training(flags: dict, config: Config, tokenizer: Tokenizer) -> dic
         "padding_fraction": 1.0 - float(real_tgt.sum()) / (slots * len(timed)),
         "padding_fraction_src": 1.0 - float(real_src.sum()) / (slots * len(timed)),
         "model_flops_per_step": float(np.median(real_flops)),
-        "model_flops_per_step_padded": float(np.median(padded_flops)),
+        "model_flops_per_step_padded": float(padded_flops),
         "packed": flags["packed"],
         "steps_per_call": k,
-        "_params": (graphdef, state[0].tree() if flags["packed"] else state[0]),
+        "_params": (steps.graphdef, state[0].tree() if flags["packed"] else state[0]),
     }
+
+
+def steady_round(train_step, state, calls, k: int, key, host=None) -> tuple:
+    """Dispatches `calls` of `k` steps, then waits once: (state, wall and CPU seconds a step,
+    non-finite steps); `host` gets each call's seconds placing and dispatching, a step."""
+    start, start_cpu, outs = time.perf_counter(), time.process_time(), []
+    for call, place in enumerate(calls):
+        t0 = time.perf_counter()
+        placed = place()
+        t1 = time.perf_counter()
+        state, metrics = train_step(state, placed, call * k, key)
+        if host is not None:
+            host.append(((t1 - t0) / k, (time.perf_counter() - t1) / k))
+        outs.append(metrics["nonfinite"])
+    jax.block_until_ready((state, outs))
+    wall, cpu = time.perf_counter() - start, time.process_time() - start_cpu
+    nonfinite = int(sum(np.sum(np.asarray(x)) for x in outs))
+    return state, wall / (len(calls) * k), cpu / (len(calls) * k), nonfinite
 
 
 def trainer_step(flags: dict, steps) -> tuple[list, Callable]:
@@ -324,14 +257,10 @@ def trainer_step(flags: dict, steps) -> tuple[list, Callable]:
     params, opt_state = steps.init(jax.random.key(0))
     if not flags["packed"]:
         state, call = [params, opt_state], steps.train
-    elif steps.packed_train_many is not None:  # --steps_per_call: K steps in a call
-        average = [Packed.of(steps.init(jax.random.key(0))[0])] if steps.ema is not None else []
-        state, call = [Packed.of(params), Packed.of(opt_state), *average], steps.packed_train_many
-    elif steps.packed_train_ema is None:
-        state, call = [Packed.of(params), Packed.of(opt_state)], steps.packed_train
     else:  # the average starts from the parameters, in buffers of its own (each call donates)
-        average = Packed.of(steps.init(jax.random.key(0))[0])
-        state, call = [Packed.of(params), Packed.of(opt_state), average], steps.packed_train_ema
+        average = [] if steps.ema is None else [Packed.of(steps.init(jax.random.key(0))[0])]
+        state = [Packed.of(params), Packed.of(opt_state), *average]
+        call = steps.packed_train_many or steps.packed_train_ema or steps.packed_train
 
     def step_fn(state, batch, step, key):
         *state, metrics = call(*state, batch, step, key)
@@ -341,8 +270,7 @@ def trainer_step(flags: dict, steps) -> tuple[list, Callable]:
 
 
 def profile_steps(directory, train_step, state, calls, k: int) -> list:
-    """Traces `calls` more calls of `k` steps each and prints the device time per op; returns
-    the new state."""
+    """Traces `calls` more calls of `k` steps each, prints the time per op; returns the state."""
     from scripts import profile_summary
 
     with jax.profiler.trace(directory, create_perfetto_trace=True):
@@ -388,14 +316,14 @@ def variant_configs(flags: dict, overrides: dict[str, str]) -> list[tuple[str, C
 
 
 def benchmark_variants(flags: dict, configs: list[tuple[str, Config]], tokenizer) -> list[dict]:
-    """Times the steady step of each (label, config) in turn, round after round (the docstring's
-    'Variants'); the first is the reference of every ratio."""
+    """Times the steady step of each (label, config) in turn, round after round, the order
+    rotating; the first is the reference of every ratio (median of per-round ratios)."""
     base = configs[0][1]
     *_, mesh, layout, vocab_size, batches = training_batches(flags, base, tokenizer)
     k = flags["steps_per_call"]
     calls = calls_of(flags, batches, mesh)
     timed = calls[flags["warmup"] // k :]
-    dropout_key = jax.random.key(1)
+    key = jax.random.key(1)
     runs = []
     for label, config in configs:
         steps = make_steps(config, vocab_size, mesh, steps_per_call=k)
@@ -403,24 +331,17 @@ def benchmark_variants(flags: dict, configs: list[tuple[str, Config]], tokenizer
         params = state[0].tree() if flags["packed"] else state[0]
         size = sum(x.size for x in jax.tree.leaves(params))
         for call, place in enumerate(calls[: max(1, flags["warmup"] // k)]):  # compiles
-            state, metrics = train_step(state, place(), call * k, dropout_key)
+            state, metrics = train_step(state, place(), call * k, key)
         jax.block_until_ready(metrics)
         runs.append({"label": label, "step": train_step, "state": state, "size": size})
-    wall = [[] for _ in runs]
-    cpu = [[] for _ in runs]
-    nonfinite = [0 for _ in runs]
+    wall, cpu, nonfinite = [[] for _ in runs], [[] for _ in runs], [0 for _ in runs]
     for turn in range(flags["variant_rounds"]):
-        for i in [(turn + k) % len(runs) for k in range(len(runs))]:  # the order rotates
-            state = runs[i]["state"]
-            start, start_cpu, outs = time.perf_counter(), time.process_time(), []
-            for call, place in enumerate(timed):
-                state, metrics = runs[i]["step"](state, place(), call * k, dropout_key)
-                outs.append(metrics["nonfinite"])
-            jax.block_until_ready((state, outs))
-            wall[i].append((time.perf_counter() - start) / (len(timed) * k))
-            cpu[i].append((time.process_time() - start_cpu) / (len(timed) * k))
-            nonfinite[i] += int(sum(np.sum(np.asarray(x)) for x in outs))
-            runs[i]["state"] = state
+        for i in [(turn + j) % len(runs) for j in range(len(runs))]:  # the order rotates
+            run = runs[i]
+            run["state"], w, c, bad = steady_round(run["step"], run["state"], timed, k, key)
+            wall[i].append(w)
+            cpu[i].append(c)
+            nonfinite[i] += bad
     return [
         {
             "variant": run["label"],
@@ -459,9 +380,7 @@ SEARCHES = (("beam4", 4), ("greedy", 1))
 
 
 def benchmark_decoding(flags: dict, config: Config, graphdef, params, tokenizer) -> dict:
-    sentences = read_lines(flags["decode_src"])
-    if flags["decode_num"]:
-        sentences = sentences[: flags["decode_num"]]
+    sentences = read_lines(flags["decode_src"])[: flags["decode_num"] or None]
     references = None
     if flags["decode_ref"]:
         references = read_lines(flags["decode_ref"])[: len(sentences)]
@@ -505,19 +424,13 @@ def score(hypotheses: list[str], references: list[str], config: Config) -> float
 
 
 def exported_engines(flags: dict, config: Config, graphdef, params, tokenizer, tmp: str, out):
-    """Yields (name, translate(sentences, beam_size) -> texts) for each exported engine.
-
-    Each engine is exported and loaded when its turn comes; `out` receives its load seconds, or
-    why it was skipped.
-    """
+    """Yields (name, translate(sentences, beam_size) -> texts) of each exported engine, loaded
+    when its turn comes; `out` gets its load seconds, or why it was skipped."""
     model = nnx.merge(graphdef, params)
     directory = pathlib.Path(tmp)
-    options = dict(
-        length_penalty=config.decode.length_penalty,
-        max_extra_len=config.decode.max_extra_len,
-        max_len=config.data.max_len,
-        batch_size=config.decode.batch_size,
-    )
+    d = config.decode
+    options = dict(length_penalty=d.length_penalty, max_extra_len=d.max_extra_len)
+    options.update(max_len=config.data.max_len, batch_size=d.batch_size)
     skipped = out.setdefault("engines_skipped", {})
     threads = flags["engine_threads"] or os.cpu_count() or 1
     out["engine_threads"] = threads
@@ -530,19 +443,14 @@ def exported_engines(flags: dict, config: Config, graphdef, params, tokenizer, t
         if reason:
             skipped["ctranslate2"] = reason
         else:
-            (directory / "ctranslate2").mkdir()
-            export_ctranslate2.write(model, config.model, tokenizer, directory / "ctranslate2")
-            kind = ctranslate2.Translator
-            if config.model.architecture == "decoder_only":
-                kind = ctranslate2.Generator
+            path = directory / "ctranslate2"
+            path.mkdir()
+            export_ctranslate2.write(model, config.model, tokenizer, path)
+            decoder_only = config.model.architecture == "decoder_only"
+            kind = ctranslate2.Generator if decoder_only else ctranslate2.Translator
             for compute_type in ("float32", "int8"):
-                name = f"ctranslate2_{compute_type}"
-                start = time.perf_counter()
-                engine = kind(
-                    str(directory / "ctranslate2"),
-                    compute_type=compute_type,
-                    intra_threads=threads,
-                )
+                name, start = f"ctranslate2_{compute_type}", time.perf_counter()
+                engine = kind(str(path), compute_type=compute_type, intra_threads=threads)
                 out[f"{name}_load_seconds"] = time.perf_counter() - start
                 out[f"{name}_device"] = engine.device
                 yield (
@@ -561,15 +469,14 @@ def exported_engines(flags: dict, config: Config, graphdef, params, tokenizer, t
     if reason:
         skipped["huggingface"] = reason
         return
-    (directory / "huggingface").mkdir()
-    export_huggingface.write(model, config.model, tokenizer, directory / "huggingface")
+    path = directory / "huggingface"
+    path.mkdir()
+    export_huggingface.write(model, config.model, tokenizer, path)
     torch.set_num_threads(threads)
     epsilon = float(model.decoder[0].norm1.epsilon)
     for name, our_epsilon in (("transformers", True), ("transformers_epsilon_1e-5", False)):
         start = time.perf_counter()
-        engine = transformers.AutoModelForSeq2SeqLM.from_pretrained(
-            str(directory / "huggingface")
-        ).eval()
+        engine = transformers.AutoModelForSeq2SeqLM.from_pretrained(str(path)).eval()
         if our_epsilon:
             export_huggingface.match_layer_norm_epsilon(engine, epsilon)
         out[f"{name}_load_seconds"] = time.perf_counter() - start
@@ -593,30 +500,20 @@ def time_engine(config, name, translate, sentences, ours, references) -> dict:
         out[f"{name}_same_as_ours_{search}"] = same / len(sentences)
         if references is not None:
             out[f"{name}_bleu_{search}"] = score(hypotheses, references, config)
-        print(
-            f"{name} {search}: {len(sentences) / seconds:.1f} sentences/s, "
-            f"{same}/{len(sentences)} the same as ours"
-        )
+        rate = len(sentences) / seconds
+        print(f"{name} {search}: {rate:.1f} sentences/s, {same}/{len(sentences)} the same as ours")
     return out
 
 
 def environment() -> dict:
-    found = provenance.git_commit()
-    commit = found["commit"][:7] if found else ""
-    import flax
-    import optax
-
-    device = jax.devices()[0]
+    found, device = provenance.git_commit(), jax.devices()[0]
     return {
         "date": datetime.date.today().isoformat(),
-        "commit": commit,
+        "commit": found["commit"][:7] if found else "",
         "device": f"{len(jax.devices())} x {device.device_kind} ({jax.default_backend()})",
         "device_kind": device.device_kind,
         "cpu_count": os.cpu_count(),
-        "python": platform.python_version(),
-        "jax": jax.__version__,
-        "flax": flax.__version__,
-        "optax": optax.__version__,
+        **provenance.package_versions(),
     }
 
 
@@ -628,14 +525,12 @@ def check_flags(flags: dict) -> None:
             raise SystemExit("--variant times training steps: it cannot go with --skip_training")
         if not flags["decode_src"]:
             raise SystemExit("--skip_training measures decoding only: give --decode_src")
-        if not flags["decode_workdir"]:
-            needed = ["config"] + ([] if flags["vocab"] else ["src", "tgt"])
-            for name in needed:
-                if not flags[name]:
-                    raise SystemExit(
-                        f"--{name} is required to decode with an untrained model "
-                        "(or give --decode_workdir)"
-                    )
+        needed = ["config"] + ([] if flags["vocab"] else ["src", "tgt"])
+        for name in [] if flags["decode_workdir"] else needed:
+            if not flags[name]:
+                raise SystemExit(
+                    f"--{name} is needed to decode an untrained model (or --decode_workdir)"
+                )
         return
     k = flags["steps_per_call"]
     if k < 1:
@@ -673,8 +568,7 @@ def benchmark_training_speed(flags: dict, config: Config, result: dict):
     )
 
     with tempfile.TemporaryDirectory() as tmp:
-        src, tgt = read_parallel(flags["src"], flags["tgt"])
-        tokenizer = get_tokenizer(flags, config, src, tgt, pathlib.Path(tmp))
+        tokenizer = get_tokenizer(flags, config, pathlib.Path(tmp))
         train = benchmark_training(flags, config, tokenizer)
     graphdef, params = train.pop("_params")
     result.update(train)
@@ -686,14 +580,10 @@ def benchmark_training_speed(flags: dict, config: Config, result: dict):
             continue
         if key:
             result[f"train_tgt_tokens_per_sec{key}"] = result["batch_tgt_tokens_median"] / seconds
-        result[f"mfu{key}"] = result["model_flops_per_step"] / seconds / peak
-        result[f"mfu_padded{key}"] = result["model_flops_per_step_padded"] / seconds / peak
         for padded in ("", "_padded"):
-            result[f"mfu_published{padded}{key}"] = (
-                None
-                if published is None
-                else result[f"model_flops_per_step{padded}"] / seconds / published
-            )
+            flops_per_sec = result[f"model_flops_per_step{padded}"] / seconds
+            result[f"mfu{padded}{key}"] = flops_per_sec / peak
+            result[f"mfu_published{padded}{key}"] = published and flops_per_sec / published
     result["peak_memory_bytes"], result["peak_memory_source"] = peak_memory()
     return tokenizer, graphdef, params
 
@@ -722,12 +612,9 @@ def main(argv: list[str]) -> None:
                     apply_override(config, dotted, text)
             result["decode_model"] = f"trained: {flags['decode_workdir']}"
         else:
-            if tokenizer is None and flags["vocab"]:
-                tokenizer = Tokenizer(flags["vocab"])  # check_flags let --src and --tgt go
-            elif tokenizer is None:
+            if tokenizer is None:  # with --vocab, check_flags let --src and --tgt go
                 with tempfile.TemporaryDirectory() as tmp:
-                    src, tgt = read_parallel(flags["src"], flags["tgt"])
-                    tokenizer = get_tokenizer(flags, config, src, tgt, pathlib.Path(tmp))
+                    tokenizer = get_tokenizer(flags, config, pathlib.Path(tmp))
             if params is None or tokenizer.vocab_size < config.data.vocab_size:
                 # The model the trainer would build with this vocabulary: every id it emits
                 # decodes (the training figures' model may be wider, at the config's size).
@@ -752,109 +639,77 @@ def percent(fraction: float | None) -> str:
     return "n/a" if fraction is None else f"{100 * fraction:.1f}%"
 
 
+SPREAD = ("median", "min", "max")
+
+
 def print_table(r: dict) -> None:
-    rows = []
+    rows = {}
     if "step_seconds_median" in r:
-        published = r["published_peak_flops_per_sec"]
-        rows += [
-            (
-                "batch",
-                f"{r['batch_layout']}; median {r['batch_tgt_tokens_median']:.0f} target and "
-                f"{r['batch_src_tokens_median']:.0f} source tokens",
-            ),
-            (
-                "padding fraction",
-                f"{r['padding_fraction']:.3f} target, {r['padding_fraction_src']:.3f} source",
-            ),
-            (
-                "vocabulary",
-                f"{r['vocab_size_model']} in the model "
-                f"({r['vocab_size_tokenizer']} pieces learned)",
-            ),
-            (
-                "step time",
-                f"median {r['step_seconds_median'] * 1e3:.1f} ms over {r['timed_steps']} steps "
-                f"(min {r['step_seconds_min'] * 1e3:.1f}, max {r['step_seconds_max'] * 1e3:.1f})",
-            ),
-            (
-                "steady state",
-                "off (--steady_rounds=0)"
-                if r["steady_step_seconds"] is None
-                else f"{r['steady_step_seconds'] * 1e3:.1f} ms/step, "
+        median, low, high = (f"{1e3 * r[f'step_seconds_{k}']:.1f}" for k in SPREAD)
+        rows["batch"] = f"{r['batch_layout']}; median {r['batch_tgt_tokens_median']:.0f} target, "
+        rows["batch"] += f"{r['batch_src_tokens_median']:.0f} source tokens"
+        rows["padding fraction"] = f"{r['padding_fraction']:.3f} target, "
+        rows["padding fraction"] += f"{r['padding_fraction_src']:.3f} source"
+        rows["vocabulary"] = f"{r['vocab_size_model']} ({r['vocab_size_tokenizer']} learned)"
+        rows["step time"] = f"{median} ms over {r['timed_steps']} steps (min {low}, max {high})"
+        if r["steady_step_seconds"] is None:
+            rows["steady state"] = "off (--steady_rounds=0)"
+        else:
+            each = ", ".join(f"{1e3 * x:.1f}" for x in r["steady_step_seconds_rounds"])
+            rows["steady state"] = (
+                f"{r['steady_step_seconds'] * 1e3:.1f} ms/step, "
                 f"{r['train_tgt_tokens_per_sec_steady']:.0f} target tokens/s, MFU "
-                f"{percent(r['mfu_steady'])} of measured, "
-                f"{percent(r['mfu_published_steady'])} of published (rounds: "
-                + ", ".join(f"{1e3 * x:.1f}" for x in r["steady_step_seconds_rounds"])
-                + " ms)",
-            ),
-            (
-                "host per step",
-                "n/a"
-                if r["steady_step_seconds"] is None
-                else f"placing the batch {r['steady_put_batch_seconds'] * 1e3:.2f} ms, "
-                f"dispatching the step {r['steady_dispatch_seconds'] * 1e3:.2f} ms (medians)",
-            ),
-            ("non-finite steps", f"{r['nonfinite_steps']} (loss or gradient; update skipped)"),
-            ("train steps/s", f"{r['train_steps_per_sec']:.3f}"),
-            ("target tokens/s", f"{r['train_tgt_tokens_per_sec']:.0f} (non-pad)"),
-            ("source tokens/s", f"{r['train_src_tokens_per_sec']:.0f} (non-pad)"),
-            (
-                "model FLOPs/step",
-                f"{r['model_flops_per_step'] / 1e9:.1f} G real, "
-                f"{r['model_flops_per_step_padded'] / 1e9:.1f} G with padding",
-            ),
-            (
-                "MFU (measured peak)",
-                f"{percent(r['mfu'])} (with padding {percent(r['mfu_padded'])}) of "
-                f"{r['peak_flops_per_sec'] / 1e9:.0f} GFLOP/s, "
-                f"{r.get('matmul_dtype', r['compute_dtype'])} matmul",
-            ),
-            (
-                "MFU (published peak)",
-                "n/a: no published peak for this device and dtype"
-                if published is None
-                else f"{percent(r['mfu_published'])} (with padding "
-                f"{percent(r['mfu_published_padded'])}) of {published / 1e12:.1f} TFLOP/s",
-            ),
-        ]
-    if "peak_memory_bytes" in r:
-        rows.append(
-            ("peak memory", f"{r['peak_memory_bytes'] / 2**20:.0f} MiB ({r['peak_memory_source']})")
+                f"{percent(r['mfu_steady'])} of measured, {percent(r['mfu_published_steady'])} "
+                f"of published (rounds: {each} ms)"
+            )
+            rows["host per step"] = (
+                f"placing the batch {r['steady_put_batch_seconds'] * 1e3:.2f} ms, dispatching "
+                f"the step {r['steady_dispatch_seconds'] * 1e3:.2f} ms (medians)"
+            )
+        rows["non-finite steps"] = f"{r['nonfinite_steps']} (loss or gradient; update skipped)"
+        rows["target tokens/s"] = f"{r['train_tgt_tokens_per_sec']:.0f} (non-pad; source "
+        rows["target tokens/s"] += f"{r['train_src_tokens_per_sec']:.0f})"
+        rows["model FLOPs/step"] = f"{r['model_flops_per_step'] / 1e9:.1f} G real, "
+        rows["model FLOPs/step"] += f"{r['model_flops_per_step_padded'] / 1e9:.1f} G padded"
+        rows["MFU (measured peak)"] = (
+            f"{percent(r['mfu'])} (padded {percent(r['mfu_padded'])}) of "
+            f"{r['peak_flops_per_sec'] / 1e9:.0f} GFLOP/s, {r['matmul_dtype']} matmul"
         )
-    if "decode_sentences" in r:
+        published = r["published_peak_flops_per_sec"]
+        rows["MFU (published peak)"] = (
+            "n/a: no published peak for this device and dtype"
+            if published is None
+            else f"{percent(r['mfu_published'])} (padded {percent(r['mfu_published_padded'])}) "
+            f"of {published / 1e12:.1f} TFLOP/s"
+        )
+    if "peak_memory_bytes" in r:
+        rows["peak memory"] = (
+            f"{r['peak_memory_bytes'] / 2**20:.0f} MiB ({r['peak_memory_source']})"
+        )
+    for name in ("beam4", "greedy") if "decode_sentences" in r else ():
+        rows[f"decode {name}"] = (
+            f"{r[f'decode_sentences_per_sec_{name}']:.1f} sentences/s, "
+            f"{r[f'decode_tokens_per_sec_{name}']:.0f} tokens/s ({r['decode_sentences']} "
+            f"sentences in {r[f'decode_seconds_{name}']:.2f} s; batch shapes compiled: "
+            f"{r[f'decode_num_compiles_{name}']}, in {r[f'decode_compile_seconds_{name}']:.2f} s)"
+        )
+        rows["decode model"] = f"{r['decode_model']}, {r['decode_compute_dtype']}"
+        if f"decode_bleu_{name}" in r:
+            rows[f"ours BLEU {name}"] = str(r[f"decode_bleu_{name}"])
+    for engine in r.get("engines", []):
         for name in ("beam4", "greedy"):
-            rows.append(
-                (
-                    f"decode {name}",
-                    f"{r[f'decode_sentences_per_sec_{name}']:.1f} sentences/s, "
-                    f"{r[f'decode_tokens_per_sec_{name}']:.0f} tokens/s "
-                    f"({r['decode_sentences']} sentences in {r[f'decode_seconds_{name}']:.2f} s; "
-                    f"batch shapes compiled: {r[f'decode_num_compiles_{name}']}, in "
-                    f"{r[f'decode_compile_seconds_{name}']:.2f} s)",
-                )
+            bleu = r.get(f"{engine}_bleu_{name}")
+            rows[f"{engine} {name}"] = (
+                f"{r[f'{engine}_sentences_per_sec_{name}']:.1f} sentences/s "
+                f"({r[f'{engine}_seconds_{name}']:.2f} s; first call "
+                f"{r[f'{engine}_first_call_seconds_{name}']:.2f} s); the same as ours: "
+                f"{percent(r[f'{engine}_same_as_ours_{name}'])}"
+                + ("" if bleu is None else f"; BLEU {bleu}")
             )
-        rows.append(("decode model", f"{r['decode_model']}, {r['decode_compute_dtype']}"))
-        if "decode_bleu_beam4" in r:
-            rows.append(
-                ("ours BLEU", f"{r['decode_bleu_beam4']} beam 4, {r['decode_bleu_greedy']} greedy")
-            )
-        for engine in r.get("engines", []):
-            for name in ("beam4", "greedy"):
-                bleu = r.get(f"{engine}_bleu_{name}")
-                rows.append(
-                    (
-                        f"{engine} {name}",
-                        f"{r[f'{engine}_sentences_per_sec_{name}']:.1f} sentences/s "
-                        f"({r[f'{engine}_seconds_{name}']:.2f} s; first call "
-                        f"{r[f'{engine}_first_call_seconds_{name}']:.2f} s); the same as ours: "
-                        f"{percent(r[f'{engine}_same_as_ours_{name}'])}"
-                        + ("" if bleu is None else f"; BLEU {bleu}"),
-                    )
-                )
-        for engine, reason in r.get("engines_skipped", {}).items():
-            rows.append((engine, f"skipped: {reason}"))
-    width = max(len(k) for k, _ in rows)
-    for k, v in rows:
+    for engine, reason in r.get("engines_skipped", {}).items():
+        rows[engine] = f"skipped: {reason}"
+    width = max(map(len, rows))
+    for k, v in rows.items():
         print(f"{k:<{width}}  {v}")
 
 

@@ -3,13 +3,12 @@ r"""Measure the batcher (planning an epoch + `make_batch`) on one CPU core in re
     python -m scripts.benchmark_batcher [--data_dir=data/wmt_sample] \
         [--num_pairs=1000000] [--num_batches=500]
 
-The corpus is the parallel text in `data_dir` (train.en, train.de), or synthetic pairs when that
-directory is missing, tokenized with a BPE vocabulary trained on it, replicated to `num_pairs`
-pairs and memory-mapped from uint16 files as training reads the token cache. Batches have the
-shape of configs/wmt14_base.py on 8 devices (96 rows of 256 slots per side). A batch's real
-tokens are its non-padding source and target slots (tokens + EOS); each batch is charged its
-share of the epoch's planning. The result is the median over `num_batches` batches; the
-trainer needs about 50,000 per step, so 1M tokens/s keeps a step under 50 ms.
+The corpus: `data_dir`'s train.en and train.de (else synthetic pairs), BPE-tokenized,
+replicated to `num_pairs` pairs and memory-mapped from uint16 files as the token cache is.
+Batches have configs/wmt14_base.py's shape on 8 devices (96 rows of 256 slots a side); a batch's
+real tokens are its non-padding slots, and each is charged its share of the epoch's planning.
+The median over `num_batches` batches: the trainer needs about 50,000 a step, so 1M tokens/s
+keeps a step under 50 ms.
 """
 
 from __future__ import annotations
@@ -22,7 +21,7 @@ import time
 
 import numpy as np
 
-from translate import cli
+from translate import cli, provenance
 from translate.cli import Flag, parse_flags
 from translate.config import load_config
 from translate.data import synthetic
@@ -61,31 +60,15 @@ def build_corpus(data_dir: pathlib.Path, num_pairs: int, workdir: pathlib.Path) 
     return TokenizedCorpus(*arrays)
 
 
-def cpu_name() -> str:
-    """platform.processor(), which is often empty on Linux, else /proc/cpuinfo's model name."""
-    if platform.processor():
-        return platform.processor()
-    cpuinfo = pathlib.Path("/proc/cpuinfo")
-    for line in cpuinfo.read_text().splitlines() if cpuinfo.is_file() else []:
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.machine()
+FLAGS = {
+    "data_dir": Flag(str(ROOT / "data" / "wmt_sample"), "train.en and train.de (else synthetic)."),
+    "num_pairs": Flag(1_000_000, "Pairs in the corpus (the text replicated to this many)."),
+    "num_batches": Flag(500, "Batches timed; the result is their median."),
+}
 
 
 def main(argv: list[str]) -> None:
-    flags, _ = parse_flags(
-        argv,
-        {
-            "data_dir": Flag(
-                str(ROOT / "data" / "wmt_sample"),
-                "Directory of train.en and train.de; synthetic pairs when it is missing.",
-            ),
-            "num_pairs": Flag(1_000_000, "Pairs in the corpus (the text replicated to this many)."),
-            "num_batches": Flag(500, "Batches timed; the result is their median."),
-        },
-        doc=__doc__,
-        sections=(),
-    )
+    flags, _ = parse_flags(argv, FLAGS, doc=__doc__, sections=())
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})  # one core, as promised
     config = load_config(ROOT / "configs" / "wmt14_base.py")
@@ -107,17 +90,15 @@ def main(argv: list[str]) -> None:
             rates.append(real / (elapsed + per_batch_plan))
             seconds.append(elapsed)
             tokens.append(real)
-    print(
-        f"layout: {layout.num_micro} x {layout.rows} rows x {layout.row_len} slots per side; "
-        f"{len(plan)} batches per epoch"
-    )
+    rows = f"{layout.num_micro} x {layout.rows} rows x {layout.row_len} slots per side"
+    print(f"layout: {rows}; {len(plan)} batches per epoch")
     print(f"plan_epoch: {plan_seconds:.2f} s ({1e3 * per_batch_plan:.3f} ms per batch)")
     print(
         f"make_batch: median {1e3 * np.median(seconds):.3f} ms, "
         f"median {np.median(tokens):.0f} real tokens (source + target) per batch"
     )
     print(
-        f"machine: {cpu_name()} ({platform.machine()}), {os.cpu_count()} CPUs "
+        f"machine: {provenance.host()['cpu']} ({platform.machine()}), {os.cpu_count()} CPUs "
         f"(pinned to one), Python {platform.python_version()}, numpy {np.__version__}"
     )
     print(f"batcher: {np.median(rates) / 1e6:.2f}M real tokens/s on one core (median)")

@@ -54,14 +54,8 @@ EVAL_START = re.compile(r"evaluating at step (\d+)")
 
 def train_command(config: str, workdir: pathlib.Path, overrides: dict[str, str]) -> list[str]:
     flags = [f"--config.{k}={v}" for k, v in overrides.items()]
-    return [
-        sys.executable,
-        "-m",
-        "translate.train",
-        f"--config={config}",
-        f"--workdir={workdir}",
-        *flags,
-    ]
+    command = [sys.executable, "-m", "translate.train", f"--config={config}"]
+    return [*command, f"--workdir={workdir}", *flags]
 
 
 def run_to_end(command: list[str]) -> str:
@@ -180,18 +174,10 @@ def compare(reference: pathlib.Path, faulty: pathlib.Path) -> list[tuple[str, bo
     ref_report = json.loads((reference / "report.json").read_text())
     got_report = json.loads((faulty / "report.json").read_text())
     for key in ("bleu", "chrf", "num_sentences", "step"):
-        results.append(
-            (
-                f"report {key} ({ref_report[key]} and {got_report[key]})",
-                ref_report[key] == got_report[key],
-            )
-        )
-    results.append(
-        (
-            "hypotheses.txt",
-            (reference / "hypotheses.txt").read_bytes() == (faulty / "hypotheses.txt").read_bytes(),
-        )
-    )
+        ref, got = ref_report[key], got_report[key]
+        results.append((f"report {key} ({ref} and {got})", ref == got))
+    hypotheses = [(run / "hypotheses.txt").read_bytes() for run in (reference, faulty)]
+    results.append(("hypotheses.txt", hypotheses[0] == hypotheses[1]))
     return results
 
 

@@ -1,55 +1,35 @@
-"""Measure a GPU in four phases, each under its own time budget, one JSON file per phase.
+"""The GPU check: five phases, each under its own time budget, each writing OUT/PHASE.json.
 
-Runs on a machine that has only the checkout and no network; the children run in its root:
+    python -m scripts.gpu_check --phase=tests --out=OUT      # pytest -m gpu
+    python -m scripts.gpu_check --phase=bench --out=OUT      # base and big training steps
+    python -m scripts.gpu_check --phase=decode --out=OUT     # beam 4 and greedy speed
+    python -m scripts.gpu_check --phase=multi30k --out=OUT   # the GPU recipe, the whole command
+    python -m scripts.gpu_check --phase=text --out=OUT       # translate-text cold, then warm
+    python -m scripts.gpu_check --phase=all --out=OUT        # the five, in that order
 
-    python -m scripts.gpu_check --phase=tests --out=DIR      # pytest -m gpu: DIR/tests.json
-    python -m scripts.gpu_check --phase=bench --out=DIR      # base, big training: bench.json
-    python -m scripts.gpu_check --phase=decode --out=DIR     # beam 4, greedy: decode.json
-    python -m scripts.gpu_check --phase=multi30k --out=DIR   # train, test BLEU: multi30k.json
-    python -m scripts.gpu_check --phase=all --out=DIR        # the four, in that order
+- tests: `pytest -m gpu` (120 s a test with pytest-timeout); each outcome from OUT/tests.xml.
+- bench: scripts/benchmark.py, configs/base.py and configs/big.py at the paper's batch (25,000
+  target token slots) in bfloat16 on the WMT sample; `--profile` adds OUT/profile_NAME.json
+  (the time per op of 5 more steps); `--bench_flags` replace the phase's flags of the same name
+  ("--steps_per_call=5", "--packed=false", "--config.train.loss_keep=logits_bf16",
+  "--vocab=SPM_MODEL"); XLA's and JAX's knobs go in the environment, which the children inherit
+  (XLA_FLAGS=--xla_gpu_enable_command_buffer= turns CUDA graphs off; JAX_DEFAULT_PRNG_IMPL=rbg).
+- decode: beam 4 and greedy over 3,000 lines of the WMT sample, an untrained configs/base.py (a
+  worst case: outputs run to the length limit) or --decode_workdir's model.
+- multi30k: `bash scripts/multi30k_gpu_ensemble.sh WORK/multi30k` from an empty compilation
+  cache, as a user runs it: its seeds' test2016 reports and the ensemble's val and test2016;
+  `--multi30k_flags` go to both trainings ("--config.train.steps_per_call=5").
+- text: `translate-text` over test2016.en with that phase's seed 0 (run it on the same machine,
+  with the same --work), cold then warm against a new compilation cache, counting what JAX's
+  log says each run traced and compiled: the warm one should compile nothing (the saved
+  searches, translate/decoding/saved_searches.py).
 
-Options: --data=DIR (default gpu_data), --budget_s=540 per phase, --smoke (tiny shapes, a few
-steps and sentences: the whole script in minutes on a CPU), --grad_accum=K (bench: K
-micro-batches per step), --bench_steps=30, --decode_workdir=DIR (decode a trained model, e.g.
-the multi30k phase's workdir, instead of an untrained base model), --decode_num=3000,
---decode_batch_size=64 (0: the config's, 32 since issue 26), --multi30k_workdir=DIR (default
-/tmp/gpu_check_multi30k), --commit=SHA (recorded when the checkout has no .git).
-
-What the machine needs beside JAX, Flax, Optax, Orbax, sacreBLEU and SentencePiece:
-- sacremoses and tensorboardX, as wheels fetched where there is network and carried in `.whl/`:
-      bash scripts/fetch_gpu_wheels.sh                       # once, with network
-      python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \\
-          --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site   # on the GPU machine
-- the data, copied into the git-ignored `gpu_data/` of the checkout:
-      mkdir -p gpu_data && cp -r ../shared/data/multi30k ../shared/data/opennmt_toy_ende gpu_data/
-
-On the project's device tool (one phase a call, each call at most 10 minutes), with
-carry [".whl", "gpu_data"]:
-
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \\
-        --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site && \\
-        python3 -m scripts.gpu_check --phase=bench --out=$OUT --commit=SHA
-
-(--commit because the copy there may have no .git). The multi30k workdir in /tmp lasts only as
-long as that machine stays warm: run `--phase=decode --decode_workdir=/tmp/gpu_check_multi30k`
-right after `--phase=multi30k`.
-
-The phases:
-- tests: `python -m pytest -m gpu -q`; per-test outcomes from pytest's JUnit XML.
-- bench: scripts/benchmark.py for configs/base.py and configs/big.py at the paper's batch
-  (25,000 target token slots per step) in bfloat16, on news text (the WMT sample
-  opennmt_toy_ende/train.{en,de}): tokens/s, step time, MFU against the measured matmul peak
-  and the GPU's published dense peak, peak memory.
-- decode: beam 4 and greedy over the first 3,000 lines of opennmt_toy_ende/train.en, with an
-  untrained configs/base.py model (its outputs run to the length limit: a worst case) or the
-  model in --decode_workdir; compilation is timed apart from decoding.
-- multi30k: `python -m translate.train --config=configs/multi30k_gpu.py` on gpu_data/multi30k
-  (with --force: a fresh run in the workdir), then its test report.
-
-A phase that runs out of budget stops its command (SIGTERM; training saves a checkpoint) and
-still writes its JSON, with `timed_out: true`. Every JSON records the device, the versions of
-JAX and Flax, the commit, the date and the command. This script imports nothing from JAX: every
-measurement runs in a child process, so only one process at a time holds the GPU.
+A phase out of budget is stopped (SIGTERM, SIGKILL 20 s later; training saves a checkpoint) and
+still writes its JSON, `timed_out: true`. No JAX runs in this process, so one process at a time
+holds the GPU. `--smoke` shrinks every shape: all five in 4 minutes on 2 CPU cores. A bare GPU
+machine needs .whl/ (`bash scripts/fetch_gpu_wheels.sh`) and data/ (`translate-data multi30k
+--dir=data/multi30k`, `translate-data wmt_sample --dir=data/wmt_sample`) made where there is
+network and carried beside the checkout; docs/gpus.md ("The GPU check") says more.
 """
 
 from __future__ import annotations
@@ -57,12 +37,12 @@ from __future__ import annotations
 import argparse
 import collections
 import datetime
-import functools
 import importlib.util
 import json
 import os
 import pathlib
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -73,179 +53,126 @@ import xml.etree.ElementTree as ElementTree
 from translate import provenance
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-PHASES = ("tests", "bench", "decode", "multi30k")
-# Seconds a stopped command gets to save and exit before it is killed; kept inside the budget.
-GRACE_S = 20
-# The paper's batch (Sec. 5.1): about 25,000 target tokens per step.
-PAPER_BATCH_TOKENS = 25_000
-WHEEL_INSTRUCTIONS = """\
-  where there is network:  bash scripts/fetch_gpu_wheels.sh   (writes .whl/, git-ignored)
+PHASES = ("tests", "bench", "decode", "multi30k", "text")
+GRACE_S = 20  # seconds a stopped command gets to save and exit; kept inside the budget
+PAPER_BATCH_TOKENS = 25_000  # target token slots a step (the paper's Sec. 5.1)
+INSTALL = """\
+  where there is network:  bash scripts/fetch_gpu_wheels.sh        (writes .whl/)
   on this machine:         python3 -m pip install -q --no-index --no-deps --no-compile \\
                                --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
                            export PYTHONPATH=/tmp/site"""
-DATA_INSTRUCTIONS = """\
-  mkdir -p gpu_data && cp -r ../shared/data/multi30k ../shared/data/opennmt_toy_ende gpu_data/
-  (from the checkout's root; gpu_data/ is git-ignored) or pass --data=DIR"""
-
-# --smoke: every model 1 + 1 layers of width 32, a 500-piece vocabulary (the news sample has
-# 253 characters) and short rows.
-SMOKE_MODEL = [
-    "--config.model.num_layers=1",
-    "--config.model.d_model=32",
-    "--config.model.num_heads=4",
-    "--config.model.d_ff=64",
-    "--config.data.vocab_size=500",
-    "--config.data.max_len=32",
-    "--config.data.row_len=32",
-]
-SMOKE_TRAIN = [
-    "--config.data.tokens_per_batch=512",
-    "--config.train.num_train_steps=4",
-    "--config.train.warmup_steps=2",
-    "--config.train.log_every_steps=2",
-    "--config.train.checkpoint_every_steps=4",
-    "--config.decode.average_last=1",
-    "--config.train.eval_every_steps=4",
-    "--config.decode.eval_num_sentences=8",
-    "--config.decode.max_extra_len=4",
-]
-SMOKE_DECODE = ["--config.decode.batch_size=8", "--config.decode.max_extra_len=4"]
-
-# Run in a child so that this process never initialises (and holds) the GPU.
-PROBE = """\
-import json, platform
-import flax, jax, jaxlib, optax
-devices = jax.devices()
-print(json.dumps({
-    "platform": jax.default_backend(),
-    "device_kind": devices[0].device_kind,
-    "device_count": len(devices),
-    "compute_capability": getattr(devices[0], "compute_capability", None),
-    "python": platform.python_version(),
-    "jax": jax.__version__,
-    "jaxlib": jaxlib.__version__,
-    "flax": flax.__version__,
-    "optax": optax.__version__,
-}))
-"""
+FETCH = """\
+  translate-data multi30k --dir=data/multi30k      (where there is network; carry data/)
+  translate-data wmt_sample --dir=data/wmt_sample  or pass --data=DIR"""
+# --smoke: 1 + 1 layers of width 32, a 500-piece vocabulary (the WMT sample has 253
+# characters), short rows; Multi30k for 6 steps, its val and test sets cut to 40 sentences.
+SMOKE_MODEL = "num_layers=1 d_model=32 num_heads=4 d_ff=64".split()
+SMOKE_MODEL = [f"--config.model.{f}" for f in SMOKE_MODEL] + ["--config.data.vocab_size=500"]
+SMOKE_MODEL += ["--config.data.max_len=32", "--config.data.row_len=32"]
+SMOKE_DECODE = ["--config.decode.max_extra_len=4"]
+SMOKE_MULTI30K = "num_train_steps=6 warmup_steps=2 eval_every_steps=3 log_every_steps=2".split()
+SMOKE_MULTI30K = [f"--config.train.{f}" for f in [*SMOKE_MULTI30K, "checkpoint_every_steps=3"]]
+SMOKE_MULTI30K += ["--config.model.num_layers=1", "--config.decode.alignment_layer=0"]
+SMOKE_MULTI30K += SMOKE_DECODE
+SMOKE_SENTENCES = 40
+SPLITS = ("val", "test2016")
+# The devices, from a child: this process never initialises (and holds) the GPU.
+PROBE = """import json, jax; d = jax.devices(); print(json.dumps({"platform": jax.default_backend(),
+"device_kind": d[0].device_kind, "device_count": len(d),
+"compute_capability": getattr(d[0], "compute_capability", None)}))"""
+NVIDIA_SMI = ["nvidia-smi", "--format=csv,noheader"]
+NVIDIA_SMI += ["--query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,driver_version"]
+# What JAX logs with jax_log_compiles; a program read from the persistent cache is logged as an
+# XLA compilation too, and as a cache hit.
+COMPILE_LINES = {
+    "traced": "Finished tracing",
+    "xla_compilations": "Finished XLA compilation",
+    "cache_hits": "Persistent compilation cache hit",
+}
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--phase", required=True, choices=(*PHASES, "all"))
-    parser.add_argument("--out", required=True, help="directory for the JSON files and logs")
-    parser.add_argument(
-        "--data", default=str(ROOT / "gpu_data"), help="multi30k/, opennmt_toy_ende/"
-    )
-    parser.add_argument("--smoke", action="store_true", help="tiny shapes: exercise, not measure")
-    parser.add_argument("--budget_s", type=float, default=540.0, help="seconds per phase")
-    parser.add_argument("--grad_accum", type=int, default=1, help="bench: micro-batches per step")
-    parser.add_argument("--bench_steps", type=int, default=30, help="bench: timed steps")
-    parser.add_argument("--decode_workdir", default="", help="decode: a trained workdir")
-    parser.add_argument("--decode_num", type=int, default=3000, help="decode: sentences")
-    parser.add_argument(
-        "--decode_batch_size",
-        type=int,
-        default=64,
-        help="decode: sentences per batch (64, as BENCHMARKS.md's GPU figures; 0: the config's)",
-    )
-    parser.add_argument("--multi30k_workdir", default="/tmp/gpu_check_multi30k")
-    parser.add_argument(
-        "--multi30k_flag",
-        action="append",
-        default=[],
-        help="multi30k: one more flag for translate.train, e.g. --config.model.attention=xla "
-        "(repeatable)",
-    )
-    parser.add_argument("--commit", default="", help="recorded commit (default: git's HEAD)")
+    add = parser.add_argument
+    add("--phase", required=True, choices=(*PHASES, "all"))
+    add("--out", required=True, help="directory for the JSON files and logs")
+    add("--data", default="data", help="holds multi30k/ and wmt_sample/")
+    add("--work", default="/tmp/gpu_check", help="the phases' workdirs, caches and traces")
+    add("--budget_s", type=float, default=540.0, help="seconds per phase")
+    add("--smoke", action="store_true", help="tiny shapes: exercise, not measure")
+    add("--bench_steps", type=int, default=30, help="bench: timed steps")
+    add("--bench_flags", default="", help="bench: more flags for scripts/benchmark.py")
+    add("--profile", action="store_true", help="bench: trace 5 more steps of each model")
+    add("--decode_workdir", default="", help="decode: a trained workdir")
+    add("--decode_num", type=int, default=3000, help="decode: sentences")
+    add("--decode_batch_size", type=int, default=64, help="decode: sentences a batch")
+    add("--multi30k_flags", default="", help="multi30k: more flags for both trainings")
+    add("--commit", default="", help="recorded commit (default: git's HEAD)")
     args = parser.parse_args(argv)
     # Children run in the checkout's root: paths given relative to here are made to fit there.
-    for name in ("out", "data", "decode_workdir", "multi30k_workdir"):
+    for name in ("out", "data", "work", "decode_workdir"):
         if getattr(args, name):
-            setattr(args, name, from_root(pathlib.Path(getattr(args, name))))
+            path = pathlib.Path(getattr(args, name)).resolve()
+            setattr(args, name, path.relative_to(ROOT) if path.is_relative_to(ROOT) else path)
     return args
 
 
-def from_root(path: pathlib.Path) -> pathlib.Path:
-    """`path` relative to the checkout's root when it lies inside it, else absolute."""
-    path = path.resolve()
-    return path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+def with_flags(own: list[str], given: str) -> list[str]:
+    """The phase's own flags, less those that `given` (a shell-quoted string) sets, then it."""
+    extra = shlex.split(given)
+    names = {flag.split("=")[0] for flag in extra}
+    return [flag for flag in own if flag.split("=")[0] not in names] + extra
 
 
-def short_commit() -> str | None:
-    """The checkout's commit, short, with "+changes" when tracked files differ from it."""
-    found = provenance.git_commit()
-    if found is None:
-        return None
-    return found["commit"][:7] + ("+changes" if found["modified"] else "")
-
-
-def missing_modules(phases: list[str]) -> list[str]:
-    # translate.evaluate imports sacremoses (every phase imports it); translate.monitor
-    # imports tensorboardX when training starts.
-    needed = ["jax", "flax", "optax", "orbax.checkpoint", "sacrebleu", "sentencepiece"]
-    needed += ["sacremoses", "tensorboardX"]
-    if "tests" in phases:
-        needed.append("pytest")
-    missing = []
-    for name in needed:
-        try:
-            found = importlib.util.find_spec(name) is not None
-        except ModuleNotFoundError:
-            found = False
-        if not found:
-            missing.append(name)
-    return missing
+def has_module(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ModuleNotFoundError:
+        return False
 
 
 def missing_data(phases: list[str], data: pathlib.Path) -> list[pathlib.Path]:
     needed = []
     if "bench" in phases or "decode" in phases:
-        needed += [data / "opennmt_toy_ende" / f"train.{lang}" for lang in ("en", "de")]
-    if "multi30k" in phases:
-        needed += [
-            data / "multi30k" / f"{split}.{lang}"
-            for split in ("train", "val", "test2016")
-            for lang in ("en", "de")
-        ]
+        needed += [data / "wmt_sample" / f"train.{lang}" for lang in ("en", "de")]
+    if "multi30k" in phases or "text" in phases:
+        names = [f"{s}.{lang}" for s in ("train", *SPLITS) for lang in ("en", "de")]
+        needed += [data / "multi30k" / name for name in names]
     return [path for path in needed if not path.is_file()]
 
 
-def probe_environment() -> dict:
-    """Device and library facts, from a child process that exits before any phase starts."""
+def environment() -> dict:
+    """The devices, the versions, the processor and nvidia-smi's clocks."""
     done = subprocess.run(
-        [sys.executable, "-c", PROBE], cwd=ROOT, capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=300
     )
     if done.returncode != 0:
         raise SystemExit(f"could not start JAX:\n{done.stderr}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    found.update(provenance.package_versions(), **provenance.host())
+    if shutil.which("nvidia-smi"):
+        smi = subprocess.run(NVIDIA_SMI, capture_output=True, text=True).stdout
+        found["nvidia_smi"] = [NVIDIA_SMI[-1], *smi.strip().splitlines()]
+    return found
 
 
-def run_logged(cmd: list[str], log_path: pathlib.Path, deadline: float) -> dict:
-    """Runs `cmd` in the checkout's root, echoing and logging its output, until `deadline`.
-
-    Past the deadline (time.monotonic) the command gets SIGTERM, GRACE_S seconds to finish
-    (the trainer saves a checkpoint), then SIGKILL.
-    """
+def run_logged(cmd: list[str], log: pathlib.Path, deadline: float, env=None) -> dict:
+    """Runs `cmd` in the checkout's root until `deadline` (time.monotonic), its output echoed
+    and written to `log`. Past the deadline it gets SIGTERM, GRACE_S seconds, then SIGKILL."""
     print(f"\n$ {shlex.join(cmd)}", flush=True)
-    start = time.monotonic()
-    tail: collections.deque[str] = collections.deque(maxlen=30)
-    with open(log_path, "w", encoding="utf-8") as log:
+    start, tail = time.monotonic(), collections.deque(maxlen=30)
+    env = None if env is None else {**os.environ, **env}
+    with open(log, "w", encoding="utf-8") as out:
         proc = subprocess.Popen(
-            cmd,
-            cwd=ROOT,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            errors="replace",
-            start_new_session=True,  # its own process group, so a stop reaches its children
-        )
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
+            env=env, start_new_session=True,  # its own process group: a stop reaches its children
+        )  # fmt: skip
 
         def pump():
             for line in proc.stdout:
                 sys.stdout.write(line)
                 sys.stdout.flush()
-                log.write(line)
+                out.write(line)
                 tail.append(line.rstrip("\n"))
 
         reader = threading.Thread(target=pump, daemon=True)
@@ -263,274 +190,213 @@ def run_logged(cmd: list[str], log_path: pathlib.Path, deadline: float) -> dict:
                 os.killpg(proc.pid, signal.SIGKILL)
                 returncode = proc.wait()
         reader.join(timeout=10)
-    return {
-        "command": shlex.join(cmd),
-        "returncode": returncode,
-        "timed_out": timed_out,
-        "seconds": round(time.monotonic() - start, 2),
-        "log": log_path.name,
-        "output_tail": list(tail),
-    }
+    seconds = round(time.monotonic() - start, 2)
+    return {"command": shlex.join(cmd), "returncode": returncode, "timed_out": timed_out,
+            "seconds": seconds, "log": log.name, "output_tail": list(tail)}  # fmt: skip
 
 
 def read_json(path: pathlib.Path) -> dict | None:
     return json.loads(path.read_text()) if path.is_file() else None
 
 
-def phase_tests(args: argparse.Namespace, out: pathlib.Path, deadline: float, on_gpu: bool) -> dict:
-    """`pytest -m gpu`: counts and per-test outcomes (skipped, on a machine without a GPU)."""
-    xml_path = out / "tests.xml"
-    xml_path.unlink(missing_ok=True)
+def scores(report: dict | None) -> dict | None:
+    """A report's scores: sacreBLEU, the literature's lowercased tokenized BLEU, chrF, speed."""
+    keys = ("bleu", "signature", "literature_bleu", "tokenized_bleu", "chrf", "step")
+    keys += ("num_sentences", "compile_seconds", "decode_seconds", "sentences_per_second")
+    return None if report is None else {k: report[k] for k in keys if k in report}
+
+
+def phase_tests(args, out: pathlib.Path, deadline: float, on_gpu: bool) -> dict:
+    xml = out / "tests.xml"
+    xml.unlink(missing_ok=True)
     cmd = [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider"]
-    run = run_logged([*cmd, f"--junitxml={xml_path}"], out / "tests.log", deadline)
-    result = {"run": run, "counts": None, "tests": []}
-    if xml_path.is_file():
-        result.update(parse_junit(xml_path))
-    # pytest exits 0 when all collected tests pass (or skip), 1 on a failure, 5 when the
-    # marker selects no test at all. On a GPU, tests that all skip measured nothing.
-    passed = (result["counts"] or {}).get("passed", 0)
-    result["ok"] = run["returncode"] == 0 and not run["timed_out"] and (passed > 0 or not on_gpu)
-    return result
+    cmd += ["--timeout=120"] if has_module("pytest_timeout") else []
+    run = run_logged([*cmd, f"--junitxml={xml}"], out / "tests.log", deadline)
+    counts, tests = collections.Counter(), []
+    for case in ElementTree.parse(xml).getroot().iter("testcase") if xml.is_file() else []:
+        test = {"test": f"{case.get('classname')}::{case.get('name')}", "outcome": "passed"}
+        test.update(seconds=float(case.get("time", 0)), message="")
+        for child in case:
+            if child.tag in ("failure", "error", "skipped"):
+                test["outcome"] = {"failure": "failed", "error": "error"}.get(child.tag, "skipped")
+                test["message"] = child.get("message", "")[:500]
+        counts[test["outcome"]] += 1
+        tests.append(test)
+    # pytest exits 0 when every test collected passes or skips; on a GPU, all skipped is a failure.
+    ok = run["returncode"] == 0 and not run["timed_out"] and (counts["passed"] > 0 or not on_gpu)
+    return {"runs": [run], "counts": dict(counts), "tests": tests, "ok": ok}
 
 
-def parse_junit(path: pathlib.Path) -> dict:
-    root = ElementTree.parse(path).getroot()
-    suites = [root] if root.tag == "testsuite" else list(root.iter("testsuite"))
-    counts = collections.Counter()
-    tests = []
-    for suite in suites:
-        for case in suite.iter("testcase"):
-            outcome, message = "passed", ""
-            for child in case:
-                if child.tag in ("failure", "error", "skipped"):
-                    outcome = {"failure": "failed", "error": "error"}.get(child.tag, "skipped")
-                    message = child.get("message", "")
-            counts[outcome] += 1
-            tests.append(
-                {
-                    "test": f"{case.get('classname')}::{case.get('name')}",
-                    "outcome": outcome,
-                    "seconds": float(case.get("time", 0.0)),
-                    "message": message[:500],
-                }
-            )
-    return {"counts": dict(counts), "tests": tests}
-
-
-def phase_bench(args: argparse.Namespace, out: pathlib.Path, deadline: float) -> dict:
-    """Training speed of the paper's base and big models at its batch, in bfloat16."""
-    news = pathlib.Path(args.data) / "opennmt_toy_ende"
+def phase_bench(args, out: pathlib.Path, deadline: float) -> dict:
+    wmt = args.data / "wmt_sample"
     if args.smoke:
-        shape = ["--batch_tokens=256", "--steps=2", "--warmup=1", *SMOKE_MODEL]
+        own = ["--batch_tokens=256", "--steps=2", "--warmup=1", *SMOKE_MODEL]
     else:
-        shape = [
-            f"--batch_tokens={PAPER_BATCH_TOKENS}",
-            f"--steps={args.bench_steps}",
-            "--warmup=5",
-            "--config.model.compute_dtype=bfloat16",
-        ]
-    if args.grad_accum > 1:
-        shape.append(f"--config.train.grad_accum_steps={args.grad_accum}")
-    result = {"batch_tokens": PAPER_BATCH_TOKENS if not args.smoke else 256, "models": {}}
+        own = [f"--batch_tokens={PAPER_BATCH_TOKENS}", f"--steps={args.bench_steps}"]
+        own += ["--warmup=5", "--config.model.compute_dtype=bfloat16"]
+    result = {"runs": [], "models": {}}
     for name in ("base", "big"):
-        json_path = out / f"bench_{name}.json"
+        json_path, trace = out / f"bench_{name}.json", args.work / f"profile_{name}"
         json_path.unlink(missing_ok=True)
+        shutil.rmtree(trace, ignore_errors=True)
+        flags = [f"--config=configs/{name}.py", f"--src={wmt}/train.en", f"--tgt={wmt}/train.de"]
+        flags += [f"--json={json_path}"] + ([f"--profile={trace}"] if args.profile else [])
         cmd = [
             sys.executable,
             "-m",
             "scripts.benchmark",
-            f"--config=configs/{name}.py",
-            f"--src={news / 'train.en'}",
-            f"--tgt={news / 'train.de'}",
-            *shape,
-            f"--json={json_path}",
+            *with_flags(flags + own, args.bench_flags),
         ]
-        run = run_logged(cmd, out / f"bench_{name}.log", deadline)
-        result["models"][name] = {"run": run, "benchmark": read_json(json_path)}
-    result["ok"] = all(m["benchmark"] is not None for m in result["models"].values())
+        result["runs"].append(run_logged(cmd, out / f"bench_{name}.log", deadline))
+        result["models"][name] = read_json(json_path)
+        if (trace / "profile_summary.json").is_file():
+            shutil.copy(trace / "profile_summary.json", out / f"profile_{name}.json")
+    result["ok"] = None not in result["models"].values()
     return result
 
 
-def phase_decode(args: argparse.Namespace, out: pathlib.Path, deadline: float) -> dict:
-    """Beam 4 and greedy decoding speed over news sentences, compilation apart."""
-    news = pathlib.Path(args.data) / "opennmt_toy_ende"
+def phase_decode(args, out: pathlib.Path, deadline: float) -> dict:
+    wmt = args.data / "wmt_sample"
     json_path = out / "decode_benchmark.json"
     json_path.unlink(missing_ok=True)
     num = 16 if args.smoke else args.decode_num
-    cmd = [
-        sys.executable,
-        "-m",
-        "scripts.benchmark",
-        "--skip_training",
-        f"--decode_src={news / 'train.en'}",
-        f"--decode_num={num}",
-    ]
+    cmd = [sys.executable, "-m", "scripts.benchmark", "--skip_training"]
+    cmd += [f"--decode_src={wmt}/train.en", f"--decode_num={num}", f"--json={json_path}"]
     if args.decode_workdir:
         cmd.append(f"--decode_workdir={args.decode_workdir}")
     else:
-        cmd += ["--config=configs/base.py", f"--src={news / 'train.en'}"]
-        cmd += [f"--tgt={news / 'train.de'}"]
+        cmd += ["--config=configs/base.py", f"--src={wmt}/train.en", f"--tgt={wmt}/train.de"]
         cmd += SMOKE_MODEL if args.smoke else ["--config.model.compute_dtype=bfloat16"]
-    if args.smoke:
-        cmd += SMOKE_DECODE
-    if args.decode_batch_size and not args.smoke:
-        cmd.append(f"--config.decode.batch_size={args.decode_batch_size}")
-    run = run_logged([*cmd, f"--json={json_path}"], out / "decode.log", deadline)
+    cmd += SMOKE_DECODE if args.smoke else []
+    size = 8 if args.smoke else args.decode_batch_size
+    cmd += [f"--config.decode.batch_size={size}"] if size else []
+    run = run_logged(cmd, out / "decode.log", deadline)
     benchmark = read_json(json_path)
-    return {"sentences": num, "run": run, "benchmark": benchmark, "ok": benchmark is not None}
+    return {"sentences": num, "runs": [run], "benchmark": benchmark, "ok": benchmark is not None}
 
 
-def phase_multi30k(args: argparse.Namespace, out: pathlib.Path, deadline: float) -> dict:
-    """Trains configs/multi30k_gpu.py from scratch and reads its test report."""
-    workdir = pathlib.Path(args.multi30k_workdir)
-    cmd = [
-        sys.executable,
-        "-m",
-        "translate.train",
-        "--config=configs/multi30k_gpu.py",
-        f"--workdir={workdir}",
-        f"--config.data.dir={pathlib.Path(args.data) / 'multi30k'}",
-        "--force",  # a fresh run: what an earlier run left in the workdir is deleted
-    ]
-    if args.smoke:
-        cmd += SMOKE_MODEL + SMOKE_TRAIN
-    cmd += args.multi30k_flag
-    report_path = workdir / "report.json"
-    report_path.unlink(missing_ok=True)
-    run = run_logged(cmd, out / "multi30k.log", deadline)
-    report = read_json(report_path)
-    metrics = []
-    if (workdir / "metrics.jsonl").is_file():
-        lines = (workdir / "metrics.jsonl").read_text().splitlines()
-        metrics = [json.loads(line) for line in lines if line.strip()]
-    train = [m for m in metrics if "train/loss" in m]
-    evals = [m for m in metrics if "eval/bleu" in m]
-    scores = None
-    if report is not None:
-        keys = ("bleu", "signature", "chrf", "chrf_signature", "tokenized_bleu", "step")
-        scores = {k: report[k] for k in keys}
-        keys = ("num_sentences", "decode_seconds", "sentences_per_second", "beam_size")
-        scores.update({k: report[k] for k in keys if k in report})
-    return {
-        "workdir": str(workdir),
-        "config": read_json(workdir / "config.json"),
-        "run": run,
-        "wall_seconds": run["seconds"],
-        "steps": train[-1]["step"] if train else 0,
-        "last_train_log": train[-1] if train else None,
-        "dev_evals": evals,
-        "test_report": scores,
-        "ok": report is not None,
-    }
+def multi30k_data(args) -> pathlib.Path:
+    """data/multi30k, or with --smoke a copy in --work with val and test cut to 40 sentences."""
+    data = args.data / "multi30k"
+    if not args.smoke:
+        return data
+    smoke = args.work / "multi30k_data"
+    smoke.mkdir(parents=True, exist_ok=True)
+    for path in data.glob("*.??"):
+        lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+        cut = lines if path.stem == "train" else lines[:SMOKE_SENTENCES]
+        (smoke / path.name).write_text("".join(cut), encoding="utf-8")
+    return smoke
 
 
-def print_summary(phase: str, result: dict) -> None:
-    stopped = " (stopped: out of budget)" if result["timed_out"] else ""
-    print(f"\n== {phase}: {'ok' if result['ok'] else 'NOT OK'}{stopped} ==")
-    if phase == "tests":
-        print(f"counts {result['counts']}, pytest exit {result['run']['returncode']}")
-        for test in result["tests"]:
-            if test["outcome"] != "passed":
-                print(f"  {test['outcome']:8} {test['test']}  {test['message'][:120]}")
-    elif phase == "bench":
-        for name, model in result["models"].items():
-            b = model["benchmark"]
-            if b is None:
-                print(f"{name}: no result (exit {model['run']['returncode']})")
-                continue
-            published = "n/a" if b["mfu_published"] is None else f"{100 * b['mfu_published']:.1f}%"
-            print(
-                f"{name}: {b['train_tgt_tokens_per_sec']:,.0f} target tokens/s, step "
-                f"{1e3 * b['step_seconds_median']:.1f} ms, MFU {100 * b['mfu']:.1f}% of the "
-                f"measured {b['peak_flops_per_sec'] / 1e12:.3g} TFLOP/s, {published} of the "
-                f"published peak, peak memory {b['peak_memory_bytes'] / 2**30:.2f} GiB"
-            )
-            if b.get("steady_step_seconds") is not None:
-                print(
-                    f"{name}, steady state: {b['train_tgt_tokens_per_sec_steady']:,.0f} target "
-                    f"tokens/s, step {1e3 * b['steady_step_seconds']:.1f} ms, MFU "
-                    f"{100 * b['mfu_steady']:.1f}% of measured, "
-                    f"{100 * (b['mfu_published_steady'] or 0):.1f}% of published"
-                )
-    elif phase == "decode" and result["benchmark"] is not None:
-        b = result["benchmark"]
-        for name in ("beam4", "greedy"):
-            print(
-                f"{name}: {b[f'decode_sentences_per_sec_{name}']:.1f} sentences/s, "
-                f"{b[f'decode_tokens_per_sec_{name}']:,.0f} tokens/s, "
-                f"{b[f'decode_seconds_{name}']:.2f} s decoding {b['decode_sentences']} "
-                f"sentences; batch shapes compiled: {b[f'decode_num_compiles_{name}']}, in "
-                f"{b[f'decode_compile_seconds_{name}']:.2f} s"
-            )
-    elif phase == "multi30k" and result["test_report"] is not None:
-        r = result["test_report"]
-        print(
-            f"test sacreBLEU {r['bleu']:.2f}, chrF {r['chrf']:.2f} after {r['step']} steps; "
-            f"{result['wall_seconds']:.0f} s in all"
-        )
+def phase_multi30k(args, out: pathlib.Path, deadline: float) -> dict:
+    work, cache = args.work / "multi30k", args.work / "multi30k_cache"
+    shutil.rmtree(work, ignore_errors=True)  # a fresh run; the script refuses a finished one
+    shutil.rmtree(cache, ignore_errors=True)  # as on a new machine
+    flags = [f"--config.data.dir={multi30k_data(args)}"] + (SMOKE_MULTI30K if args.smoke else [])
+    cmd = ["bash", "scripts/multi30k_gpu_ensemble.sh", str(work)]
+    env = {"TRANSLATE_COMPILATION_CACHE": str(cache), "PYTHON": sys.executable}
+    cmd += with_flags(flags, args.multi30k_flags)
+    run = run_logged(cmd, out / "multi30k.log", deadline, env)
+    seeds = {}
+    for seed in ("s0", "s1"):
+        metrics = work / seed / "metrics.jsonl"
+        lines = metrics.read_text().splitlines() if metrics.is_file() else []
+        train = [m for m in map(json.loads, filter(None, lines)) if "train/loss" in m]
+        report = scores(read_json(work / seed / "report.json"))
+        seeds[seed] = {"test2016": report, "last_train_log": train[-1] if train else None}
+    ensemble = {s: scores(read_json(work / f"ensemble_{s}" / "report.json")) for s in SPLITS}
+    ok = run["returncode"] == 0 and None not in ensemble.values()
+    config = read_json(work / "s0" / "config.json")
+    return {"workdir": str(work), "config": config, "runs": [run], "wall_seconds": run["seconds"],
+            "seeds": seeds, "ensemble": ensemble, "ok": ok}  # fmt: skip
+
+
+def phase_text(args, out: pathlib.Path, deadline: float) -> dict:
+    model, cache = args.work / "multi30k" / "s0", args.work / "text_cache"
+    if not (model / "config.json").is_file():
+        raise SystemExit(f"{model}: no trained model; run --phase=multi30k first (same --work)")
+    shutil.rmtree(cache, ignore_errors=True)
+    result, outputs = {"workdir": str(model), "runs": []}, []
+    for name in ("cold", "warm"):
+        target, log = args.work / f"text_{name}.de", out / f"text_{name}.log"
+        target.unlink(missing_ok=True)
+        cmd = [sys.executable, "-m", "translate.translate_text", f"--workdir={model}"]
+        cmd += [f"--input={multi30k_data(args) / 'test2016.en'}", f"--output={target}"]
+        cmd += [f"--compilation_cache={cache}"]
+        result["runs"].append(run_logged(cmd, log, deadline, {"JAX_LOG_COMPILES": "1"}))
+        text = log.read_text(encoding="utf-8", errors="replace")
+        result[name] = {key: text.count(line) for key, line in COMPILE_LINES.items()}
+        result[name]["compiled"] = result[name]["xla_compilations"] - result[name]["cache_hits"]
+        outputs.append(target.read_bytes() if target.is_file() else None)
+    result["outputs_identical"] = outputs[0] is not None and outputs[0] == outputs[1]
+    result["warm_compiled_anything"] = result["warm"]["compiled"] > 0
+    result["ok"] = all(r["returncode"] == 0 for r in result["runs"]) and result["outputs_identical"]
+    return result
+
+
+PHASE_RUNS = {"tests": phase_tests, "bench": phase_bench, "decode": phase_decode,
+              "multi30k": phase_multi30k, "text": phase_text}  # fmt: skip
+
+
+def print_summary(phase: str, r: dict) -> None:
+    """The phase's verdict; its commands printed their own figures above."""
+    stopped = " (stopped: out of budget)" if r["timed_out"] else ""
+    print(f"\n== {phase}: {'ok' if r['ok'] else 'NOT OK'}{stopped} ==")
+    for test in r.get("tests", []):
+        if test["outcome"] != "passed":
+            print(f"  {test['outcome']:8} {test['test']}  {test['message'][:120]}")
+    for key in ("counts", "wall_seconds", "cold", "warm", "warm_compiled_anything"):
+        if key in r:
+            print(f"{key}: {r[key]}")
 
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
     os.chdir(ROOT)  # paths in `args` are relative to the root now, for this script and children
     phases = list(PHASES) if args.phase == "all" else [args.phase]
-    missing = missing_modules(phases)
+    needed = ["jax", "flax", "optax", "orbax.checkpoint", "sacrebleu", "sentencepiece"]
+    needed += ["sacremoses", "tensorboardX"] + (["pytest"] if "tests" in phases else [])
+    missing = [name for name in needed if not has_module(name)]
     if missing:
         print(f"missing Python packages: {', '.join(missing)}", file=sys.stderr)
         if set(missing) <= {"sacremoses", "tensorboardX"}:
-            print(f"install them from wheels:\n{WHEEL_INSTRUCTIONS}", file=sys.stderr)
+            print(f"install them from wheels:\n{INSTALL}", file=sys.stderr)
         return 2
-    absent = missing_data(phases, pathlib.Path(args.data))
+    absent = "\n".join(f"  {path}" for path in missing_data(phases, args.data))
     if absent:
-        names = "\n".join(f"  {path}" for path in absent)
-        print(f"missing data files:\n{names}\ncopy them in:\n{DATA_INSTRUCTIONS}", file=sys.stderr)
+        print(f"missing data files:\n{absent}\nfetch them:\n{FETCH}", file=sys.stderr)
         return 2
-    out = pathlib.Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-
-    environment = probe_environment()
+    args.out.mkdir(parents=True, exist_ok=True)
+    args.work.mkdir(parents=True, exist_ok=True)
+    found, commit = environment(), provenance.git_commit()
+    if commit:
+        commit = commit["commit"][:7] + ("+changes" if commit["modified"] else "")
     header = {
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "commit": args.commit or short_commit(),
+        "commit": args.commit or commit,
         "command": shlex.join(["python", "-m", "scripts.gpu_check", *argv]),
         "smoke": args.smoke,
         "budget_seconds": args.budget_s,
-        **environment,
+        **found,
     }
-    print(json.dumps(environment))
-    if environment["platform"] != "gpu" and not args.smoke:
-        warning = (
-            f"NO GPU: JAX runs on {environment['platform']} ({environment['device_kind']}); "
-            "these figures do not measure a GPU"
-        )
-        header["warning"] = warning
-        print(f"\n{'!' * 78}\n!!! {warning}\n{'!' * 78}\n", file=sys.stderr, flush=True)
-
-    run_phase = {
-        "tests": functools.partial(phase_tests, on_gpu=environment["platform"] == "gpu"),
-        "bench": phase_bench,
-        "decode": phase_decode,
-        "multi30k": phase_multi30k,
-    }
+    print(json.dumps(found))
+    if found["platform"] != "gpu" and not args.smoke:
+        header["warning"] = f"NO GPU: JAX runs on {found['platform']} ({found['device_kind']})"
+        print(f"\n!!! {header['warning']}: these figures do not measure a GPU\n", file=sys.stderr)
     all_ok = True
     for phase in phases:
         print(f"\n== phase {phase} (budget {args.budget_s:.0f} s) ==", flush=True)
         start = time.monotonic()
-        result = run_phase[phase](args, out, start + args.budget_s)
+        extra = {"on_gpu": found["platform"] == "gpu"} if phase == "tests" else {}
+        result = PHASE_RUNS[phase](args, args.out, start + args.budget_s, **extra)
         result = {"phase": phase, **header, "phase_seconds": time.monotonic() - start, **result}
-        result["timed_out"] = any(run["timed_out"] for run in find_runs(result))
-        (out / f"{phase}.json").write_text(json.dumps(result, indent=2) + "\n")
+        result["timed_out"] = any(r["timed_out"] for r in result["runs"])
+        (args.out / f"{phase}.json").write_text(json.dumps(result, indent=2) + "\n")
         print_summary(phase, result)
-        print(f"wrote {out / f'{phase}.json'}")
+        print(f"wrote {args.out / f'{phase}.json'}")
         all_ok = all_ok and result["ok"]
     return 0 if all_ok else 1
-
-
-def find_runs(result: dict) -> list[dict]:
-    """Every command record ("run") in a phase's result."""
-    if "run" in result:
-        return [result["run"]]
-    return [m["run"] for m in result.get("models", {}).values()]
 
 
 if __name__ == "__main__":

@@ -25,13 +25,8 @@ import time
 def settings(args) -> dict[str, list[str]]:
     runs = {"beam (workdir's)": []}
     for n in (int(x) for x in args.sizes.split(",") if x):
-        runs[f"MBR-chrF, {n} epsilon samples"] = [
-            "--sampling=epsilon",
-            f"--epsilon={args.epsilon}",
-            f"--num_candidates={n}",
-            f"--seed={args.seed}",
-            "--mbr=chrf",
-        ]
+        flags = ["--sampling=epsilon", f"--epsilon={args.epsilon}", f"--num_candidates={n}"]
+        runs[f"MBR-chrF, {n} epsilon samples"] = [*flags, f"--seed={args.seed}", "--mbr=chrf"]
     for n in (int(x) for x in args.beams.split(",") if x):
         runs[f"MBR-chrF, beam {n} n-best"] = [
             f"--beam_size={n}",
@@ -62,15 +57,8 @@ def main() -> None:
     rows = []
     for name, flags in settings(args).items():
         target = out / ("".join(c if c.isalnum() else "_" for c in name) + ".txt")
-        command = [
-            sys.executable,
-            "-m",
-            "translate.translate_text",
-            f"--workdir={args.workdir}",
-            f"--input={args.src}",
-            f"--output={target}",
-            *flags,
-        ]
+        command = [sys.executable, "-m", "translate.translate_text", f"--workdir={args.workdir}"]
+        command += [f"--input={args.src}", f"--output={target}", *flags]
         start = time.perf_counter()
         subprocess.run(command, check=True, env=environment, stderr=subprocess.DEVNULL)
         seconds = time.perf_counter() - start
@@ -78,21 +66,13 @@ def main() -> None:
         bleu_metric, chrf_metric = sacrebleu.BLEU(), sacrebleu.CHRF()
         bleu = bleu_metric.corpus_score(hypotheses, [references])
         chrf = chrf_metric.corpus_score(hypotheses, [references])
-        rows.append(
-            {
-                "setting": name,
-                "flags": flags,
-                "bleu": round(bleu.score, 2),
-                "chrf": round(chrf.score, 2),
-                "seconds": round(seconds, 1),
-                "bleu_signature": str(bleu_metric.get_signature()),
-                "chrf_signature": str(chrf_metric.get_signature()),
-            }
-        )
+        row = {"setting": name, "flags": flags, "bleu": round(bleu.score, 2)}
+        row.update(chrf=round(chrf.score, 2), seconds=round(seconds, 1))
+        row.update(bleu_signature=str(bleu_metric.get_signature()))
+        rows.append({**row, "chrf_signature": str(chrf_metric.get_signature())})
         print(f"{name:34s} BLEU {bleu.score:6.2f}  chrF {chrf.score:6.2f}  {seconds:7.1f} s")
-    (out / "mbr_benchmark.json").write_text(
-        json.dumps({"src": args.src, "ref": args.ref, "runs": rows}, indent=2) + "\n"
-    )
+    report = {"src": args.src, "ref": args.ref, "runs": rows}
+    (out / "mbr_benchmark.json").write_text(json.dumps(report, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -36,24 +36,19 @@ def summarize(path: str, config: Config, vocab_size: int) -> int:
             per_sublayer[f"{names[0]}.*.{names[2]}"] += leaf.size
     width = max(len(name) for name in [*per_sublayer, *per_module])
     m = config.model
-    layers = (
-        f"{m.num_layers} decoder-only layers ({m.prefix_attention} prefix)"
-        if m.architecture == "decoder_only"
-        else f"{m.num_layers}+{m.num_layers} layers"
-    )
+    layers = f"{m.num_layers}+{m.num_layers} layers"
+    if m.architecture == "decoder_only":
+        layers = f"{m.num_layers} decoder-only layers ({m.prefix_attention} prefix)"
     print(
         f"{path}: d_model {m.d_model}, d_ff {m.d_ff}, {layers}, {m.norm_position}-LayerNorm, "
         f"vocabulary {vocab_size}"
     )
-    order = sorted(
-        per_module,
-        key=lambda n: (
-            n.split(".")[0] != "embed",
-            n.split(".")[0],
-            int(n.split(".")[1]) if "." in n else 0,
-        ),
-    )
-    for name in order:
+
+    def place(name: str) -> tuple:  # the embeddings first, then each stack's layers in order
+        first, _, number = name.partition(".")
+        return first != "embed", first, int(number or 0)
+
+    for name in sorted(per_module, key=place):
         print(f"  {name:<{width}}  {per_module[name]:>12,}")
     print("  summed over layers:")
     for name, count in sorted(per_sublayer.items()):
@@ -63,19 +58,14 @@ def summarize(path: str, config: Config, vocab_size: int) -> int:
     return total
 
 
+FLAGS = {
+    "config": Flag([], "A config file or an example config's name; repeat it to compare totals."),
+    "vocab_size": Flag(0, "Vocabulary size to count with; 0: each config's data.vocab_size."),
+}
+
+
 def main(argv: list[str]) -> None:
-    flags, overrides = parse_flags(
-        argv,
-        {
-            "config": Flag(
-                [], "A config file or an example config's name; repeat it to compare totals."
-            ),
-            "vocab_size": Flag(
-                0, "Vocabulary size to count with; 0: each config's data.vocab_size."
-            ),
-        },
-        doc=__doc__,
-    )
+    flags, overrides = parse_flags(argv, FLAGS, doc=__doc__)
     totals = []
     for path in flags["config"] or ["configs/base.py"]:
         config = load_config(path, overrides)

@@ -1,31 +1,26 @@
 #!/usr/bin/env bash
-# Multi30k on one GPU as an ensemble: two seeds of configs/multi30k.py trained side by side on
-# the same GPU, then decoded together, as one command. Each trains the CPU recipe as it was
-# when this script was measured, AdamW for 7,200 steps with threefry dropout bits (the flags
-# below, MEASURED), whatever configs/multi30k.py sets later; Muon (train.optimizer=muon) and hash
-# dropout bits have not run on a GPU.
+# Multi30k on one GPU as an ensemble, one command: two seeds of configs/multi30k_adamw.py (AdamW,
+# 7,200 steps, threefry dropout bits) trained side by side on the GPU, then decoded together.
+# Muon (configs/multi30k.py) and hash dropout bits have not run on a GPU.
 #
 #     bash scripts/multi30k_gpu_ensemble.sh WORKDIR [--config.x=y ...]
 #
-# The small model's step is host-bound on a GPU (docs/benchmarks/gpu-h100.md: 6.1 ms of GPU
-# work in a 15 ms step), so a second training in another process costs the first little. Each
-# seed trains in WORKDIR/s0 and WORKDIR/s1 (its log appended to WORKDIR/s0.log) and ends with
-# its own test2016 report; then the ensemble of the two decodes all of val and test2016
-# (`translate-evaluate` with two --workdir) into WORKDIR/ensemble_val and
-# WORKDIR/ensemble_test2016. Flags after WORKDIR go to both trainings (a wider model:
-# --config.model.d_model=256 --config.model.d_ff=1024 --config.model.dropout_rate=0.3).
-# The last lines printed are the two reports' scores and the whole command's wall time.
+# The small model's step is host-bound on a GPU (6.1 ms of GPU work in a 15 ms step on one H100,
+# BENCHMARKS.md), so a second training in another process costs the first little. The seeds
+# train in WORKDIR/s0 and WORKDIR/s1 (logs appended to WORKDIR/s0.log, s1.log), each ending with
+# its test2016 report; then their ensemble decodes all of val and test2016 (translate-evaluate
+# with two --workdir) into WORKDIR/ensemble_val and ensemble_test2016. Flags after WORKDIR go to
+# both trainings (--config.model.d_model=256 --config.model.d_ff=1024 for a wider model). The
+# last lines printed: the reports' scores and the whole command's wall time.
 #
-# On one H100 (2026-11-28, 508f3c7; four trainings sharing the GPU, each stopped at 330 s,
-# steps 6,479 and 6,401 of 7,200) the ensemble of seeds 0 and 1 scored val 42.25 and test2016
-# 41.43 (literature BLEU 41.98), against 41.63 and 41.29 on val for the seeds alone. This
-# script itself, alone on one H200 from an empty compilation cache (2026-11-28, 72042fa, one
-# run): 268 s for the whole command; ensemble val 42.48, test2016 41.66 (literature BLEU
-# 42.05); seeds alone 41.25 and 40.52 on test2016 (docs/benchmarks/gpu-h200.md).
+# One H200 from an empty compilation cache (2026-11-28, 72042fa): 268 s for the whole command;
+# ensemble val 42.48, test2016 41.66 (literature BLEU 42.05); the seeds alone 41.25 and 40.52 on
+# test2016 (BENCHMARKS.md, "Multi30k on one GPU"). `python -m scripts.gpu_check --phase=multi30k`
+# runs it and collects the reports.
 #
-# Needs the data in data/multi30k (translate-data multi30k --dir=data/multi30k), or
-# --config.data.dir=DIR. A WORKDIR holding another run is refused by the trainer, as always; an
-# interrupted command resumes when run again; one whose ensemble is decoded is refused.
+# Needs data/multi30k (translate-data multi30k --dir=data/multi30k) or --config.data.dir=DIR. A
+# WORKDIR holding another run is refused by the trainer; an interrupted command resumes when run
+# again; one whose ensemble is decoded is refused.
 set -u
 WORK=${1:?usage: bash scripts/multi30k_gpu_ensemble.sh WORKDIR [--config.x=y ...]}
 shift
@@ -50,21 +45,11 @@ for split in val test2016; do
 done
 mkdir -p "$WORK" || exit 2
 
-# The CPU recipe as measured here (header). A flag after WORKDIR for either field replaces
-# its value (--config.train.optimizer=muon).
-MEASURED=()
-for pinned in train.optimizer=adam train.num_train_steps=7200 model.dropout_bits=threefry; do
-    given=0
-    for arg in "$@"; do
-        case $arg in --config.${pinned%%=*}=*) given=1 ;; esac
-    done
-    [ $given = 1 ] || MEASURED+=("--config.$pinned")
-done
 pids=()
 for seed in 0 1; do
     echo "training seed $seed in $WORK/s$seed (log: $WORK/s$seed.log)"
-    $PY -m translate.train --config=configs/multi30k.py --workdir="$WORK/s$seed" \
-        --config.train.seed=$seed "${MEASURED[@]}" "$@" >>"$WORK/s$seed.log" 2>&1 &
+    $PY -m translate.train --config=configs/multi30k_adamw.py --workdir="$WORK/s$seed" \
+        --config.train.seed=$seed "$@" >>"$WORK/s$seed.log" 2>&1 &
     pids+=($!)
 done
 failed=0

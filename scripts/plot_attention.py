@@ -9,9 +9,9 @@ writes into DIR (default WORKDIR/attention):
   encoder_layerL_headH.png   encoder self-attention of that layer and head: source x source
   encoder_layerL_mean.png    the same, averaged over the heads
   positions.png              the sinusoidal position encodings (Sec. 3.5)
-Layers and heads count from 0; the default is the last layer's head 0. The sentence is
-translated with the workdir's decode settings; the pictures come from a teacher-forced pass
-over that translation, where the row of each target piece is the query that predicted it.
+Layers and heads count from 0 (default: the last layer's head 0). The pictures come from a
+teacher-forced pass over the translation (the workdir's decode settings), each target piece's
+row being the query that predicted it.
 """
 
 from __future__ import annotations
@@ -66,15 +66,8 @@ def attention_maps(graphdef, params, src: list[int], out: list[int]) -> dict[str
     return {name: np.asarray(w[0]) for name, w in weights.items()}
 
 
-def draw_heatmap(
-    values: np.ndarray,
-    row_labels: list[str],
-    col_labels: list[str],
-    title: str,
-    axis_names: tuple[str, str],
-    path: pathlib.Path,
-    cmap: str = "viridis",
-) -> None:
+def draw_heatmap(values, row_labels, col_labels, title, axis_names, path, cmap="viridis") -> None:
+    """`values` [rows, cols] as a PNG at `path`, each row and column labelled by its piece."""
     fig, ax = plt.subplots(figsize=FIGSIZE, dpi=DPI)
     image = ax.imshow(values, cmap=cmap, aspect="auto", interpolation="nearest")
     # Labels shrink as the sentence grows, so every piece keeps its own tick.
@@ -93,24 +86,19 @@ def draw_heatmap(
     plt.close(fig)
 
 
+FLAGS = {
+    "workdir": Flag("", "Required. A trained workdir."),
+    "src": Flag("", "Required. The sentence to translate and draw."),
+    "output": Flag("", "Directory for the pictures; default WORKDIR/attention."),
+    "layer": Flag(-1, "The layer to draw, from 0; -1: the last."),
+    "head": Flag(0, "The attention head to draw, from 0."),
+}
+
+
 def main(argv: list[str]) -> None:
-    flags, _ = parse_flags(
-        argv,
-        {
-            "workdir": Flag("", "Required. A trained workdir."),
-            "src": Flag("", "Required. The sentence to translate and draw."),
-            "output": Flag("", "Directory for the pictures; default WORKDIR/attention."),
-            "layer": Flag(-1, "The layer to draw, from 0; -1: the last."),
-            "head": Flag(0, "The attention head to draw, from 0."),
-        },
-        doc=__doc__,
-        sections=(),
-    )
+    flags, _ = parse_flags(argv, FLAGS, doc=__doc__, sections=())
     if not flags["workdir"] or not flags["src"].strip():
-        raise SystemExit(
-            'usage: python -m scripts.plot_attention --workdir=DIR --src="a sentence" '
-            "[--output=DIR] [--layer=L] [--head=H]"
-        )
+        raise SystemExit(f"--workdir and --src are required\n\n{__doc__}")
     out_dir = pathlib.Path(flags["output"] or Workdir(flags["workdir"]).attention)
     cli.check_writable(out_dir, f"--output={out_dir}")  # before the model is loaded
     cli.quiet_libraries()
@@ -150,19 +138,11 @@ def main(argv: list[str]) -> None:
         draw_heatmap(values, rows, cols, title, axis_names, path)
         print(path)
 
-    positions = np.asarray(
-        sinusoidal_positions(jnp.arange(config.data.max_len), config.model.d_model)
-    )
-    path = out_dir / "positions.png"
-    draw_heatmap(
-        positions,
-        [],
-        [],
-        f"sinusoidal position encodings, d_model {config.model.d_model}",
-        ("channel (even: sin, odd: cos)", "position"),
-        path,
-        cmap="RdBu",
-    )
+    d_model, path = config.model.d_model, out_dir / "positions.png"
+    positions = np.asarray(sinusoidal_positions(jnp.arange(config.data.max_len), d_model))
+    axes = ("channel (even: sin, odd: cos)", "position")
+    title = f"sinusoidal position encodings, d_model {d_model}"
+    draw_heatmap(positions, [], [], title, axes, path, cmap="RdBu")
     print(path)
 
 

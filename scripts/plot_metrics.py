@@ -18,17 +18,14 @@ from translate.cli import Flag, parse_flags
 from translate.training.plots import draw_training_curves
 from translate.workdir import Workdir
 
+FLAGS = {
+    "workdir": Flag("", "Required. A training workdir (its metrics.jsonl is drawn)."),
+    "output": Flag("", "Directory for the PNG files; default the workdir."),
+}
+
 
 def main(argv: list[str]) -> list[pathlib.Path]:
-    flags, _ = parse_flags(
-        argv,
-        {
-            "workdir": Flag("", "Required. A training workdir (its metrics.jsonl is drawn)."),
-            "output": Flag("", "Directory for the PNG files; default the workdir."),
-        },
-        doc=__doc__,
-        sections=(),
-    )
+    flags, _ = parse_flags(argv, FLAGS, doc=__doc__, sections=())
     if not flags["workdir"]:
         raise SystemExit("usage: python -m scripts.plot_metrics --workdir=DIR [--output=DIR]")
     workdir = Workdir(flags["workdir"])

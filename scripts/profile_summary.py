@@ -3,19 +3,14 @@
     python -m scripts.profile_summary DIR [--top=30] [--json=PATH]
 
 DIR is a `jax.profiler.trace(DIR, create_perfetto_trace=True)` directory (scripts/benchmark.py
---profile=DIR writes one); the newest `perfetto_trace.json.gz` under it is read. What is summed:
-- on a GPU, the events on the device's streams (process names holding "/device:");
-- on a CPU, the XLA ops on the host's threads: the events that name an `hlo_op` (JAX 0.10's
-  CPU client writes one per op). The executor's own spans, Python's frames and the waits around
-  them are left out: they hold the ops' time again;
-- otherwise (a CPU trace without op names) every complete event, host threads included; the
-  summary says which of the three it is.
-Each event counts its own time: its duration less the events nested in it on its thread (a
-`while` op less its body's ops, a Python frame less its callees), so no time is counted twice.
-Two tables: by kind (an op's name less its number, `ynn_fusion.155` -> `ynn_fusion`: the
-products, the copies, each sort of fused loop) and the largest single ops, each with its total,
-share of the summed time, calls and mean. Standard library only, so it runs anywhere the trace
-file can be copied.
+--profile=DIR writes one); its newest `perfetto_trace.json.gz` is read. Summed: on a GPU the
+events of the device's streams (processes named "/device:..."); on a CPU the XLA ops on the
+host's threads (events naming an `hlo_op`, one per op in JAX 0.10; the executor's spans and
+Python's frames hold the same time again); in a CPU trace without op names, every complete
+event. Each event counts its own time, less the events nested in it on its thread (a `while` op
+less its body's), so nothing counts twice. Two tables, each row's total, share, calls and mean:
+by kind (the name less its number, `ynn_fusion.155` -> `ynn_fusion`) and the largest ops.
+Standard library only: it runs wherever the trace file is copied.
 """
 
 from __future__ import annotations
@@ -26,6 +21,8 @@ import gzip
 import json
 import pathlib
 import re
+
+SCOPES = {True: "XLA ops on the host's threads", False: "every event, host threads included"}
 
 
 def find_trace(root: pathlib.Path) -> pathlib.Path:
@@ -48,19 +45,12 @@ def summarise(trace_path: pathlib.Path, top: int = 30) -> dict:
     except (OSError, EOFError, UnicodeDecodeError, json.JSONDecodeError) as err:
         raise SystemExit(f"{trace_path}: not a readable trace ({err})") from None
     events = trace["traceEvents"] if isinstance(trace, dict) else trace
-    names = {
-        e["pid"]: e.get("args", {}).get("name", "")
-        for e in events
-        if e.get("ph") == "M" and e.get("name") == "process_name"
-    }
+    meta = [(e, e.get("args", {}).get("name", "")) for e in events if e.get("ph") == "M"]
+    names = {e["pid"]: name for e, name in meta if e.get("name") == "process_name"}
+    threads = {(e["pid"], e["tid"]): name for e, name in meta if e.get("name") == "thread_name"}
     device_pids = {pid for pid, name in names.items() if "/device:" in name}
     complete = [e for e in events if e.get("ph") == "X" and "dur" in e]
     named_ops = not device_pids and any(is_xla_op(e) for e in complete)
-    threads = {
-        (e["pid"], e["tid"]): e.get("args", {}).get("name", "")
-        for e in events
-        if e.get("ph") == "M" and e.get("name") == "thread_name"
-    }
     kept = [
         e
         for e in complete
@@ -84,35 +74,19 @@ def summarise(trace_path: pathlib.Path, top: int = 30) -> dict:
     for name, us in totals.items():
         kinds[op_kind(name)] += us
         kind_calls[op_kind(name)] += calls[name]
-    by_kind = [
-        {
-            "kind": kind,
-            "total_us": round(us, 1),
-            "share": us / summed if summed else 0.0,
-            "calls": kind_calls[kind],
-        }
-        for kind, us in kinds.most_common(top)
-    ]
+
+    def row(us: float, count: int) -> dict:
+        return {"total_us": round(us, 1), "share": us / summed if summed else 0.0, "calls": count}
+
+    by_kind = [{"kind": k, **row(us, kind_calls[k])} for k, us in kinds.most_common(top)]
     rows = [
-        {
-            "name": name,
-            "total_us": round(us, 1),
-            "share": us / summed if summed else 0.0,
-            "calls": calls[name],
-            "mean_us": round(us / calls[name], 2),
-        }
+        {"name": name, **row(us, calls[name]), "mean_us": round(us / calls[name], 2)}
         for name, us in totals.most_common(top)
     ]
     return {
         "trace": str(trace_path),
         "device_processes": sorted(names[p] for p in device_pids),
-        "scope": (
-            "device streams"
-            if device_pids
-            else "XLA ops on the host's threads"
-            if named_ops
-            else "every event, host threads included"
-        ),
+        "scope": "device streams" if device_pids else SCOPES[named_ops],
         "summed_us": round(summed, 1),
         "span_us": round(last - first, 1) if first is not None else 0.0,
         "distinct_ops": len(totals),
@@ -170,16 +144,12 @@ def print_summary(summary: dict) -> None:
     if summary.get("kinds"):
         print("by kind (an op's name less its number):")
         for row in summary["kinds"]:
-            print(
-                f"{row['total_us'] / 1e3:9.2f} ms {100 * row['share']:5.1f}% "
-                f"{row['calls']:6d} x  {row['kind'][:110]}"
-            )
+            ms, share = row["total_us"] / 1e3, 100 * row["share"]
+            print(f"{ms:9.2f} ms {share:5.1f}% {row['calls']:6d} x  {row['kind'][:110]}")
         print("largest ops:")
     for row in summary["top"]:
-        print(
-            f"{row['total_us'] / 1e3:9.2f} ms {100 * row['share']:5.1f}% "
-            f"{row['calls']:6d} x {row['mean_us']:9.1f} us  {row['name'][:110]}"
-        )
+        ms, share, mean = row["total_us"] / 1e3, 100 * row["share"], row["mean_us"]
+        print(f"{ms:9.2f} ms {share:5.1f}% {row['calls']:6d} x {mean:9.1f} us  {row['name'][:110]}")
 
 
 def main() -> None:

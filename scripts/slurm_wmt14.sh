@@ -12,8 +12,9 @@
 #
 # WORKDIR and the TFDS data directory must be on a filesystem every node sees: Orbax writes
 # one checkpoint from all processes together, and every process reads the same prepared data
-# (process 0 prepares what is missing first) and loads only its own rows of each batch. The global batch stays at the config's ~25,000 tokens per
-# side whatever the number of GPUs; re-running the script resumes from the newest checkpoint.
+# (process 0 prepares what is missing first) and loads only its own rows of each batch. The
+# global batch stays at the config's ~25,000 tokens per side whatever the number of GPUs;
+# re-running the script resumes from the newest checkpoint.
 # Afterwards, evaluate as the paper did (average of the last 5 checkpoints; 20 for big):
 #   python -m translate.evaluate --workdir=$WORKDIR --average=5 --src=... --ref=...
 #

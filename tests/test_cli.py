@@ -31,7 +31,7 @@ ENTRY_POINTS = [
     "scripts.average_checkpoints",
     "scripts.benchmark",
     "scripts.benchmark_batcher",
-    "scripts.benchmark_flax_wmt",
+    "scripts.compare.benchmark_flax_wmt",
     "scripts.fault_injection",
     "scripts.model_summary",
     "scripts.plot_attention",
@@ -413,7 +413,7 @@ def test_a_platform_jax_cannot_start_is_one_line_naming_jax_platforms(platforms)
 
 
 def test_text_the_console_cannot_spell_is_escaped_not_an_error():
-    """Issue 40: PYTHONIOENCODING=ascii ended a command with an encoding error after its work."""
+    """PYTHONIOENCODING=ascii: a command escapes what it prints rather than fail after its work."""
     program = "from translate import cli; cli.run(lambda argv: print('Größe → Maß'))"
     env = {**os.environ, "PYTHONIOENCODING": "ascii"}
     done = subprocess.run(
@@ -473,8 +473,8 @@ def test_a_command_ended_without_teardown_fails_when_its_output_cannot_be_writte
 
 
 def test_orbax_thread_tracebacks_of_a_failed_write_are_dropped():
-    """Issue 40: a full disk during an asynchronous save printed hundreds of lines of Orbax's
-    thread tracebacks before the command's one line."""
+    """A full disk during an asynchronous save gives the command's one line, without the
+    hundreds of lines of Orbax's thread tracebacks before it."""
     import logging
 
     cli.quiet_libraries()
@@ -515,7 +515,7 @@ def test_xla_flags_that_xla_would_abort_on_are_named(value, ok):
 
 
 def test_a_malformed_xla_flags_is_one_line_not_an_abort():
-    """Issue 40: XLA ended the process in C++ on a malformed XLA_FLAGS."""
+    """A malformed XLA_FLAGS is one line of error, not XLA ending the process in C++."""
     program = "import jax; from translate import cli; cli.run(lambda argv: print(jax.devices()))"
     env = {**os.environ, "XLA_FLAGS": "force_host_platform_device_count=8"}
     done = subprocess.run(
@@ -531,8 +531,8 @@ def test_a_malformed_xla_flags_is_one_line_not_an_abort():
     reason="a CUDA plugin is installed here",
 )
 def test_a_platform_without_its_plugin_is_one_line_naming_jax_platforms():
-    """A new user's try in issue 40: JAX_PLATFORMS=cuda on a machine without CUDA's plugin
-    ended in JAX's bare AssertionError."""
+    """JAX_PLATFORMS=cuda on a machine without CUDA's plugin is one line naming the variable,
+    not JAX's bare AssertionError (a new user's try)."""
     program = "import jax; from translate import cli; cli.run(lambda argv: print(jax.devices()))"
     env = {**os.environ, "JAX_PLATFORMS": "cuda"}
     done = subprocess.run(
@@ -543,7 +543,7 @@ def test_a_platform_without_its_plugin_is_one_line_naming_jax_platforms():
 
 
 def test_a_libraries_first_log_line_does_not_prefix_ours():
-    """Issue 59: "WARNING:translate: WARNING: ..." once absl (Orbax's logger) had logged a line:
+    """No "WARNING:translate: WARNING: ..." after absl (Orbax's logger) has logged a line:
     absl's first call configures the root logger with Python's default format."""
     code = (
         "import logging\n"

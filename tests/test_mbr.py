@@ -100,7 +100,7 @@ def mbrs_choices(sets: list[list[str]], metric: str) -> list[str] | None:
     else:
         return None
     found = subprocess.run(
-        [python, str(ROOT / "scripts" / "mbrs_choose.py"), f"--metric={metric}"],
+        [python, str(ROOT / "scripts" / "compare" / "mbrs_choose.py"), f"--metric={metric}"],
         input=lines,
         capture_output=True,
         text=True,

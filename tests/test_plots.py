@@ -30,7 +30,7 @@ def png_size(path):
 @pytest.fixture(scope="module")
 def workdir(tiny_run, tmp_path_factory):
     """A tiny model trained for 6 steps, with its metrics.jsonl and report:
-    this module's copy of the session's tiny run."""
+    this module's copy of the test session's tiny run."""
     return copy_of_tiny_run(tiny_run, tmp_path_factory)
 
 

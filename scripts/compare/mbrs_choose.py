@@ -1,6 +1,7 @@
 r"""The `mbrs` package's MBR choices over candidate sets: the check of translate/decoding/mbr.py.
 
-    python scripts/mbrs_choose.py --metric=chrf < candidates.jsonl > choices.jsonl
+    python -m scripts.compare.mbrs_choose --metric=chrf < candidates.jsonl > choices.jsonl
+    python scripts/compare/mbrs_choose.py --metric=chrf ...   # any interpreter that has mbrs
 
 Each input line is a JSON list of one sentence's candidates; each output line is the JSON
 {"index": i, "text": ...} of the candidate mbrs's naive MBR decoder (`DecoderMBR`, the

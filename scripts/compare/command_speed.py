@@ -1,21 +1,19 @@
 """The whole command as a user waits for it: `translate-text` against a CTranslate2 process.
 
-    python -m scripts.command_speed --workdir=W --src=test2016.en [--export=DIR] \
+    python -m scripts.compare.command_speed --workdir=W --src=test2016.en [--export=DIR] \
         [--repeats=3] [--threads=2] [--json=speed.json]
 
-Times, in one sitting, the wall time of fresh processes that each translate (a) the first line
-of --src and (b) the whole file, from the command line to the last line written:
-  ours, cold   `translate-text --workdir=W` with an empty compilation cache (a new directory
-               each time: every program traced and compiled);
-  ours, warm   the same command again with the cache the cold run left (what a user's second
-               command meets; translate/compilation.py and translate/decoding/saved_searches.py);
-  ctranslate2  a Python process that imports ctranslate2 and sentencepiece, loads the export
-               of the same checkpoint (`translate-export --format=ctranslate2`, float32),
-               tokenizes, translates with the workdir's beam size, length penalty and length
-               limit and batch size, detokenizes and writes.
-Each is run --repeats times; the medians and the ratio ours / ctranslate2 are printed and, with
---json, written. Our cold and warm outputs are compared byte for byte (they must not differ).
-CTranslate2 runs `--threads` threads (its intra_threads) and our command the machine's default.
+The wall time of fresh processes translating (a) the first line of --src and (b) the whole
+file, from the command line to the last line written:
+  ours, cold   `translate-text --workdir=W` with a new, empty compilation cache;
+  ours, warm   the same again with the cache the cold run left (a user's second command;
+               translate/compilation.py, translate/decoding/saved_searches.py);
+  ctranslate2  a Python process that loads the float32 export of the same checkpoint
+               (`translate-export --format=ctranslate2`), tokenizes, translates with the
+               workdir's beam, length penalty, length limit and batch size, and writes.
+Each runs --repeats times: the medians and ours / ctranslate2 are printed (and --json written);
+our cold and warm outputs must be identical. CTranslate2 runs --threads threads, ours the
+machine's default.
 """
 
 from __future__ import annotations
@@ -30,7 +28,7 @@ import sys
 import tempfile
 import time
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 # The CTranslate2 process: everything a user's own script would do, in a fresh interpreter.
 CTRANSLATE2 = """
@@ -121,15 +119,9 @@ def main() -> None:
             f"ctranslate2 {results[what]['warm_over_ctranslate2']:.2f}x; outputs identical: "
             f"{len(outputs) == 1} (medians of {args.repeats})"
         )
-    report = {
-        "workdir": args.workdir,
-        "src": args.src,
-        "beam_size": decode.beam_size,
-        "length_penalty": decode.length_penalty,
-        "ctranslate2_threads": args.threads,
-        "cpu_count": os.cpu_count(),
-        "results": results,
-    }
+    report = {"workdir": args.workdir, "src": args.src, "beam_size": decode.beam_size}
+    report.update(length_penalty=decode.length_penalty, ctranslate2_threads=args.threads)
+    report.update(cpu_count=os.cpu_count(), results=results)
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
 

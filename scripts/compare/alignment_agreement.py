@@ -1,17 +1,16 @@
 r"""How well the model's attention alignments agree with eflomal's, per decoder layer.
 
-    python -m scripts.alignment_agreement --workdir=DIR --train_src=train.en --train_tgt=train.de \
-        --src=val.en --tgt=val.de [--out=DIR/alignment] [--matmul_dtype=compute]
+    python -m scripts.compare.alignment_agreement --workdir=DIR --train_src=train.en \
+        --train_tgt=train.de --src=val.en --tgt=val.de [--out=DIR/alignment] \
+        [--matmul_dtype=compute]
 
-eflomal (Östling and Tiedemann 2016, `pip install eflomal`: a Bayesian IBM-model aligner) aligns
-the training pairs and the scored set together, lowercased (its words are the whitespace tokens,
-so the indices are ours); its two directions are joined by grow-diag-final-and (Koehn et al.
-2005), and its target-to-source direction is kept too, which, like ours, links each target word
-to one source word. Then every decoder layer's forced alignment of --src/--tgt
-(translate/decoding/forced.py, heads averaged) is compared with both: precision, recall and F1
-of our links against eflomal's. Writes OUT/agreement.json and prints a table; the layer with the
-best F1 against grow-diag-final-and is the one to choose. eflomal's own links are not a gold
-standard: the figures say how far the two agree, not which is right.
+eflomal (Östling and Tiedemann 2016, `pip install eflomal`, a Bayesian IBM-model aligner) aligns
+the training pairs and the scored set together, lowercased, on whitespace words as ours; its two
+directions joined by grow-diag-final-and (Koehn et al. 2005), and its target-to-source one alone
+(each target word linked to one source word, as ours). Each decoder layer's forced alignment of
+--src/--tgt (translate/decoding/forced.py, heads averaged) gets its precision, recall and F1
+against both, into OUT/agreement.json and a table; choose the layer of the best F1 against
+grow-diag-final-and. eflomal's links are no gold standard: this is agreement, not accuracy.
 """
 
 from __future__ import annotations
@@ -83,30 +82,25 @@ def agreement(ours: list[Links], reference: list[Links]) -> dict[str, float]:
     found, wanted = sum(map(len, ours)), sum(map(len, reference))
     precision, recall = hits / max(found, 1), hits / max(wanted, 1)
     f1 = 2 * precision * recall / max(precision + recall, 1e-12)
-    return {
-        "precision": round(100 * precision, 2),
-        "recall": round(100 * recall, 2),
-        "f1": round(100 * f1, 2),
-    }
+    scores = (round(100 * x, 2) for x in (precision, recall, f1))
+    return dict(zip(("precision", "recall", "f1"), scores))
+
+
+FLAGS = {
+    "workdir": Flag("", "Required. A trained encoder-decoder workdir."),
+    "train_src": Flag("", "Required. Training sources, for eflomal's statistics."),
+    "train_tgt": Flag("", "Required. Training targets."),
+    "src": Flag("", "Required. The sources of the set to align (val)."),
+    "tgt": Flag("", "Required. Its targets (references)."),
+    "out": Flag("", "Where agreement.json goes; default WORKDIR/alignment."),
+    "batch_size": Flag(64, "Pairs scored together."),
+    **cli.matmul_dtype_flag(),
+    **cli.compilation_cache_flag(),
+}
 
 
 def main(argv: list[str]) -> None:
-    flags, _ = parse_flags(
-        argv,
-        {
-            "workdir": Flag("", "Required. A trained encoder-decoder workdir."),
-            "train_src": Flag("", "Required. Training sources, for eflomal's statistics."),
-            "train_tgt": Flag("", "Required. Training targets."),
-            "src": Flag("", "Required. The sources of the set to align (val)."),
-            "tgt": Flag("", "Required. Its targets (references)."),
-            "out": Flag("", "Where agreement.json goes; default WORKDIR/alignment."),
-            "batch_size": Flag(64, "Pairs scored together."),
-            **cli.matmul_dtype_flag(),
-            **cli.compilation_cache_flag(),
-        },
-        doc=__doc__,
-        sections=(),
-    )
+    flags, _ = parse_flags(argv, FLAGS, doc=__doc__, sections=())
     for name in ("workdir", "train_src", "train_tgt", "src", "tgt"):
         if not flags[name]:
             raise SystemExit(f"--{name} is required\n\n{__doc__}")
@@ -124,24 +118,13 @@ def main(argv: list[str]) -> None:
     one_each = next(d for d in (fwd, rev) if all(len({j for _, j in s}) == len(s) for s in d))
     compilation.use_persistent_cache(flags["compilation_cache"])
     ensemble = load_ensemble([flags["workdir"]], matmul_dtype=flags["matmul_dtype"])
-    report = {
-        "workdir": str(flags["workdir"]),
-        "pairs": len(sources),
-        "eflomal_seconds": round(eflomal_seconds, 1),
-        "layers": {},
-    }
+    report = {"workdir": str(flags["workdir"]), "pairs": len(sources), "layers": {}}
+    report["eflomal_seconds"] = round(eflomal_seconds, 1)
     for layer in range(ensemble.config.model.num_layers):
         start = time.perf_counter()
-        scored = forced.score_pairs(
-            ensemble.graphdefs,
-            ensemble.params,
-            ensemble.tokenizer,
-            sources,
-            targets,
-            flags["batch_size"],
-            ensemble.config.data.max_len,
-            alignment_layer=layer,
-        )
+        model = (ensemble.graphdefs, ensemble.params, ensemble.tokenizer)
+        sizes = (flags["batch_size"], ensemble.config.data.max_len)
+        scored = forced.score_pairs(*model, sources, targets, *sizes, alignment_layer=layer)
         seconds = time.perf_counter() - start
         ours = [set(pair.links) for pair in scored]
         report["layers"][layer] = {
@@ -149,20 +132,16 @@ def main(argv: list[str]) -> None:
             "against_target_to_source": agreement(ours, one_each),
             "seconds": round(seconds, 2),
         }
-    best = max(
-        report["layers"], key=lambda n: report["layers"][n]["against_grow_diag_final_and"]["f1"]
-    )
-    report["best_layer"] = best
+    f1 = {n: row["against_grow_diag_final_and"]["f1"] for n, row in report["layers"].items()}
+    report["best_layer"] = best = max(f1, key=f1.get)
     (out / "agreement.json").write_text(json.dumps(report, indent=2) + "\n")
     pairs = f"{len(train_src)} + {len(sources)}"
     print(f"{len(sources)} pairs; eflomal {eflomal_seconds:.0f} s on {pairs} pairs")
     print("layer  P/R/F1 against eflomal grow-diag-final-and  |  against its target-to-source")
     for layer, row in report["layers"].items():
         g, t = row["against_grow_diag_final_and"], row["against_target_to_source"]
-        print(
-            f"{layer:5}  {g['precision']:6.2f} {g['recall']:6.2f} {g['f1']:6.2f}"
-            f"            |  {t['precision']:6.2f} {t['recall']:6.2f} {t['f1']:6.2f}"
-        )
+        g, t = (" ".join(f"{x[k]:6.2f}" for k in ("precision", "recall", "f1")) for x in (g, t))
+        print(f"{layer:5}  {g}            |  {t}")
     print(f"best F1 against grow-diag-final-and: layer {best}; written to {out / 'agreement.json'}")
 
 

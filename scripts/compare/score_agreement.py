@@ -1,21 +1,19 @@
 r"""translate-score against the search's own scores and against CTranslate2's score_batch.
 
-    python -m scripts.score_agreement --workdir=DIR --src=test2016.en [--out=DIR/scoring] \
+    python -m scripts.compare.score_agreement --workdir=DIR --src=test2016.en [--out=DIR/scoring] \
         [--batch_size=64] [--threads=2]
 
-Three measurements on one test set, in one sitting:
-  (a) the test set is decoded with the workdir's beam (its config.decode) and each best output
-      is scored by forced decoding (translate/decoding/forced.py), as the pieces the search wrote
-      and as its text: the total must equal the search's own score before the length penalty
-      (score * ((5 + N) / 6) ** alpha, N pieces with EOS). A text that encodes to other pieces
-      than the search wrote is scored as those (counted). Measured with the model's products and
-      with float32 products (`--matmul_dtype=compute`).
-  (b) the model is exported to CTranslate2 in float32 and `Translator.score_batch` scores the
-      same pairs; ours are computed with float32 products (`--matmul_dtype=compute`, whatever the
-      model trained with), and the per-pair totals are compared relatively.
-  (c) speed: pairs/s of our scoring (compiled, second pass), of CTranslate2's score_batch, and
-      the wall time of the whole `translate-score` command on the file.
-Writes OUT/agreement.json and prints a summary.
+Three measurements on one test set:
+  (a) each best output of the workdir's beam is scored by forced decoding
+      (translate/decoding/forced.py), as the pieces the search wrote and as its text (which may
+      encode to other pieces: counted); the total must equal the search's own score before the
+      length penalty (score * ((5 + N) / 6) ** alpha, N pieces with EOS). With the model's
+      products and with float32 products (`--matmul_dtype=compute`).
+  (b) CTranslate2's `Translator.score_batch` on the float32 export scores the same pairs,
+      against ours with float32 products: the per-pair totals compared relatively.
+  (c) pairs/s of our scoring (compiled, second pass) and of score_batch, and the wall time of
+      the whole `translate-score` command on the file.
+Writes OUT/agreement.json and prints it.
 """
 
 from __future__ import annotations
@@ -62,16 +60,12 @@ def search_agreement(ensemble, sources, batch_size) -> tuple[dict, list[str]]:
     texts = [tokenizer.decode(ids) for ids in pieces]
 
     def differences(targets) -> dict:
-        scored = forced.score_pairs(
-            ensemble.graphdefs, ensemble.params, tokenizer, sources, targets, batch_size,
-            max_len, cut_sources=True,
-        )  # fmt: skip
-        diffs = np.array(
-            [
-                abs(pair.total - score * ((5 + len(pair.log_probs)) / 6) ** settings.length_penalty)
-                for pair, score in zip(scored, normalised)
-            ]
-        )
+        model = (ensemble.graphdefs, ensemble.params, tokenizer)
+        scored = forced.score_pairs(*model, sources, targets, batch_size, max_len, cut_sources=True)
+        alpha = settings.length_penalty
+        lengths = np.array([len(pair.log_probs) for pair in scored])
+        totals = np.array([pair.total for pair in scored])
+        diffs = np.abs(totals - np.array(normalised) * ((5 + lengths) / 6) ** alpha)
         return {
             "max_abs_difference": float(diffs.max()),
             "median_abs_difference": float(np.median(diffs)),
@@ -95,9 +89,8 @@ def ctranslate2_agreement(flags, ensemble32, sources, outputs, tmp: pathlib.Path
 
     directory = tmp / "ct2"
     export(flags["workdir"], str(directory), "ctranslate2", params=flags["params"])
-    translator = ctranslate2.Translator(
-        str(directory), inter_threads=1, intra_threads=flags["threads"]
-    )
+    threads = flags["threads"]
+    translator = ctranslate2.Translator(str(directory), inter_threads=1, intra_threads=threads)
     tokenizer, max_len = ensemble32.tokenizer, ensemble32.config.data.max_len
     src_pieces = source_pieces(tokenizer, sources, max_len)
     tgt_pieces = [tokenizer.pieces(ids) for ids in tokenizer.encode(outputs)]
@@ -105,16 +98,9 @@ def ctranslate2_agreement(flags, ensemble32, sources, outputs, tmp: pathlib.Path
     results = translator.score_batch(src_pieces, tgt_pieces, max_batch_size=flags["batch_size"])
     ct2_seconds = time.perf_counter() - start
     theirs = np.array([sum(r.log_probs) for r in results])
-    ours_scored = forced.score_pairs(
-        ensemble32.graphdefs,
-        ensemble32.params,
-        tokenizer,
-        sources,
-        outputs,
-        flags["batch_size"],
-        max_len,
-        cut_sources=True,  # as the export's source pieces are cut
-    )
+    model = (ensemble32.graphdefs, ensemble32.params, tokenizer)
+    batch = flags["batch_size"]  # cut_sources: as the export's source pieces are cut
+    ours_scored = forced.score_pairs(*model, sources, outputs, batch, max_len, cut_sources=True)
     ours = np.array([pair.total for pair in ours_scored])
     lengths_agree = sum(len(r.log_probs) == len(p.log_probs) for r, p in zip(results, ours_scored))
     relative = np.abs(ours - theirs) / np.maximum(np.abs(theirs), 1e-9)
@@ -134,57 +120,36 @@ def our_speed(ensemble, sources, outputs, batch_size) -> dict:
     times = []
     for _ in range(2):
         start = time.perf_counter()
-        forced.score_pairs(
-            ensemble.graphdefs,
-            ensemble.params,
-            ensemble.tokenizer,
-            sources,
-            outputs,
-            batch_size,
-            ensemble.config.data.max_len,
-        )
+        model = (ensemble.graphdefs, ensemble.params, ensemble.tokenizer)
+        forced.score_pairs(*model, sources, outputs, batch_size, ensemble.config.data.max_len)
         times.append(time.perf_counter() - start)
-    return {
-        "first_pass_seconds": round(times[0], 2),
-        "pairs_per_second": round(len(sources) / times[1], 1),
-    }
+    rate = round(len(sources) / times[1], 1)
+    return {"first_pass_seconds": round(times[0], 2), "pairs_per_second": rate}
 
 
 def command_wall_time(flags, src: str, tgt: pathlib.Path, out: pathlib.Path) -> float:
     """Seconds of the whole `translate-score` command on the file, as a user runs it."""
     start = time.perf_counter()
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "translate.score",
-            f"--workdir={flags['workdir']}",
-            f"--src={src}",
-            f"--tgt={tgt}",
-            f"--output={out}",
-            f"--batch_size={flags['batch_size']}",
-        ],
-        check=True,
-        capture_output=True,
-    )
+    command = [sys.executable, "-m", "translate.score", f"--workdir={flags['workdir']}"]
+    command += [f"--src={src}", f"--tgt={tgt}", f"--output={out}"]
+    command.append(f"--batch_size={flags['batch_size']}")
+    subprocess.run(command, check=True, capture_output=True)
     return round(time.perf_counter() - start, 2)
 
 
+FLAGS = {
+    "workdir": Flag("", "Required. A trained encoder-decoder workdir."),
+    "src": Flag("", "Required. The test set's sources."),
+    "out": Flag("", "Where agreement.json goes; default WORKDIR/scoring."),
+    "batch_size": Flag(64, "Pairs scored together (ours and CTranslate2's)."),
+    "threads": Flag(2, "CTranslate2's intra_threads."),
+    "params": cli.checkpoint_flags("score with")["params"],
+    **cli.compilation_cache_flag(),
+}
+
+
 def main(argv: list[str]) -> None:
-    flags, _ = parse_flags(
-        argv,
-        {
-            "workdir": Flag("", "Required. A trained encoder-decoder workdir."),
-            "src": Flag("", "Required. The test set's sources."),
-            "out": Flag("", "Where agreement.json goes; default WORKDIR/scoring."),
-            "batch_size": Flag(64, "Pairs scored together (ours and CTranslate2's)."),
-            "threads": Flag(2, "CTranslate2's intra_threads."),
-            "params": cli.checkpoint_flags("score with")["params"],
-            **cli.compilation_cache_flag(),
-        },
-        doc=__doc__,
-        sections=(),
-    )
+    flags, _ = parse_flags(argv, FLAGS, doc=__doc__, sections=())
     if not flags["workdir"] or not flags["src"]:
         raise SystemExit(__doc__)
     os.environ.setdefault("OMP_WAIT_POLICY", "passive")  # CTranslate2's threads on shared cores

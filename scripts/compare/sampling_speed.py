@@ -1,14 +1,13 @@
 r"""Sampling speed, candidates per second: translate-text's sampling against CTranslate2's.
 
-    python -m scripts.sampling_speed --workdir=DIR --export=CT2DIR --src=test2016.en \
+    python -m scripts.compare.sampling_speed --workdir=DIR --export=CT2DIR --src=test2016.en \
         [--num_candidates=8] [--top_k=10] [--batch_size=32] [--repeats=3] [--threads=2]
 
-Ours: the workdir's ensemble of one, in this process, N samples of each sentence by ancestral
-sampling (the whole vocabulary) and by top-k, `batch_size` sentences (N x batch_size rows) per
-search, the workdir's parallel batches; one untimed pass compiles, then `repeats` timed passes.
-CTranslate2: `scripts/ctranslate2_speed.py --num_hypotheses=N --sampling_topk=0,K` on the export
-(`translate-export --format=ctranslate2`) in a process of its own, the same sentences, batches
-and length limit, one after the other in this sitting. Medians are printed, and their ratio.
+Ours, in this process: N samples of each sentence, ancestral (the whole vocabulary) and
+top-k, `batch_size` sentences (N x batch_size rows) a search; an untimed pass compiles, then
+`repeats` timed ones. CTranslate2 right after, in its own process, on the export
+(`scripts/compare/ctranslate2_speed.py --num_hypotheses=N --sampling_topk=0,K`) with the same
+sentences, batches and length limit. Prints the medians and their ratio.
 """
 
 from __future__ import annotations
@@ -66,24 +65,11 @@ def main() -> None:
             f"(median of {', '.join(f'{s:.2f}' for s in seconds)} s)",
             flush=True,
         )
-    found = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "scripts.ctranslate2_speed",
-            f"--model={args.export}",
-            f"--src={args.src}",
-            f"--threads={args.threads}",
-            f"--batch_size={args.batch_size}",
-            f"--max_extra_len={config.decode.max_extra_len}",
-            f"--repeats={args.repeats}",
-            f"--num_hypotheses={n}",
-            f"--sampling_topk=0,{args.top_k}",
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
+    command = [sys.executable, "-m", "scripts.compare.ctranslate2_speed", f"--model={args.export}"]
+    command += [f"--src={args.src}", f"--threads={args.threads}", f"--batch_size={args.batch_size}"]
+    command += [f"--max_extra_len={config.decode.max_extra_len}", f"--repeats={args.repeats}"]
+    command += [f"--num_hypotheses={n}", f"--sampling_topk=0,{args.top_k}"]
+    found = subprocess.run(command, capture_output=True, text=True, check=True).stdout
     print(found, end="")
     rates = [float(x) for x in re.findall(r": ([\d.]+) candidates/s", found)]
     for (name, rate), theirs in zip(ours.items(), rates, strict=True):

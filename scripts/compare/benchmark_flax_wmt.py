@@ -1,23 +1,21 @@
 r"""Times Flax's own examples/wmt train step on the batches scripts/benchmark.py uses.
 
     pip download flax==0.12.8 --no-binary :all: --no-deps && tar xzf flax-0.12.8.tar.gz
-    python -m scripts.benchmark_flax_wmt --flax_wmt=flax-0.12.8/examples/wmt \
+    python -m scripts.compare.benchmark_flax_wmt --flax_wmt=flax-0.12.8/examples/wmt \
         --config=configs/small.py --src=... --tgt=... --batch_tokens=2048 [--vocab=SPM_MODEL] \
         [--steps=20] [--attention_dropout=0.1] [--json=PATH]
 
-The reference point of BENCHMARKS.md, measured on the same machine in the same session as ours.
-Nothing of Flax's example is copied here: its `models.py` and `train.py` are imported from the
-directory given (the sdist on PyPI carries the examples), with the modules its train.py
-imports only for its input pipeline, logging and BLEU (TensorFlow, clu, ml_collections)
-replaced by empty stand-ins, since they are not installed and `train_step` does not use them.
+BENCHMARKS.md's reference point, run on the same machine right beside ours. Flax's `models.py`
+and `train.py` are imported from the directory given (the sdist on PyPI carries the examples),
+nothing copied; what its train.py imports only for input, logging and BLEU (TensorFlow, clu,
+ml_collections) is replaced by empty stand-ins, which `train_step` never uses.
 
-The model is the config's (layers, d_model, heads, d_ff, dropout, vocabulary), in float32,
-built as that example builds it (shared embeddings, logits via the embedding, Xavier
-initialisation); `--attention_dropout` is the example's attention-probability dropout
-(0.1 in its default config; our model has none, as in the paper). Its `train_step` is run
-under `jax.pmap` as its `train.py` runs it, with its AdamW and warm-up schedule. Batches are
-the packed rows of `scripts/benchmark.py` with the example's feature names; each step is
-timed from handing the batch over until its metrics are ready; the figure is the median.
+The model is the config's (layers, d_model, heads, d_ff, dropout, vocabulary) in float32, built
+as the example builds it (shared embeddings, logits via the embedding, Xavier initialisation);
+`--attention_dropout` is the example's dropout on attention probabilities (0.1 by default; the
+paper's model, and ours, has none). Its `train_step` runs under `jax.pmap` with its AdamW and
+warm-up, as its train.py runs it, on scripts/benchmark.py's packed rows under the example's
+feature names; each step is timed until its metrics are ready; the figure is the median.
 """
 
 from __future__ import annotations
@@ -72,16 +70,8 @@ def stub_modules() -> None:
     import flax.io  # noqa: F401
     import flax.training.checkpoints  # noqa: F401
 
-    for name in (
-        "tensorflow",
-        "clu",
-        "clu.metric_writers",
-        "clu.periodic_actions",
-        "ml_collections",
-        "bleu",
-        "decode",
-        "input_pipeline",
-    ):
+    names = "tensorflow clu clu.metric_writers clu.periodic_actions ml_collections bleu decode"
+    for name in [*names.split(), "input_pipeline"]:
         try:
             __import__(name)
         except ImportError:
@@ -109,7 +99,7 @@ def main(argv: list[str]) -> None:
     m = config.model
     with tempfile.TemporaryDirectory() as tmp:
         src, tgt = read_parallel(flags["src"], flags["tgt"])
-        tokenizer = get_tokenizer(flags, config, src, tgt, pathlib.Path(tmp))
+        tokenizer = get_tokenizer(flags, config, pathlib.Path(tmp))
     corpus, _ = tokenize_parallel(tokenizer, src, tgt, config.data.max_len)
     layout = BatchLayout.from_config(flags["batch_tokens"], config.data.row_len, 1, 1)
     needed = flags["warmup"] + flags["steps"]
@@ -118,59 +108,38 @@ def main(argv: list[str]) -> None:
     vocab_size = max(config.data.vocab_size, tokenizer.vocab_size)
     devices = jax.local_devices()
 
-    flax_config = models.TransformerConfig(
-        vocab_size=vocab_size,
-        output_vocab_size=vocab_size,
-        share_embeddings=True,
-        logits_via_embedding=True,
-        dtype=jnp.float32,
-        emb_dim=m.d_model,
-        num_heads=m.num_heads,
-        num_layers=m.num_layers,
-        qkv_dim=m.d_model,
-        mlp_dim=m.d_ff,
-        max_len=config.data.row_len,
-        dropout_rate=m.dropout_rate,
-        attention_dropout_rate=flags["attention_dropout"],
-        deterministic=False,
-        decode=False,
-        kernel_init=nn.initializers.xavier_uniform(),
-        bias_init=nn.initializers.normal(stddev=1e-6),
+    sizes = dict(vocab_size=vocab_size, output_vocab_size=vocab_size, emb_dim=m.d_model)
+    sizes.update(num_heads=m.num_heads, num_layers=m.num_layers, qkv_dim=m.d_model, mlp_dim=m.d_ff)
+    sizes.update(max_len=config.data.row_len, dropout_rate=m.dropout_rate)
+    init = dict(
+        kernel_init=nn.initializers.xavier_uniform(), bias_init=nn.initializers.normal(1e-6)
     )
+    flax_config = models.TransformerConfig(
+        share_embeddings=True, logits_via_embedding=True, dtype=jnp.float32,
+        attention_dropout_rate=flags["attention_dropout"], deterministic=False, decode=False,
+        **sizes, **init,
+    )  # fmt: skip
     shape = (layout.rows // len(devices), layout.row_len)
     init_model = models.Transformer(flax_config.replace(deterministic=True))
     params = jax.jit(init_model.init)(
         jax.random.key(0), jnp.ones(shape, jnp.float32), jnp.ones(shape, jnp.float32)
     )["params"]
     schedule = train.create_learning_rate_schedule(learning_rate=0.002, warmup_steps=1000)
+    adamw = optax.adamw(learning_rate=schedule, b1=0.9, b2=0.98, eps=1e-9, weight_decay=0.0)
     state = train.TrainState.create(
-        apply_fn=init_model.apply,
-        params=params,
-        tx=optax.adamw(learning_rate=schedule, b1=0.9, b2=0.98, eps=1e-9, weight_decay=0.0),
-        dynamic_scale=None,
+        apply_fn=init_model.apply, params=params, tx=adamw, dynamic_scale=None
     )
     state = jax_utils.replicate(state)
-    p_train_step = jax.pmap(
-        functools.partial(
-            train.train_step,
-            config=flax_config,
-            learning_rate_fn=schedule,
-            label_smoothing=config.train.label_smoothing,
-        ),
-        axis_name="batch",
-        donate_argnums=(0,),
-    )
+    smoothing = config.train.label_smoothing
+    step_fn = functools.partial(train.train_step, config=flax_config, learning_rate_fn=schedule)
+    step_fn = functools.partial(step_fn, label_smoothing=smoothing)
+    p_train_step = jax.pmap(step_fn, axis_name="batch", donate_argnums=(0,))
     dropout_rngs = jax.random.split(jax.random.key(1), len(devices))
 
     def to_flax(batch):  # our packed rows under the example's feature names, per device
-        names = {
-            "inputs": "src",
-            "targets": "tgt_out",
-            "inputs_position": "src_positions",
-            "targets_position": "tgt_positions",
-            "inputs_segmentation": "src_segments",
-            "targets_segmentation": "tgt_segments",
-        }
+        names = {"inputs": "src", "targets": "tgt_out", "inputs_position": "src_positions"}
+        names.update(targets_position="tgt_positions", inputs_segmentation="src_segments")
+        names.update(targets_segmentation="tgt_segments")
         return {k: getattr(batch, v)[0].reshape(len(devices), *shape) for k, v in names.items()}
 
     batches = [make_batch(corpus, rows, layout) for rows in plan]

@@ -1,6 +1,6 @@
 r"""Forced target prefixes: translate-text's outputs against CTranslate2's `target_prefix`.
 
-    python -m scripts.prefix_agreement --workdir=DIR --export=CT2DIR --src=test2016.en \
+    python -m scripts.compare.prefix_agreement --workdir=DIR --export=CT2DIR --src=test2016.en \
         --ref=test2016.de [--words=2] [--beam_size=1]
 
 Each line's prefix is the first `--words` words of its reference. Ours: `translate-text
@@ -41,24 +41,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as scratch:
         prefix_file, output = pathlib.Path(scratch, "prefix.txt"), pathlib.Path(scratch, "out.txt")
         prefix_file.write_text("".join(p + "\n" for p in prefixes), encoding="utf-8")
-        subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "translate.translate_text",
-                f"--workdir={args.workdir}",
-                f"--input={args.src}",
-                f"--output={output}",
-                f"--prefix={prefix_file}",
-                f"--beam_size={args.beam_size}",
-                f"--length_penalty={args.length_penalty}",
-                f"--max_extra_len={args.max_extra_len}",
-                "--matmul_dtype=compute",
-            ],
-            check=True,
-            stderr=subprocess.DEVNULL,
-            env={**os.environ, "TRANSLATE_COMPILATION_CACHE": "off"},
-        )
+        command = [sys.executable, "-m", "translate.translate_text", f"--workdir={args.workdir}"]
+        command += [f"--input={args.src}", f"--output={output}", f"--prefix={prefix_file}"]
+        command += [f"--beam_size={args.beam_size}", f"--length_penalty={args.length_penalty}"]
+        command += [f"--max_extra_len={args.max_extra_len}", "--matmul_dtype=compute"]
+        env = {**os.environ, "TRANSLATE_COMPILATION_CACHE": "off"}
+        subprocess.run(command, check=True, stderr=subprocess.DEVNULL, env=env)
         ours = output.read_text(encoding="utf-8").splitlines()
     pieces = sentencepiece.SentencePieceProcessor(model_file=f"{args.export}/vocab.model")
     translator = ctranslate2.Translator(args.export, intra_threads=2)

@@ -1,20 +1,17 @@
 """CTranslate2's decoding speed on an export, alone in its process (no JAX beside it).
 
-    python -m scripts.ctranslate2_speed --model=DIR --src=test2016.en [--threads=2] \
+    python -m scripts.compare.ctranslate2_speed --model=DIR --src=test2016.en [--threads=2] \
         [--batch_size=64] [--length_penalty=1.2] [--max_extra_len=50] [--repeats=3] \
         [--num_hypotheses=N --sampling_topk=0,10]
 
-DIR is a `translate-export --format=ctranslate2` directory. The sentences are tokenized with its
-`vocab.model` (the export adds `</s>` to each, `add_source_eos`, as ours end in EOS; before
-2026-11-27 this script added a second one), are sorted by length and decoded in batches of
-`batch_size`, with an empty output allowed and at most (the batch's longest source) +
-`max_extra_len` tokens. After one untimed pass of each search, beam 4 and greedy are each timed
-`repeats` times; the median is printed. With `--num_hypotheses=N`, random sampling of N
-candidates per sentence is timed instead, once per value of `--sampling_topk` (0: the whole
-vocabulary), in candidates/s (scripts/sampling_speed.py). scripts/benchmark.py times the
-engines inside its own process, after JAX has run there, and in groups of equal source
-length: on 2 cores that gave CTranslate2 well under half the speed it has here (BENCHMARKS.md,
-issue 26).
+DIR is a `translate-export --format=ctranslate2` directory. The sentences, tokenized with its
+`vocab.model` (the export adds `</s>`, as ours end in EOS), sorted by length, are decoded in
+batches of `batch_size`, at most (the batch's longest source) + `max_extra_len` tokens, an empty
+output allowed; after an untimed pass, beam 4 and greedy are timed `repeats` times (medians).
+`--num_hypotheses=N` times sampling of N candidates instead, once per `--sampling_topk` (0: the
+whole vocabulary; scripts/compare/sampling_speed.py). scripts/benchmark.py, which times the
+engines in its own process after JAX and in groups of equal source length, gave CTranslate2
+well under half this speed on 2 cores (BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -49,24 +46,16 @@ def main() -> None:
 
     def one_pass(beam: int, **sampling) -> float:
         start = time.perf_counter()
+        options = dict(beam_size=beam, length_penalty=args.length_penalty, min_decoding_length=0)
         for batch in batches:
-            translator.translate_batch(
-                [sources[i] for i in batch],
-                beam_size=beam,
-                length_penalty=args.length_penalty,
-                min_decoding_length=0,
-                max_decoding_length=max(len(sources[i]) for i in batch) + args.max_extra_len,
-                **sampling,
-            )
+            longest = max(len(sources[i]) for i in batch) + args.max_extra_len
+            tokens = [sources[i] for i in batch]
+            translator.translate_batch(tokens, max_decoding_length=longest, **options, **sampling)
         return time.perf_counter() - start
 
-    if args.num_hypotheses:
-        runs = [
-            (f"sampling topk={k} x{args.num_hypotheses}", 1, int(k), args.num_hypotheses)
-            for k in args.sampling_topk.split(",")
-        ]
-    else:
-        runs = [("beam4", 4, None, 1), ("greedy", 1, None, 1)]
+    n, topks = args.num_hypotheses, args.sampling_topk.split(",")
+    runs = [(f"sampling topk={k} x{n}", 1, int(k), n) for k in topks] if n else []
+    runs = runs or [("beam4", 4, None, 1), ("greedy", 1, None, 1)]
     for name, beam, topk, n in runs:
         sampling = {} if topk is None else {"sampling_topk": topk, "num_hypotheses": n}
         one_pass(beam, **sampling)

@@ -1,0 +1,1 @@
+"""Comparisons with other engines and tools: `python -m scripts.compare.NAME --help`."""
