@@ -276,7 +276,7 @@ class DecodeConfig:
     # The decoder layer (from 0) whose cross-attention, heads averaged, gives word alignments
     # (translate-text and translate-score --alignment); -1: the second-to-last, Garg et al.
     # 2019's choice for the paper's 6 layers. Recipes choose theirs on val against eflomal
-    # (scripts/alignment_agreement.py).
+    # (scripts/compare/alignment_agreement.py).
     alignment_layer: int = -1
 
 
