@@ -10,7 +10,14 @@ import pytest
 from flax import nnx
 
 from translate import cli
-from translate.config import Config, ModelConfig, check_choice, choice_rule, choices
+from translate.config import (
+    Config,
+    ModelConfig,
+    TrainConfig,
+    check_choice,
+    choice_rule,
+    choices,
+)
 from translate.data.sources import data_paths
 from translate.models.factory import make_model
 from translate.models.layers import dropout
@@ -62,16 +69,9 @@ def unchecked(section, **values):
     return config
 
 
+# Every choice of the model section, found from its type, so a new one is tested by itself.
 @pytest.mark.parametrize(
-    "field",
-    [
-        "norm_position",
-        "architecture",
-        "compute_dtype",
-        "attention",
-        "matmul_dtype",
-        "prefix_attention",
-    ],
+    "field", [name for section, name, _ in CHOICE_FIELDS if section == "model"]
 )
 def test_building_a_model_refuses_an_unknown_choice(field):
     config = dataclasses.replace(
@@ -94,6 +94,16 @@ def test_training_code_refuses_an_unknown_choice(tmp_path):
         dropout(jnp.ones((2, 4)), 0.1, jax.random.key(0), "philox")
     with pytest.raises(ValueError, match="data.source='web'"):
         data_paths(unchecked("data", source="web"), None)
+
+
+@pytest.mark.parametrize("lr_decay", choices(typing.get_type_hints(TrainConfig)["lr_decay"]))
+@pytest.mark.parametrize("optimizer", choices(typing.get_type_hints(TrainConfig)["optimizer"]))
+def test_every_schedule_and_optimizer_choice_builds(lr_decay, optimizer):
+    config = unchecked("train", lr_decay=lr_decay, optimizer=optimizer, num_train_steps=100)
+    config.train.warmup_steps = 10
+    config.decode.average_last = 1
+    optimizer_, schedule = make_optimizer(config.validate())
+    assert float(schedule(50)) > 0.0 and optimizer_ is not None
 
 
 def test_check_choice_returns_a_known_value():

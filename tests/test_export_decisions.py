@@ -13,7 +13,7 @@ FIELDS = [field.name for field in dataclasses.fields(ModelConfig)]
 
 @pytest.mark.parametrize("fmt", sorted(FORMATS))
 def test_every_model_field_has_an_export_decision(fmt):
-    # A new model field (a position encoding, say) fails here until each export says whether
+    # A new model field (an attention bias, say) fails here until each export says whether
     # it implements the field's values or refuses them.
     implements = FORMATS[fmt].IMPLEMENTS
     assert sorted(implements) == sorted(FIELDS), set(FIELDS) ^ set(implements)
@@ -23,10 +23,10 @@ def test_every_model_field_has_an_export_decision(fmt):
 def test_a_model_field_the_export_does_not_know_is_refused(fmt):
     @dataclasses.dataclass
     class Grown(ModelConfig):
-        position_encoding: str = "rope"
+        attention_bias: str = "alibi"
 
     reason = FORMATS[fmt].unsupported_reason(Grown())
-    assert reason and "model.position_encoding" in reason
+    assert reason and "model.attention_bias" in reason
 
 
 @pytest.mark.parametrize("fmt", sorted(FORMATS))
