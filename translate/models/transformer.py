@@ -57,7 +57,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from translate.config import ModelConfig
+from translate.config import DropoutBits, ModelConfig, check_choice
 from translate.models.layers import (
     KV,
     DecoderLayer,
@@ -94,7 +94,8 @@ class TranslationModel(nnx.Module):
     def __init__(self, config: ModelConfig, vocab_size: int, rngs: nnx.Rngs, dtype: Any = None):
         # Plain numbers, not the config object: the graph definition must stay hashable.
         self.d_model, self.num_heads = config.d_model, config.num_heads
-        self.dropout_rate, self.dropout_bits = config.dropout_rate, config.dropout_bits
+        self.dropout_rate = config.dropout_rate
+        self.dropout_bits = check_choice(config.dropout_bits, DropoutBits, "model.dropout_bits")
         self.dtype = compute_dtype(config) if dtype is None else jnp.dtype(dtype)
         # The operands' dtype of the pre-softmax projection (`model.matmul_dtype`).
         self.product_dtype = product_dtype(config, self.dtype)
