@@ -13,6 +13,7 @@ from translate.data import synthetic
 from translate.data.batching import BatchLayout, make_batch, plan_epoch
 from translate.data.sources import load_data
 from translate.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from translate.decoding.sampling import NEVER_DRAWN
 from translate.decoding.search import greedy_search, sample_search
 from translate.training.trainer import data_files, train_and_evaluate
 from translate.workdir import Workdir
@@ -116,6 +117,7 @@ def test_samples_keep_the_prompt_and_draw_only_from_the_top_k():
     np.testing.assert_array_equal(tokens[:, :2], jnp.tile(jnp.array([[7, 9]]), (4, 1)))
     inputs = jnp.concatenate([jnp.full((4, 1), BOS_ID, jnp.int32), tokens[:, :-1]], axis=1)
     logits = model(unpacked_batch(src, inputs))  # [B, L, V]: next-token logits
+    logits = logits.at[..., jnp.asarray(NEVER_DRAWN)].set(-jnp.inf)  # never drawn
     top3 = np.asarray(jax.lax.top_k(logits, 3)[1])
     for b, row in enumerate(np.asarray(tokens)):
         for t in range(2, len(row)):

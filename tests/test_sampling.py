@@ -11,7 +11,7 @@ from test_decode import ensembles, make_model, sources
 
 from translate.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from translate.decoding import search as search_module
-from translate.decoding.sampling import draw
+from translate.decoding.sampling import NEVER_DRAWN, draw
 from translate.decoding.search import greedy_search, search
 from translate.decoding.settings import DecodeSettings
 
@@ -47,7 +47,7 @@ def test_a_line_draws_the_same_samples_alone_or_in_any_batch(method):
         max_extra_len=MAX_EXTRA,
         sampling=method,
         top_k=5,
-        top_p=0.8,
+        top_p=0.9,  # with <s> and <pad> never drawn, 0.8 keeps one piece of this model
         epsilon=0.05,
         num_candidates=4,
         temperature=1.5,
@@ -83,6 +83,31 @@ def test_samples_vary_and_are_ranked_by_their_length_normalised_score():
     )  # each ends, at the limit at the latest
 
 
+def greedy_among_drawable_pieces(graphdef, params, src, max_extra_len):
+    """Arg-max decoding one `decode_step` at a time, row by row, over the pieces a sample may
+    hold: the outputs [EOS included] that sampling's arg-max (top-k 1) must give."""
+    models = search_module.merge_models((graphdef,), (params,))
+    found = []
+    for row in range(src.shape[0]):
+        source = src[row : row + 1]
+        limit = int((np.asarray(source) != PAD_ID).sum()) - 1 + max_extra_len
+        length = src.shape[1] + max_extra_len + 1
+        caches = [
+            m.prefill(source, (source != PAD_ID).astype(jnp.int32), 1, length) for m in models
+        ]
+        out, last = [], BOS_ID
+        while last != EOS_ID:
+            log_probs, caches = search_module._next_log_probs(
+                models, jnp.array([last]), len(out), caches
+            )
+            log_probs = np.asarray(log_probs[0]).copy()
+            log_probs[list(NEVER_DRAWN)] = -np.inf
+            last = EOS_ID if len(out) >= limit else int(np.argmax(log_probs))
+            out.append(last)
+        found.append(out)
+    return found
+
+
 @pytest.mark.parametrize(
     "settings",
     [
@@ -93,13 +118,18 @@ def test_samples_vary_and_are_ranked_by_their_length_normalised_score():
     ids=["top-k 1", "temperature 1e-4", "top-p 1e-6"],
 )
 def test_sampling_that_keeps_only_the_likeliest_piece_is_greedy_decoding(settings):
+    # Greedy decoding among the pieces a sample may hold: this untrained model's arg-max is
+    # sometimes <s>, which sampling never draws (sampling.NEVER_DRAWN).
     settings = DecodeSettings(**{**settings.__dict__, "max_extra_len": MAX_EXTRA})
     graphdef, params = make_model()
     src = sources()
-    greedy, greedy_lp = greedy_search((graphdef,), (params,), src, max_extra_len=MAX_EXTRA)
+    greedy = greedy_among_drawable_pieces(graphdef, params, src, MAX_EXTRA)
     tokens, _ = sampled(settings, src, [0, 1, 2])
     for candidate in range(settings.num_candidates):
-        np.testing.assert_array_equal(tokens[:, candidate], np.asarray(greedy))
+        for row, expected in enumerate(greedy):
+            got = np.asarray(tokens[row, candidate])
+            np.testing.assert_array_equal(got[: len(expected)], expected)
+            assert (got[len(expected) :] == PAD_ID).all()
 
 
 def test_draw_keeps_what_each_method_says():

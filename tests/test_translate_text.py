@@ -567,6 +567,15 @@ def test_decoding_flags_out_of_range_are_refused_naming_them(workdir, flag, mess
     assert cli.user_error_message(error.value) is not None and not loaded
 
 
+def test_the_closing_warning_starts_a_line_of_its_own_after_the_progress_line(
+    workdir, tmp_path, capsys
+):
+    too_long = " ".join(["the cat sleeps ."] * 40)
+    run(tmp_path, [too_long] * 7, f"--workdir={workdir}", "--beam_size=1")
+    err = capsys.readouterr().err
+    assert "\nwarning: 7 lines in all were longer than data.max_len\n" in err
+
+
 def test_translate_says_which_model_it_decodes_and_what_it_truncates(
     workdir, tmp_path, monkeypatch, capsys
 ):

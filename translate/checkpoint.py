@@ -6,7 +6,9 @@ import dataclasses
 import os
 import pathlib
 import re
+import sys
 import time
+import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -85,6 +87,48 @@ def write_error(
     )
 
 
+def is_report_into_a_closed_loop(unraisable: Any) -> bool:
+    """Whether an unraisable exception is a tensorstore write reporting its end to the event
+    loop of a save that has already failed.
+
+    Orbax runs a save's writes in an asyncio loop of its own (`asyncio_utils.run_sync`) and
+    closes that loop as soon as the first write fails (a full disk). The writes still in
+    flight finish later, and each one's callback, called from tensorstore's threads, calls
+    `loop.call_soon_threadsafe` on the closed loop: a RuntimeError that tensorstore can only
+    hand to `sys.unraisablehook`, which prints its traceback, up to hundreds of them. The
+    failure they follow is the save's own error, which the caller reports once
+    (`write_error`).
+    """
+    error = unraisable.exc_value
+    if unraisable.object is not None or not isinstance(error, RuntimeError):
+        return False
+    if str(error) != "Event loop is closed":
+        return False
+    frames = traceback.extract_tb(unraisable.exc_traceback)
+    return any(f.name == "call_soon_threadsafe" and "asyncio" in f.filename for f in frames)
+
+
+class _DropReportsIntoClosedLoops:
+    """A `sys.unraisablehook` that drops `is_report_into_a_closed_loop` and passes every other
+    unraisable exception to the hook it replaced."""
+
+    def __init__(self, previous: Callable[[Any], Any]):
+        self.previous = previous
+
+    def __call__(self, unraisable: Any) -> None:
+        if not is_report_into_a_closed_loop(unraisable):
+            self.previous(unraisable)
+
+
+def drop_reports_into_closed_loops() -> None:
+    """Installs `_DropReportsIntoClosedLoops` over the current `sys.unraisablehook`, unless it
+    is that already; every save and restore calls it, so a hook set since (a command's,
+    pytest's) is kept and wrapped. Process-wide, since the reports come from tensorstore's
+    threads at any moment after a failed save, also once the caller has moved on."""
+    if not isinstance(sys.unraisablehook, _DropReportsIntoClosedLoops):
+        sys.unraisablehook = _DropReportsIntoClosedLoops(sys.unraisablehook)
+
+
 def save(
     manager: ocp.CheckpointManager,
     step: int,
@@ -102,6 +146,7 @@ def save(
     }
     if ema is not None:
         items["ema"] = ocp.args.StandardSave(ema)
+    drop_reports_into_closed_loops()
     manager.save(step, args=ocp.args.Composite(**items), force=True)
 
 
@@ -119,6 +164,7 @@ def restore(
     items = {item: ocp.args.StandardRestore(abstract_params), "meta": ocp.args.JsonRestore()}
     if abstract_opt_state is not None:
         items["opt_state"] = ocp.args.StandardRestore(abstract_opt_state)
+    drop_reports_into_closed_loops()  # a read that fails part-way (a damaged step) leaves them too
     restored = manager.restore(step, args=ocp.args.Composite(**items))
     opt_state = restored["opt_state"] if abstract_opt_state is not None else None
     return restored[item], opt_state, restored["meta"]
@@ -166,6 +212,10 @@ class StepDeleted(Exception):
     def __init__(self, step: int):
         super().__init__(f"the checkpoint of step {step} was deleted while it was read")
         self.step = step
+
+
+class Unreadable(ValueError):
+    """No checkpoint of a directory that holds some can be read (each one's error is named)."""
 
 
 def step_exists(manager: ocp.CheckpointManager, step: int) -> bool:
@@ -216,16 +266,24 @@ def restore_latest(
       (step, params, opt_state, meta), or None when the manager holds no step at all.
 
     Raises:
-      RuntimeError: if there are steps but none of them can be read.
+      Unreadable: if there are steps but none of them can be read.
+      OtherStructure: a whole step of another model or optimizer than the targets'; nothing
+        is fallen back past or set aside.
       StepDeleted: a step went away while it was read (the caller may reload and choose again).
     """
     steps = sorted(manager.all_steps(), reverse=True)
     errors, unreadable = [], []
 
-    def fall_back(step: int, e: Exception) -> None:
+    def fall_back(step: int, e: Exception, targets: Sequence[tuple[str, Any]] = ()) -> None:
         if deleted_meanwhile(manager, step, steps[0]):
             raise StepDeleted(step) from e
-        errors.append(f"step {step}: {type(e).__name__}: {str(e)[:200]}")
+        # A whole checkpoint of another model or optimizer is no damaged one: falling back
+        # would call every step unreadable, and setting them aside would lose the run.
+        for what, abstract in targets:
+            if abstract is not None:
+                if other := other_structure(manager.directory, step, what, abstract):
+                    raise other from None
+        errors.append(f"step {step}: {type(e).__name__}: {' '.join(str(e).split())[:200]}")
         unreadable.append(step)
         log(
             f"checkpoint at step {step} in {manager.directory} is unreadable "
@@ -243,13 +301,13 @@ def restore_latest(
         try:
             restored = (step, *restore(manager, step, abstract_params, abstract_opt_state, name))
         except Exception as e:  # noqa: BLE001
-            fall_back(step, e)
+            fall_back(step, e, [(name, abstract_params), ("opt_state", abstract_opt_state)])
             continue
         if set_aside and unreadable:
             move_aside(manager, unreadable, log)
         return restored
     if steps:
-        raise RuntimeError(f"no readable checkpoint in {manager.directory}:\n" + "\n".join(errors))
+        raise Unreadable(f"no readable checkpoint in {manager.directory} ({'; '.join(errors)})")
     return None
 
 
@@ -307,12 +365,58 @@ def dotted_name(path: tuple) -> str:
     return ".".join(str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path)
 
 
-def param_shapes(directory: str | pathlib.Path, step: int) -> dict[str, tuple[int, ...]]:
-    """The shape of every parameter saved at `step`, by `dotted_name`; no array is read."""
+def item_shapes(
+    directory: str | pathlib.Path, step: int, item: str = "params"
+) -> dict[str, tuple[int, ...]]:
+    """The shape of every array of `item` ("params", "opt_state", "ema") saved at `step`, by
+    `dotted_name`; read from its metadata, no array is read."""
     with ocp.StandardCheckpointer() as reader:
-        metadata = reader.metadata(pathlib.Path(directory).absolute() / str(step) / "params")
-    tree = getattr(metadata, "item_metadata", metadata)
+        metadata = reader.metadata(pathlib.Path(directory).absolute() / str(step) / item)
+    return shapes_of(getattr(metadata, "item_metadata", metadata))
+
+
+def shapes_of(tree: Any) -> dict[str, tuple[int, ...]]:
+    """The shape of every leaf of `tree` (arrays, their shapes, or Orbax's metadata), by
+    `dotted_name`."""
     return {dotted_name(p): tuple(x.shape) for p, x in jax.tree.leaves_with_path(tree)}
+
+
+def first_difference(there: dict[str, tuple], here: dict[str, tuple]) -> str:
+    """The first name that one of two `shapes_of` lacks, else the first of another shape."""
+    names = sorted(set(there) ^ set(here)) or [n for n in sorted(there) if there[n] != here[n]]
+    return names[0]
+
+
+class OtherStructure(ValueError):
+    """A whole checkpoint whose arrays are not the ones asked for: another model's or another
+    optimizer's, not a damaged one. Never fallen back past, never set aside as unreadable."""
+
+
+def other_structure(
+    directory: str | pathlib.Path, step: int, item: str, abstract: Any
+) -> OtherStructure | None:
+    """Why the checkpoint of `step` cannot be read into `abstract`, when its metadata is whole
+    and names other arrays or shapes than `abstract` (item "opt_state": another optimizer;
+    otherwise another model); None when it cannot tell (a damaged step)."""
+    try:
+        saved = item_shapes(directory, step, item)
+    except Exception:  # noqa: BLE001 - metadata that cannot be read: a damaged step
+        return None
+    wanted = shapes_of(abstract)
+    if not saved or saved == wanted:  # nothing to tell by
+        return None
+    name = first_difference(saved, wanted)
+    differs = f"{name}: {saved.get(name, 'absent')} there, {wanted.get(name, 'absent')} here"
+    if item == "opt_state":
+        return OtherStructure(
+            f"the checkpoint of step {step} in {directory} was trained with another optimizer "
+            f"than this config's (its optimizer state differs, {differs}): train with the "
+            "config.train.optimizer and weight_decay that made it, or use another --workdir"
+        )
+    return OtherStructure(
+        f"the checkpoint of step {step} in {directory} holds a model of another shape than "
+        f"this config's ({differs}): read it with the config that trained it"
+    )
 
 
 def steps_to_average(
@@ -388,5 +492,6 @@ def save_params(
     items = {"params": ocp.args.StandardSave(params), "meta": ocp.args.JsonSave(meta)}
     if ema is not None:
         items["ema"] = ocp.args.StandardSave(ema)
+    drop_reports_into_closed_loops()
     manager.save(step, args=ocp.args.Composite(**items), force=True)
     manager.wait_until_finished()

@@ -175,6 +175,10 @@ FLAGS = {
 }
 
 
+# The UTF-8 byte order mark, as a character: what some editors put at the start of a file.
+BOM = "\ufeff"
+
+
 def read_test_set(flags: dict[str, Any]) -> tuple[list[str], list[str], list[str] | None]:
     """(sources, references, the --compare hypotheses or None), their line counts checked."""
     sources = read_lines(flags["src"])
@@ -187,6 +191,10 @@ def read_test_set(flags: dict[str, Any]) -> tuple[list[str], list[str], list[str
             f"{flags['ref']} has {len(references)}"
         )
     other = read_lines(flags["compare"], allow_empty=True) if flags["compare"] else None
+    if other and other[0].startswith(BOM):
+        # An editor's byte order mark is no part of the first hypothesis: with it, the same
+        # hypotheses compare as different ones.
+        other[0] = other[0][len(BOM) :]
     if other is not None and len(other) != len(sources):
         raise ValueError(
             f"--compare {flags['compare']} has {len(other)} lines but --src "
@@ -243,6 +251,8 @@ def main(argv: Sequence[str]) -> None:
         }
         if parameters:
             report["parameters"] = parameters
+        if flags["matmul_dtype"]:  # decoded with other products than the model's own
+            report["matmul_dtype"] = flags["matmul_dtype"]
         if len(members) > 1:
             report["ensemble"] = [f"{w} step {s}" for w, s in zip(workdirs, members)]
         if other is not None:

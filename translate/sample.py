@@ -13,6 +13,7 @@ translation model, --source gives the sentence whose translation is sampled (sta
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 
 from translate import startup
@@ -23,8 +24,10 @@ import numpy as np
 
 from translate import cli, compilation
 from translate.cli import Flag, parse_flags
-from translate.data.tokenizer import EOS_ID
+from translate.config import MAX_EXTRA_LEN
+from translate.data.tokenizer import EOS_ID, UNK_ID
 from translate.decoding.search import sample_search
+from translate.decoding.settings import check_values
 from translate.trained import load_ensemble
 
 _imports_done()
@@ -53,12 +56,18 @@ def main(argv: Sequence[str]) -> None:
     )
     if not flags["workdir"]:
         raise SystemExit("--workdir is required: python -m translate.sample --workdir=DIR ...")
+    # translate-text's rules for the same settings (an infinite temperature drew from the
+    # whole vocabulary, the length limit's and the prompt's masks divided away), then this
+    # command's own; --max_new_tokens at most what the search allows past its source, since
+    # the search allocates its cache for the longest output (1e9 asked for 1.3 TB).
+    check_values({name: flags[name] for name in ("temperature", "top_k", "seed")})
     for name, ok, rule in [
         ("num_samples", flags["num_samples"] >= 1, ">= 1"),
-        ("temperature", flags["temperature"] > 0.0, "> 0 (lower is closer to arg-max)"),
-        ("top_k", flags["top_k"] >= 0, ">= 0 (0: the whole vocabulary)"),
-        ("max_new_tokens", flags["max_new_tokens"] >= 1, ">= 1"),
-        ("seed", 0 <= flags["seed"] < 2**32, "in [0, 2**32)"),
+        (
+            "max_new_tokens",
+            1 <= flags["max_new_tokens"] <= MAX_EXTRA_LEN,
+            f"in [1, {MAX_EXTRA_LEN}]",
+        ),
     ]:
         if not ok:
             raise SystemExit(f"--{name}={flags[name]}: must be {rule}")
@@ -73,6 +82,13 @@ def main(argv: Sequence[str]) -> None:
         )
     source = tokenizer.encode([flags["source"]])[0] + [EOS_ID]
     prompt = tokenizer.encode([flags["prompt"]])[0]
+    if UNK_ID in prompt:
+        # Forced as tokenized: a run of characters outside the vocabulary is one <unk> piece.
+        print(
+            f"warning: --prompt={flags['prompt']!r} has characters outside the vocabulary: "
+            "they are forced as <unk> and printed as ⁇",
+            file=sys.stderr,
+        )
     # The search lets an output run to (source pieces) + max_extra_len pieces before EOS; the
     # prompt is forced as the output's first pieces and counts among them.
     max_extra_len = len(prompt) + flags["max_new_tokens"] - (len(source) - 1)

@@ -16,21 +16,25 @@ is the search's score of it before the length penalty.
 
 --per_token=FILE writes one JSON line per pair: {"line": N, "pieces": [...], "log_probs": [...]}.
 --alignment=FILE writes one line per pair in Moses/Pharaoh format, `i-j` for source word i and
-target word j (from 0; words are the whitespace tokens of each side, or pieces with
---alignment_pieces), each target word linked to the source word its chosen decoder layer's
-cross-attention, heads averaged, attends to most (forced alignment; docs/translating.md).
+target word j (from 0; words are the whitespace tokens of each line as given, str.split()'s, or
+pieces with --alignment_pieces), each target word linked to the source word its chosen decoder
+layer's cross-attention, heads averaged, attends to most (forced alignment;
+docs/translating.md).
 
 A pair longer than the model's data.max_len tokens on a side is scored whole (nothing is cut)
 and stderr names its line: the model never saw such lengths in training. Pairs are scored in
 length-sorted batches of --batch_size, up to 10,000 lines at a time, so memory stays bounded and
-output streams however long the input. Output files are written beside their paths and replace
-them only once every pair is scored; an output that is an input, another output, or a file of a
---workdir is refused before anything is read.
+output streams however long the input: a batch may take 80% of the device's free memory, by an
+estimate of the pass's largest arrays (translate/decoding/forced.py, `forced_bytes`), so a
+--batch_size whose batches would need more is refused before anything is read, a batch of long
+pairs is split, and a pair too long to score whole within it is refused, naming its line,
+before any pair of its 10,000 lines is scored. Output files are written beside their paths and
+replace them only once every pair is scored; an output that is an input, another output, or a
+file of a --workdir is refused before anything is read.
 """
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
 import sys
@@ -44,7 +48,8 @@ startup.import_jax()  # before anything imports JAX: without etils.epath (transl
 
 from translate import cli, compilation
 from translate.cli import Flag, parse_flags
-from translate.decoding import forced
+from translate.data.batching import decode_width
+from translate.decoding import forced, sentences
 from translate.streams import (
     Outputs,
     Progress,
@@ -52,9 +57,11 @@ from translate.streams import (
     count_lines,
     dash_is_standard,
     read_chunks,
+    read_parallel,
     say,
 )
 from translate.trained import load_ensemble
+from translate.workdir import Workdir, read_config
 
 _imports_done()
 
@@ -90,20 +97,9 @@ def read_pairs(flags, source: BinaryIO | None) -> Iterator[tuple[list[str], list
         not UTF-8, or --src and --tgt of different lengths.
     """
     if flags["src"]:
-        with open(flags["src"], "rb") as src, open(flags["tgt"], "rb") as tgt:
-            sources = read_chunks(src, flags["src"], LINES_PER_CHUNK)
-            targets = read_chunks(tgt, flags["tgt"], LINES_PER_CHUNK)
-            read = 0
-            for chunk, other in itertools.zip_longest(sources, targets, fillvalue=[]):
-                # Files give chunks of LINES_PER_CHUNK lines until their ends.
-                if len(chunk) != len(other):
-                    shorter = "--src" if len(chunk) < len(other) else "--tgt"
-                    raise ValueError(
-                        f"--src={flags['src']} and --tgt={flags['tgt']} have different numbers "
-                        f"of lines: {shorter} ends at line {read + min(len(chunk), len(other))}"
-                    )
-                read += len(chunk)
-                yield chunk, other
+        # Paired line by line: two pipes, or a pipe and a file, arrive in chunks of their own.
+        parallel = {"--src": flags["src"], "--tgt": flags["tgt"]}
+        yield from read_parallel(parallel, LINES_PER_CHUNK)
         return
     name, first = flags["input"] or "<stdin>", 0
     for chunk in read_chunks(source, name, LINES_PER_CHUNK):
@@ -134,6 +130,55 @@ def check_flags(flags) -> None:
     if flags["batch_size"] < 1:
         raise ValueError(f"--batch_size={flags['batch_size']}: must be >= 1")
     cli.check_alignment_flags(flags)
+
+
+def member_configs(workdirs: Sequence[str]) -> list:
+    """The config of each --workdir, read before any checkpoint is.
+
+    Raises:
+      ValueError: naming a --workdir that is an export (translate-export.json), or whose
+        config.json cannot be read.
+    """
+    configs = []
+    for path in workdirs:
+        record = Workdir(path).path / "translate-export.json"
+        if record.is_file():
+            try:
+                exported = json.loads(record.read_text(encoding="utf-8"))
+                origin = f" (exported from {exported['workdir']})"
+                what = f"a {exported['format']} export"
+            except (OSError, ValueError, TypeError, KeyError):
+                origin, what = "", "an export"
+            raise ValueError(
+                f"--workdir={path} is {what} ({record.name}), not a training workdir{origin}: "
+                "translate-score reads a training workdir's checkpoints"
+            )
+        try:
+            configs.append(read_config(Workdir(path)))
+        except ValueError as e:
+            raise ValueError(f"--workdir={path}: {e}") from None
+    return configs
+
+
+def check_batch_memory(batch_size: int, models: Sequence, vocab_size: int, max_len: int) -> None:
+    """Refuses a --batch_size whose batches of pairs within data.max_len would need more memory
+    than a batch may take (`sentences.memory_bound`, by `forced.forced_bytes`' estimate).
+
+    Raises:
+      ValueError: naming --batch_size, the memory it would need and the most that fits.
+    """
+    # A batch holds at most LINES_PER_CHUNK pairs, padded to the power of two above.
+    rows = min(batch_size, 1 << (LINES_PER_CHUNK - 1).bit_length())
+    width = decode_width(max_len)
+    per_row = forced.forced_bytes(models, vocab_size, 1, width, width)
+    bound = sentences.memory_bound()
+    if rows * per_row > bound:
+        most = bound // per_row
+        fix = f"give --batch_size={most} or less" if most else "so would --batch_size=1"
+        raise ValueError(
+            f"--batch_size={batch_size}: a batch of {rows} pairs of up to data.max_len={max_len} "
+            f"pieces a side would need {sentences.over_bound(rows * per_row)}; {fix}"
+        )
 
 
 def output_lines(first: int, scored: Sequence[forced.PairScore]) -> dict[str, str]:
@@ -167,13 +212,16 @@ def main(argv: Sequence[str]) -> None:
     inputs = {f"--{n}": flags[n] for n in ("src", "tgt", "input")}
     check_output_files(outputs, inputs, flags["workdir"])
     step, average = cli.checkpoint_choice(flags)
+    configs = member_configs(flags["workdir"])
+    layer = None
+    if flags["alignment"]:
+        layer = forced.ensemble_alignment_layer(configs, flags["workdir"], flags["alignment_layer"])
     compilation.use_persistent_cache(flags["compilation_cache"])
     graphdefs, params, tokenizer, config, _ = load_ensemble(
         flags["workdir"], step, average, params=flags["params"], matmul_dtype=flags["matmul_dtype"]
     )
-    layer = None
-    if flags["alignment"]:
-        layer = forced.alignment_layer(config, flags["alignment_layer"])
+    models = [member.model for member in configs]
+    check_batch_memory(flags["batch_size"], models, tokenizer.vocab_size, config.data.max_len)
     total = count_lines(flags["src"] or flags["input"]) if flags["output"] else None
     source = None
     if not flags["src"]:
@@ -195,6 +243,8 @@ def main(argv: Sequence[str]) -> None:
                     config.data.max_len,
                     alignment_layer=layer,
                     alignment_pieces=flags["alignment_pieces"],
+                    models=models,
+                    first_pair=first,
                 )
                 for n, pair in enumerate(scored, first + 1):
                     if pair.too_long:
@@ -210,6 +260,8 @@ def main(argv: Sequence[str]) -> None:
                 first += len(sources)
             out.commit()
         if long_lines > MAX_LENGTH_WARNINGS:
+            if progress:
+                progress.end_line()  # the closing warning starts a line of its own
             say(f"warning: {long_lines} pairs in all were longer than data.max_len\n")
     finally:
         if progress:

@@ -1,11 +1,12 @@
 """Lines in, lines out: how the text commands read their input and write their outputs.
 
 `read_chunks` reads lines as they arrive (a terminal or a slow pipe a line at a time, a file in
-large chunks); `Outputs` writes a command's output files, each replaced only once the command
-has finished (a failed or interrupted run leaves an earlier file as it was; standard output, a
-pipe or a device streams as it goes); `check_output_file` refuses, before anything is opened, an
-output whose writing would destroy an input or a run's files. translate-text and
-translate-score read and write through this module.
+large chunks), and `read_parallel` pairs the lines of parallel inputs; `Outputs` writes a
+command's output files, each replaced only once the command has finished (a failed or
+interrupted run leaves an earlier file as it was; standard output, a pipe or a device streams
+as it goes); `check_output_file` refuses, before anything is opened, an output whose writing
+would destroy an input or a run's files. translate-text and translate-score read and write
+through this module.
 """
 
 from __future__ import annotations
@@ -74,6 +75,55 @@ def read_chunks(stream: BinaryIO, name: str, size: int) -> Iterator[list[str]]:
             return
 
 
+def read_parallel(paths: Mapping[str, str], size: int) -> Iterator[tuple[list[str], ...]]:
+    """The lines of parallel files ({flag: path}) side by side: tuples of one list per file,
+    line n of each at the same place, at most `size` lines a list.
+
+    Lines are paired, not chunks: each file is read by `read_chunks`, whose chunks end where
+    that input pauses, so two pipes (`--src=<(zcat a.gz) --tgt=<(zcat b.gz)`), or a pipe and a
+    file, give chunks of different lengths. What is paired so far is given as soon as any
+    input pauses. Regular files are counted first, so that files of different lengths are
+    refused before a line is given.
+
+    Raises:
+      ValueError: naming the flags and the line where the shorter input ends, or the file and
+        line of a line that is not UTF-8.
+    """
+    flags = list(paths)
+    counts = [count_lines(path) for path in paths.values()]
+    if None not in counts and len(set(counts)) > 1:
+        raise different_lengths(paths, flags[counts.index(min(counts))], min(counts))
+    with contextlib.ExitStack() as files:
+        readers = [
+            read_chunks(files.enter_context(open(path, "rb")), path, size)
+            for path in paths.values()
+        ]
+        pending: list[list[str]] = [[] for _ in flags]
+        ended = [False] * len(flags)
+        paired = 0
+        while True:
+            for n, reader in enumerate(readers):
+                if not pending[n] and not ended[n]:
+                    chunk = next(reader, None)
+                    ended[n] = chunk is None
+                    pending[n] = chunk or []
+            together = min(len(lines) for lines in pending)
+            if together:
+                yield tuple(lines[:together] for lines in pending)
+                pending = [lines[together:] for lines in pending]
+                paired += together
+            elif all(ended) and not any(pending):
+                return
+            else:  # one input has ended, another has lines left
+                shorter = next(f for f, done, p in zip(flags, ended, pending) if done and not p)
+                raise different_lengths(paths, shorter, paired)
+
+
+def different_lengths(paths: Mapping[str, str], shorter: str, lines: int) -> ValueError:
+    given = " and ".join(f"{flag}={path}" for flag, path in paths.items())
+    return ValueError(f"{given} have different numbers of lines: {shorter} ends at line {lines}")
+
+
 def waiting(fd: int) -> bool:
     """Whether reading `fd` would return at once (more input is there, or its end)."""
     readable, _, _ = select.select([fd], [], [], 0)
@@ -126,6 +176,8 @@ def say(text: str) -> None:
 def count_lines(path: str | os.PathLike) -> int | None:
     """The lines of a regular file, for the progress line; None for anything that can be read
     only once (a pipe, `/dev/stdin`, `<(...)`): counting would consume what is to be translated.
+    So a length compared before reading is compared only between regular files; a pipe's is
+    known once it has been read (`read_parallel`).
     """
     try:
         if not stat.S_ISREG(os.stat(path).st_mode):
@@ -170,10 +222,13 @@ def check_output_file(
 
     Raises SystemExit naming the flags when `output` is one of the `inputs` ({flag: path}; the
     file that standard input reads when none is given), and ValueError
-    (`workdir.check_output_path`) when it is a directory, a --workdir, or a file of a
-    --workdir's run. A device or FIFO (/dev/stdout, /dev/null) is written as a stream and
-    destroys nothing.
+    (`workdir.check_output_path`) when it is a directory, a --workdir, or a file of any
+    training run or export (the --workdir's, or one that `output` lies in). A device or FIFO
+    (/dev/stdout, /dev/null) is written as a stream and destroys nothing; neither does
+    `STANDARD_OUTPUT` ("-").
     """
+    if output == STANDARD_OUTPUT:
+        return
     with contextlib.suppress(OSError):
         mode = os.stat(output).st_mode
         if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
@@ -198,25 +253,46 @@ def check_output_file(
 
 
 def check_output_files(
-    outputs: Mapping[str, str], inputs: Mapping[str, str], workdirs: Sequence[str]
+    outputs: Mapping[str, str],
+    inputs: Mapping[str, str],
+    workdirs: Sequence[str],
+    stdout_flag: str = "--output",
 ) -> None:
-    """Refuses output files ({flag: path}, "" for none) that would destroy an input or a run's
-    files (`check_output_file`), or that name one file twice."""
+    """Refuses output files ({flag: path}, "" for none; `stdout_flag` left empty and "-" are
+    standard output) that would destroy an input or a run's files (`check_output_file`), that
+    name one file twice, or two outputs on standard output (their lines would interleave)."""
     for flag, path in outputs.items():
         if path:
             check_output_file(path, flag, inputs, workdirs)
     check_distinct_outputs(outputs)
+    standard = [
+        f"{flag}=-" if path else f"{flag} (left out)"
+        for flag, path in outputs.items()
+        if path == STANDARD_OUTPUT or (flag == stdout_flag and not path)
+    ]
+    if len(standard) > 1:
+        raise ValueError(
+            f"{' and '.join(standard)} would both write standard output, their lines mixed: "
+            "give all but one of them a file"
+        )
+
+
+# An output flag's value that means standard output (`--alignment=-`); --input=- and --output=-
+# are read as the standard streams by `dash_is_standard`.
+STANDARD_OUTPUT = "-"
 
 
 def dash_is_standard(flags: dict, names: Sequence[str] = ("input", "output")) -> None:
-    """Reads `--input=-` and `--output=-` as the standard streams, as most commands do."""
+    """Reads `--input=-` and `--output=-` as the standard streams, as most commands do (their
+    empty default means the same); an other output flag's "-" stays `STANDARD_OUTPUT`, which
+    `Outputs` writes to standard output."""
     for name in names:
         flags[name] = "" if flags[name] == "-" else flags[name]
 
 
 def check_distinct_outputs(outputs: Mapping[str, str]) -> None:
     """Refuses two output flags that name one file (however spelled)."""
-    given = [(flag, path) for flag, path in outputs.items() if path]
+    given = [(flag, path) for flag, path in outputs.items() if path and path != STANDARD_OUTPUT]
     for n, (flag, path) in enumerate(given):
         for other_flag, other in given[n + 1 :]:
             if same_file(path, other):
@@ -230,7 +306,8 @@ class Outputs:
     """A command's output files by flag, written as it goes and kept only if it finishes.
 
     A regular file is written beside its path and replaces it on `commit`; standard output
-    (the flag `stdout_flag` left empty), a pipe or a device is written as it goes. Leaving the
+    (the flag `stdout_flag` left empty, or any flag given "-"), a pipe or a device is written as
+    it goes. Leaving the
     `with` block without `commit` leaves every earlier file as it was. A write that fails (a
     full disk) names the file it was for.
     """
@@ -244,9 +321,10 @@ class Outputs:
 
     def __enter__(self) -> Outputs:
         for flag, path in self.paths.items():
+            if path == STANDARD_OUTPUT or (not path and flag == self.stdout_flag):
+                self.streams[flag] = sys.stdout.buffer
+                continue
             if not path:
-                if flag == self.stdout_flag:
-                    self.streams[flag] = sys.stdout.buffer
                 continue
             remove_stale(path, "tmp")  # what a killed run left there
             try:
@@ -273,7 +351,8 @@ class Outputs:
         except OSError as e:  # a full disk or device: name where the lines were going
             if e.filename is not None or e.errno is None:
                 raise
-            raise OSError(e.errno, e.strerror, self.paths[flag] or "<stdout>") from None
+            name = self.paths[flag] if stream is not sys.stdout.buffer else "<stdout>"
+            raise OSError(e.errno, e.strerror, name) from None
 
     def commit(self) -> None:
         """Puts every file in place: the command has written all of it."""

@@ -191,6 +191,26 @@ class _Reader:
         )
 
 
+def open_trained(path: str | os.PathLike) -> Workdir:
+    """The workdir at `path`, checked before a command reads a model from it: the one place
+    that says what is missing, the same for every command (each reads through `load_model` or
+    `check_shared_vocabulary`).
+
+    Raises:
+      FileNotFoundError: naming --workdir: no such directory; a `--force` run killed while its
+        data loaded (its earlier run set aside in previous_run/, no config.json yet: said
+        before a vocabulary it may not have trained yet); no config.json; no vocab.model.
+    """
+    workdir = Workdir(path)
+    if not workdir.config.is_file():
+        read_config(workdir)  # raises, naming what the workdir holds instead
+    if not workdir.vocab.is_file():
+        raise FileNotFoundError(
+            f"--workdir: {workdir.vocab} is missing; is it a translate.train workdir?"
+        )
+    return workdir
+
+
 def load_model(
     path: str | os.PathLike,
     step: int | None = None,
@@ -221,7 +241,7 @@ def load_model(
     from translate import checkpoint
     from translate.models.factory import abstract_model
 
-    workdir = Workdir(path)
+    workdir = open_trained(path)
     config = read_config(workdir)
     # The attention kernel suits the machine that trained, perhaps a GPU this one lacks; the
     # parameters do not depend on it, so decoding picks the kernel for its own device.
@@ -361,7 +381,9 @@ def load_ensemble(
         try:
             members.append(load_model(path, step, average, log, params, matmul_dtype))
         except ValueError as e:
-            raise ValueError(f"--workdir={path} --average={average}: {e}") from None
+            # The flags as given: an --average that was not asked for is not named.
+            given = f" --average={average}" if average else ""
+            raise ValueError(f"--workdir={path}{given}: {e}") from None
     return Ensemble(
         tuple(m.graphdef for m in members),
         tuple(m.params for m in members),
@@ -377,14 +399,7 @@ def check_shared_vocabulary(paths: Sequence[str | os.PathLike]) -> None:
     An ensemble averages log-probabilities token id by token id, which means nothing unless
     every model reads and writes the same pieces.
     """
-    workdirs = [Workdir(p) for p in paths]
-    for workdir in workdirs:
-        if not workdir.path.exists():
-            raise FileNotFoundError(f"--workdir={workdir.path}: no such directory")
-        if not workdir.vocab.is_file():
-            raise FileNotFoundError(
-                f"--workdir: {workdir.vocab} is missing; is it a translate.train workdir?"
-            )
+    workdirs = [open_trained(p) for p in paths]
     first, expected = workdirs[0], workdirs[0].vocab.read_bytes()
     for other in workdirs[1:]:
         if other.vocab.read_bytes() != expected:

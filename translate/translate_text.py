@@ -23,6 +23,9 @@ their ensemble (one shared vocabulary), each workdir at the same choice. Decodin
 unset come from the first workdir's config; one that cannot decode (`--beam_size=-3`,
 `--length_penalty=nan`) is refused before anything is loaded. A line longer than the model's
 `data.max_len` tokens is translated from its first tokens only, and stderr says which line.
+A --batch_size (or the workdir's) whose searches, --parallel_batches at once, would need more
+than 80% of the device's free memory by an estimate of their caches (translate/decoding/
+sentences.py, `search_bytes`) is refused before any line is read, naming the most that fits.
 Writing to --output shows progress and sentences/s on stderr.
 
 `--sampling=ancestral|topk|topp|epsilon` samples in place of the beam (`--temperature`, `--top_k`,
@@ -58,7 +61,8 @@ startup.import_jax()  # before anything imports JAX: without etils.epath (transl
 from translate import cli, compilation
 from translate.cli import Flag, parse_flags
 from translate.config import DecodeConfig, field_descriptions
-from translate.decoding import forced, saved_searches
+from translate.data.batching import decode_width
+from translate.decoding import forced, saved_searches, sentences
 from translate.decoding.settings import (
     DecodeSettings,
     check_combination,
@@ -74,6 +78,7 @@ from translate.streams import (
     read_chunks,
     say,
 )
+from translate.workdir import Workdir, read_config
 
 _imports_done()
 
@@ -161,7 +166,8 @@ def given_decoding_flags(flags: dict[str, Any], named: set[str] = frozenset()) -
     named or set, checked by theirs.
 
     Raises:
-      ValueError: naming a flag whose value cannot decode (before any model is loaded).
+      ValueError: naming a flag whose value cannot decode, or a beam flag given with
+        --sampling (before any model is loaded).
     """
     # A flag at its "unset" value counts as given when the command line names it: an
     # explicit --beam_size=0 is a mistake, not "the workdir's setting".
@@ -176,6 +182,14 @@ def given_decoding_flags(flags: dict[str, Any], named: set[str] = frozenset()) -
         }
     )
     check_values(given)
+    if given.get("sampling"):
+        # Sampling draws its candidates (sample_search): a beam setting would change nothing.
+        for name in ("beam_size", "beam_stop"):
+            if name in given:
+                raise ValueError(
+                    f"--{name}={given[name]} does nothing with --sampling={given['sampling']}: "
+                    "the samples are drawn, not searched (--num_candidates sets how many)"
+                )
     if flags["nbest"] < 0:
         raise ValueError(f"--nbest={flags['nbest']}: must be >= 0 (0: the best translation alone)")
     return given
@@ -230,8 +244,9 @@ def main(argv: Sequence[str]) -> None:
             found = "a directory" if os.path.isdir(path) else "no such file"
             raise ValueError(f"--{name}={path}: {found}; give a file of {what}")
     if flags["prefix"] and flags["input"]:
+        # Known only for regular files: a pipe's length is checked as its lines are read.
         lines = count_lines(flags["input"]), count_lines(flags["prefix"])
-        if lines[0] != lines[1]:
+        if None not in lines and lines[0] != lines[1]:
             raise ValueError(
                 f"--prefix={flags['prefix']} has {lines[1]} lines and --input={flags['input']} "
                 f"{lines[0]}: give one prefix per input line (an empty line: none)"
@@ -250,9 +265,13 @@ def main(argv: Sequence[str]) -> None:
     if not flags["input"] and sys.stdin.isatty():  # a person at a terminal: say it waits
         say("type a sentence and press Enter to translate it; Ctrl-D ends\n")
     settings = decode_settings(models.config.decode, given, flags["nbest"])
-    if flags["alignment"]:
-        forced.alignment_layer(models.config, flags["alignment_layer"])  # refused before reading
     tokenizer, max_len = models.tokenizer, models.config.data.max_len
+    configs = [read_config(Workdir(path)) for path in flags["workdir"]]
+    layer = None
+    if flags["alignment"]:  # refused before any line is read
+        layer = forced.ensemble_alignment_layer(configs, flags["workdir"], flags["alignment_layer"])
+    member_models = [config.model for config in configs]
+    check_batch_memory(member_models, tokenizer.vocab_size, settings, max_len, given)
 
     source = open(flags["input"], "rb") if flags["input"] else sys.stdin.buffer
     prefix_file = open(flags["prefix"], "rb") if flags["prefix"] else None
@@ -275,7 +294,10 @@ def main(argv: Sequence[str]) -> None:
                 )
                 out.write("--output", format_lines(first, results, settings.nbest))
                 if "--alignment" in out:
-                    out.write("--alignment", alignment_lines(models, chunk, results, flags))
+                    aligned = alignment_lines(
+                        models, chunk, results, layer, flags, settings.batch_size, member_models
+                    )
+                    out.write("--alignment", aligned)
                 first += len(chunk)
             if prefix_file is not None and next(prefixes, None) is not None:
                 raise ValueError(
@@ -284,6 +306,8 @@ def main(argv: Sequence[str]) -> None:
                 )
             out.commit()
         if len(truncated) > MAX_TRUNCATION_WARNINGS:
+            if progress:
+                progress.end_line()  # the closing warning starts a line of its own
             say(f"warning: {len(truncated)} lines in all were longer than data.max_len\n")
     finally:
         if progress:
@@ -318,8 +342,12 @@ def take_prefixes(prefixes: Iterator[str], count: int, first: int, name: str) ->
     return taken
 
 
-def alignment_lines(models, chunk: list[str], results, flags: dict[str, Any]) -> str:
-    """The alignment of each output line to its input line (one line per output line)."""
+def alignment_lines(
+    models, chunk: list[str], results, layer: int, flags, batch_size: int, member_models
+) -> str:
+    """The alignment of each output line to its input line (one line per output line), by
+    `layer` (`forced.ensemble_alignment_layer`), in batches of --batch_size kept within the
+    memory bound (`member_models`: each model's config)."""
     graphdefs, params = models.load_model()
     sources = [line for line, found in zip(chunk, results) for _ in found]
     outputs = [text for found in results for _, text in found]
@@ -329,13 +357,50 @@ def alignment_lines(models, chunk: list[str], results, flags: dict[str, Any]) ->
         models.tokenizer,
         sources,
         outputs,
-        models.config.decode.batch_size,
+        batch_size,
         models.config.data.max_len,
-        alignment_layer=forced.alignment_layer(models.config, flags["alignment_layer"]),
+        alignment_layer=layer,
         alignment_pieces=flags["alignment_pieces"],
         cut_sources=True,
+        models=member_models,
     )
     return "".join(forced.format_links(pair.links) + "\n" for pair in scored)
+
+
+def check_batch_memory(
+    models, vocab_size: int, settings: DecodeSettings, max_len: int, given: dict[str, Any]
+) -> None:
+    """Refuses a batch size whose searches, `settings.parallel_batches` at once, would need
+    more memory than a batch may take (`sentences.memory_bound`, by `sentences.search_bytes`'
+    estimate for sources of data.max_len tokens), before any line is read.
+
+    Raises:
+      ValueError: naming --batch_size (or the workdir's config.decode.batch_size), the memory
+        it would need and the most that fits.
+    """
+    # A batch holds at most LINES_PER_CHUNK lines, padded to the power of two above.
+    rows = min(settings.batch_size, 1 << (LINES_PER_CHUNK - 1).bit_length())
+    width = decode_width(max_len, max_len)
+    at_once = settings.parallel_batches
+    per_row = at_once * sentences.search_bytes(models, vocab_size, settings, 1, width)
+    bound = sentences.memory_bound()
+    if rows * per_row > bound:
+        flag = f"--batch_size={settings.batch_size}"
+        if "batch_size" not in given:
+            flag += " (the workdir's config.decode.batch_size)"
+        batches = (
+            f"{at_once} batches at once (--parallel_batches) of" if at_once > 1 else "a batch of"
+        )
+        most = bound // per_row
+        fix = f"give --batch_size={most} or less"
+        if not most:
+            fix = (
+                "so would --batch_size=1: lower --parallel_batches, --beam_size or --max_extra_len"
+            )
+        raise ValueError(
+            f"{flag}: {batches} {rows} lines of up to data.max_len={max_len} tokens would need "
+            f"{sentences.over_bound(rows * per_row)}; {fix}"
+        )
 
 
 def console_main() -> None:

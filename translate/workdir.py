@@ -133,6 +133,29 @@ class Workdir:
         """Whether a training run has written here (its config or checkpoints)."""
         return self.config.exists() or self.checkpoints.exists()
 
+    def is_marked_run(self) -> bool:
+        """Whether this directory is, by what only training writes, a training run or a
+        parameters-only workdir (best/, an average): its lock, an interrupted --force's
+        previous_run/, or its config beside its checkpoints or vocabulary. Stricter than
+        `is_training_run`: it is asked of every directory above an output, where a config.json
+        of some other program's is no run."""
+        if self.lock.is_file() or self.previous_run.is_dir():
+            return True
+        return self.config.is_file() and (self.checkpoints.is_dir() or self.vocab.is_file())
+
+    def export_files(self) -> set[str]:
+        """The names of the entries that translate-export wrote here, as its marker lists them
+        (the marker itself included); empty for a directory that is no export."""
+        marker = self.path / EXPORT_MARKER
+        if not marker.is_file():
+            return set()
+        try:
+            listed = json.loads(marker.read_text(encoding="utf-8")).get("files")
+        except (OSError, ValueError, AttributeError):  # damaged: what every export holds
+            listed = None
+        names = {str(name) for name in listed} if isinstance(listed, list) else set()
+        return names | {EXPORT_MARKER, self.vocab.name}
+
     def generated(self) -> list[pathlib.Path]:
         """What a training run, and the commands that report on it, create: what `--force`
         sets aside (and deletes once the new run's data has loaded).
@@ -159,7 +182,9 @@ class Workdir:
         if any(real.is_relative_to(d) for d in own.directories() + [own.data]):
             return True
         top = real.relative_to(root).parts[0]
-        return top in own.entry_names() or (top.startswith("metrics_") and top.endswith(".png"))
+        if top in own.entry_names() | own.export_files():
+            return True
+        return top.startswith("metrics_") and top.endswith(".png")
 
     def holds_generated_corpus(self) -> bool:
         """Whether `data/` holds only files named as data/sources.py writes the synthetic corpus."""
@@ -272,6 +297,21 @@ def read_config(workdir: Workdir) -> Config:
         raise ValueError(f"{workdir.config}: {e}") from None
 
 
+def enclosing_run(path: str | os.PathLike) -> Workdir | None:
+    """The nearest directory above `path` (resolved) that is a training run, a parameters-only
+    workdir or an export (`Workdir.is_marked_run`, `Workdir.is_export`): the run that writing
+    `path` could damage, whatever --workdir the command was given. A workdir kept inside a run
+    (its best/, an average) answers for what is inside it."""
+    for parent in pathlib.Path(os.path.realpath(path)).parents:
+        run = Workdir(parent)
+        try:
+            if run.is_export() or run.is_marked_run():
+                return run
+        except OSError:  # a directory that cannot be looked into holds no run we could damage
+            continue
+    return None
+
+
 def check_output_path(
     output: str | os.PathLike,
     flag: str,
@@ -281,13 +321,18 @@ def check_output_path(
 ) -> None:
     """May a command write `output`? The one answer every command gives before it writes.
 
+    The runs it protects are the command's `workdirs` and the run or export that `output` lies
+    in, found from the path (`enclosing_run`): an output inside another run's workdir is
+    refused as one inside the command's own.
+
     Refused, naming `flag` (`--output`) and changing nothing:
       - a path that is one of `workdirs`, or holds one;
       - a directory output under a file, or that is a file; a file output that is a directory;
-      - a file output that is a file of a workdir's run (`Workdir.holds`: any file already
-        there, or one a run writes, or anything under its directories);
+      - a file output that is a file of a run (`Workdir.holds`: any file already there, or one
+        a run writes, or anything under its directories), or one an export holds or wrote;
       - a directory output inside the directories that training writes and reads back
-        (checkpoints/, tokens/, best/, ...), or that is itself a training run.
+        (checkpoints/, tokens/, best/, ...), where a run keeps a file, or among an export's
+        files; or that is itself a training run.
     What a command adds of its own (translate-text: not the --input; translate-evaluate: no
     report there yet; translate-export and the average: only their own earlier output) it
     checks after this. `instead` ends a refusal with what to do (default: give another path).
@@ -304,6 +349,9 @@ def check_output_path(
                 f"{flag}={output} is --workdir={workdir} itself or holds it: writing there "
                 f"would damage that run; {instead}"
             )
+    given = {pathlib.Path(os.path.realpath(workdir)) for workdir in workdirs}
+    found = enclosing_run(real)
+    others = [found] if found is not None and found.path not in given else []
     if not directory:
         if os.path.isdir(output):
             raise ValueError(f"{flag}={output} is a directory; give a file name")
@@ -315,6 +363,12 @@ def check_output_path(
                     "holds and a run writes there (its config, vocabulary, checkpoints, logs, "
                     "reports, curves, best/, evaluations/ and data/)"
                 )
+        for run in others:
+            if run.holds(real):
+                raise ValueError(
+                    f"{flag}={output} is a file of {described(run)} ({real}); writing there "
+                    f"would damage it: give a {flag} outside the files it holds and writes"
+                )
         return
     out = Workdir(output)
     for path in (out.path, *out.path.parents):
@@ -324,13 +378,28 @@ def check_output_path(
                 "command's files go in"
             )
     for workdir in workdirs:
-        inside = Workdir(os.path.realpath(workdir)).training_directories()
-        if any(real.is_relative_to(d) for d in inside):
+        if owned_by(Workdir(os.path.realpath(workdir)), real):
             raise ValueError(
                 f"{flag}={output} is inside --workdir={workdir}'s own files; {instead}"
             )
+    for run in others:
+        if owned_by(run, real):
+            raise ValueError(f"{flag}={output} is inside {described(run)}'s own files; {instead}")
     if out.is_training_run() and not out.is_export():  # an export's config.json is its own
         raise ValueError(
             f"{flag}={output} is a training workdir, whose report.json is the training run's "
             f"own: {instead}"
         )
+
+
+def owned_by(run: Workdir, real: pathlib.Path) -> bool:
+    """Whether the resolved path `real` lies in what `run` keeps for itself: the directories
+    training writes and reads back, the files a run keeps (a directory there would block
+    them), an export's own files."""
+    own = run.training_directories() + run.files() + [run.path / n for n in run.export_files()]
+    return any(real.is_relative_to(path) for path in own)
+
+
+def described(run: Workdir) -> str:
+    """A run found from an output's path, as a refusal names it."""
+    return f"the export {run.path}" if run.is_export() else f"the training run {run.path}"

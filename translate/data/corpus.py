@@ -94,6 +94,7 @@ def tokenize_once(
     max_len: int,
     cache_dir: str | os.PathLike,
     num_workers: int | None = None,
+    files: Sequence[str | os.PathLike] = (),
 ) -> tuple[TokenizedCorpus, int]:
     """Tokenizes `text` into `cache_dir` once, then memory-maps the stored tokens.
 
@@ -109,6 +110,8 @@ def tokenize_once(
       cache_dir: where the cache lives (created if needed).
       num_workers: encoding processes; default one per CPU core (one, in-process, for a
         corpus of a single job).
+      files: the files `text` is read from, when it is: their inode and change time are part
+        of the cache's key (`file_stamps`).
 
     Returns:
       The kept pairs (memory-mapped) and the number dropped.
@@ -120,6 +123,8 @@ def tokenize_once(
         "source": text.identity,
         "max_len": max_len,
     }
+    if files:
+        expected["files"] = file_stamps(files)
     manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else {}
     if {k: manifest.get(k) for k in expected} != expected:
         # Built beside the old cache and swapped in only when complete, so bad input or a
@@ -138,6 +143,23 @@ def tokenize_once(
         tokens = np.memmap(path, dtype, "r") if path.stat().st_size else np.zeros(0, dtype)
         arrays += [tokens, offsets]
     return TokenizedCorpus(*arrays), manifest["num_dropped"]
+
+
+def file_stamps(files: Sequence[str | os.PathLike]) -> list[str]:
+    """Each file's path, inode and change time (st_ctime_ns), for the token cache's key.
+
+    The text's identity holds a file's size and modification time, which an edit of the same
+    size can keep (`touch -d`, `os.utime`, a tool that restores times): the cache would hold the
+    old text's tokens. The change time is the kernel's, set on every write and every change of
+    the times, and cannot be set back; a copy or a move (another inode) also rebuilds the
+    cache. Hashing the text instead would read it all at every start (1.4 GB for WMT14
+    English-German) to find what these numbers tell at once.
+    """
+    stamps = []
+    for path in files:
+        stat = os.stat(path)
+        stamps.append(f"{pathlib.Path(path).resolve()}:{stat.st_ino}:{stat.st_ctime_ns}")
+    return stamps
 
 
 @functools.cache

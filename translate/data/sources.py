@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import os
 import pathlib
 from typing import NamedTuple
 
@@ -79,6 +80,30 @@ def data_paths(config: Config, files: DataFiles) -> dict[str, tuple[pathlib.Path
     }
 
 
+def text_files(config: Config, files: DataFiles) -> list[pathlib.Path]:
+    """The files the training pairs are read from: both sides' (the language model's one);
+    none for a TFDS dataset."""
+    d = config.data
+    if d.source == "tfds":
+        return []
+    if d.source == "monolingual":
+        return [pathlib.Path(d.dir) / f"{d.train_prefix}.{d.tgt_lang}"]
+    return list(data_paths(config, files)["train"])
+
+
+def check_not_one_file(paths: dict[str, tuple[pathlib.Path, ...]], config: Config) -> None:
+    """Refuses a split whose source and target are one file (a link, a hard link, a path
+    spelled twice): the model would learn to copy its input, and report it as translation."""
+    d = config.data
+    for split, (src, tgt) in paths.items():
+        if src.is_file() and tgt.is_file() and os.path.samefile(src, tgt):
+            raise ValueError(
+                f"{src} and {tgt} are one file (config.data.src_lang={d.src_lang} and "
+                f"tgt_lang={d.tgt_lang} of --config.data.{split}_prefix): a {split} pair would be "
+                "a sentence and itself; give the target language's own file"
+            )
+
+
 def open_text(
     config: Config, files: DataFiles
 ) -> tuple[ParallelText, tuple[list[str], list[str]] | None, tuple[list[str], list[str]] | None]:
@@ -122,6 +147,7 @@ def open_text(
                 prefix = f"--config.data.{split}_prefix"
                 none = "" if split == "train" else f" (set {prefix}= for no {split} set)"
                 raise FileNotFoundError(f"{path}: no such file, named by {prefix}{none}")
+    check_not_one_file(paths, config)
     dev, test = (
         read_parallel(*paths[split]) if split in paths else None for split in ("dev", "test")
     )
@@ -159,7 +185,9 @@ def load_data(config: Config, files: DataFiles) -> Data:
             tokenizer = train_tokenizer(sample, d.vocab_size, files.vocab_path)
         del sample
     with naming_what_was_written(f"the training tokens in {files.tokens_dir}"):
-        train, dropped = tokenize_once(train_text, tokenizer, d.max_len, files.tokens_dir)
+        train, dropped = tokenize_once(
+            train_text, tokenizer, d.max_len, files.tokens_dir, files=text_files(config, files)
+        )
     if len(train) == 0:
         raise ValueError(
             f"all {dropped} training pairs are longer than --config.data.max_len={d.max_len} "

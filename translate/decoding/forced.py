@@ -11,25 +11,35 @@ come from the same pass: the cross-attention of one decoder layer, its heads ave
 models of an ensemble averaged), where the row of target piece t is the query that predicted
 it. Each target word (or piece) is linked to the source word (or piece) that receives the most
 of its attention; a word's attention is the mean over its pieces (target) of the sum over its
-pieces (source). EOS on either side is left out. Words are the whitespace tokens of a line, and
-a piece belongs to the word it spells part of (`word_of_pieces`).
+pieces (source). EOS on either side is left out. Words are the whitespace tokens of the line as
+given (`str.split()`: runs of characters that are not whitespace, Unicode's whitespace and the
+control characters Python counts as such included), and a piece belongs to the word whose
+characters it was encoded from (`line_piece_words`), which SentencePiece's span of each piece in
+the line says: its NFKC normalization may turn one character into a space and more ("´" into
+" ́") or drop whitespace (\x1c, \x0b), so the pieces' word-start marks may count other words
+than the line holds. Pieces given as ids, without their text, group by those marks
+(`word_of_pieces`).
 
 Pairs are scored in length-sorted batches of a few padded shapes, so a file of any size
-compiles a handful of programs; `score_pairs` gives results back in input order.
+compiles a handful of programs; `score_pairs` gives results back in input order. Given the
+models' configs, it keeps each batch within `sentences.memory_bound()` (`forced_bytes`): a batch
+of long pairs is split, and a pair too long to score whole is refused.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from translate.config import ModelConfig
 from translate.data.batching import Batch, decode_width
 from translate.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
+from translate.decoding import sentences
 from translate.decoding.search import merge_models
 
 # SentencePiece's mark of a word's start.
@@ -65,27 +75,110 @@ def word_of_pieces(pieces: Sequence[str]) -> list[int]:
     return words
 
 
+def line_piece_words(tokenizer: Tokenizer, lines: Sequence[str]) -> list[list[tuple[int, ...]]]:
+    """For each line, the words (0-based whitespace tokens of the line as given) of each piece
+    of its encoding, as `tokenizer.encode` gives the pieces.
+
+    A piece belongs to the words of the characters SentencePiece encoded it from (its span in
+    the line, through the normalization): "´" of "It´s", which NFKC makes a space and a mark,
+    stays in the word "It´s"; "ab" encoded from "a\x1cb" belongs to both words. A piece of
+    whitespace alone, or of no character of the line (NFKC's "ﬁ" gives "f" and "i", the span
+    goes to one of them), belongs to the word at or after its place, the last word at the end.
+    """
+    from sentencepiece import sentencepiece_pb2
+
+    encoded = tokenizer.processor.encode(list(lines), out_type="serialized_proto")
+    out = []
+    for line, proto in zip(lines, encoded, strict=True):
+        text = sentencepiece_pb2.SentencePieceText.FromString(proto)
+        out.append(span_words(line, [(piece.begin, piece.end) for piece in text.pieces]))
+    return out
+
+
+def span_words(line: str, spans: Sequence[tuple[int, int]]) -> list[tuple[int, ...]]:
+    """The words of `line` (`str.split()`'s, from 0) that each byte span [begin, end) of its
+    UTF-8 text touches, as `line_piece_words` assigns them."""
+    byte_word: list[int] = []  # the word of each byte; -1 for whitespace
+    word, inside = -1, False
+    for char in line:
+        if char.isspace():
+            inside = False
+        elif not inside:
+            word, inside = word + 1, True
+        byte_word += [word if inside else -1] * len(char.encode("utf-8"))
+    following = [word] * (len(byte_word) + 1)  # the word at or after each byte
+    for b in range(len(byte_word) - 1, -1, -1):
+        following[b] = byte_word[b] if byte_word[b] >= 0 else following[b + 1]
+    words = []
+    for begin, end in spans:
+        touched = sorted({w for w in byte_word[begin:end] if w >= 0})
+        if not touched and word >= 0:
+            touched = [following[min(begin, len(byte_word))]]
+        words.append(tuple(touched))
+    return words
+
+
 def hard_links(
-    attention: np.ndarray, src_words: Sequence[int], tgt_words: Sequence[int]
+    attention: np.ndarray,
+    src_words: Sequence[int | tuple[int, ...]],
+    tgt_words: Sequence[int | tuple[int, ...]],
 ) -> list[tuple[int, int]]:
     """(source word, target word) links: each target word to its most attended source word.
 
     Args:
       attention: [T, S] weights of the target pieces (EOS excluded) over the source pieces
         (EOS excluded).
-      src_words, tgt_words: the word of each source and target piece (`word_of_pieces`); for
-        links between pieces, `range(S)` and `range(T)`.
+      src_words, tgt_words: the word of each source and target piece (`word_of_pieces`), or the
+        words, a tuple (`line_piece_words`: a piece encoded from characters of two words
+        belongs to both, and one of none to no word); for links between pieces, `range(S)` and
+        `range(T)`. A target word that no piece belongs to gets no link.
     """
-    if attention.size == 0:
+    src_words, tgt_words = as_word_tuples(src_words), as_word_tuples(tgt_words)
+    num_src = 1 + max((max(w) for w in src_words if w), default=-1)
+    num_tgt = 1 + max((max(w) for w in tgt_words if w), default=-1)
+    if attention.size == 0 or not num_src or not num_tgt:
         return []
-    num_src, num_tgt = max(src_words) + 1, max(tgt_words) + 1
     src_onehot = np.zeros((attention.shape[1], num_src))  # [S, I]
-    src_onehot[np.arange(len(src_words)), src_words] = 1.0
+    for piece, words in enumerate(src_words):
+        src_onehot[piece, list(words)] = 1.0
     tgt_mean = np.zeros((num_tgt, attention.shape[0]))  # [J, T]
-    tgt_mean[tgt_words, np.arange(len(tgt_words))] = 1.0
-    tgt_mean /= tgt_mean.sum(axis=1, keepdims=True)
+    for piece, words in enumerate(tgt_words):
+        tgt_mean[list(words), piece] = 1.0
+    pieces = tgt_mean.sum(axis=1, keepdims=True)
+    tgt_mean = np.divide(tgt_mean, pieces, out=np.zeros_like(tgt_mean), where=pieces > 0)
     words = tgt_mean @ attention @ src_onehot  # [J, I]
-    return [(int(i), j) for j, i in enumerate(np.argmax(words, axis=1))]
+    linked = pieces[:, 0] > 0
+    return [(int(i), j) for j, i in enumerate(np.argmax(words, axis=1)) if linked[j]]
+
+
+def as_word_tuples(words: Sequence[int | tuple[int, ...]]) -> list[tuple[int, ...]]:
+    """Each piece's words as a tuple: (w,) for a piece of word w."""
+    return [(int(w),) if np.ndim(w) == 0 else tuple(w) for w in words]
+
+
+def forced_bytes(
+    models: Sequence[ModelConfig], vocab_size: int, rows: int, src_width: int, tgt_width: int
+) -> int:
+    """About the most memory (bytes) one teacher-forced pass over a batch of `rows` pairs takes:
+    for each model and row, the attention weights (in the compute dtype) of the longest
+    sequence it attends over (the source or the target; both, one after the other, for a
+    decoder-only model), four arrays of them as XLA keeps them at once (scores, their
+    exponentials, the weights, the next layer's), and the float32 logits [T, V] with their
+    log-softmax.
+
+    XLA's own memory analysis of the compiled pass (the forced log-probabilities and the
+    cross-attention alike) on the CPU stayed within this for models of 2 to 6 layers, 4 to 8
+    heads and 200 to 8,000 pieces, from 64 rows of 64 tokens to one of 4,096: the weights of
+    the longest sequence are what grows with its square.
+    """
+    per_row = 0
+    for model in models:
+        decoder_only = model.architecture == "decoder_only"
+        attended = src_width + tgt_width if decoder_only else max(src_width, tgt_width)
+        scored = src_width + tgt_width if decoder_only else tgt_width
+        weights = sentences.compute_bytes(model) * 4 * model.num_heads * attended**2
+        per_row += weights + 4 * 2 * scored * vocab_size
+    return rows * per_row
 
 
 def pair_batches(
@@ -93,29 +186,45 @@ def pair_batches(
     tgt_ids: Sequence[Sequence[int]],
     batch_size: int,
     max_src_len: int | None = None,
+    fits: Callable[[int, int, int], bool] | None = None,
 ) -> Iterator[tuple[np.ndarray, Batch, np.ndarray]]:
     """Pairs of pieces (no EOS) as teacher-forced batches, sorted by length: (indices [B],
     Batch [B, ...], tgt_out [B, T]); index -1 marks a padding row. Widths are `decode_width`'s
     few, and the last batch is padded to the rows of the others, so a file compiles a handful
     of shapes. With `max_src_len`, sources are cut to it (EOS included), as the search cuts
-    them."""
+    them. With `fits(rows, src_width, tgt_width)`, a batch it refuses is halved until it
+    fits (every pair must fit alone); the batches are all planned before the first is made."""
     if max_src_len:
         src_ids = [ids[: max_src_len - 1] for ids in src_ids]
     order = np.argsort([len(s) + len(t) for s, t in zip(src_ids, tgt_ids)], kind="stable")
     rows = min(batch_size, 1 << max(len(order) - 1, 0).bit_length())
-    for start in range(0, len(order), batch_size):
-        chunk = order[start : start + batch_size]
-        s_width = decode_width(max(len(src_ids[i]) for i in chunk) + 1)
-        t_width = decode_width(max(len(tgt_ids[i]) for i in chunk) + 1)
-        src = np.zeros((rows, s_width), np.int32)  # [B, S]
-        tgt_in = np.zeros((rows, t_width), np.int32)  # [B, T]
-        tgt_out = np.zeros((rows, t_width), np.int32)  # [B, T]
+
+    def widths(chunk) -> tuple[int, int]:
+        return (
+            decode_width(max(len(src_ids[i]) for i in chunk) + 1),
+            decode_width(max(len(tgt_ids[i]) for i in chunk) + 1),
+        )
+
+    plan, start = [], 0
+    while start < len(order):
+        chunk, chunk_rows = order[start : start + batch_size], rows
+        # Long pairs (past data.max_len, scored whole) may need fewer rows than others.
+        while fits is not None and chunk_rows > 1 and not fits(chunk_rows, *widths(chunk)):
+            chunk_rows = chunk_rows // 2
+            chunk = chunk[:chunk_rows]
+        plan.append((chunk, chunk_rows))
+        start += len(chunk)
+    for chunk, chunk_rows in plan:
+        s_width, t_width = widths(chunk)
+        src = np.zeros((chunk_rows, s_width), np.int32)  # [B, S]
+        tgt_in = np.zeros((chunk_rows, t_width), np.int32)  # [B, T]
+        tgt_out = np.zeros((chunk_rows, t_width), np.int32)  # [B, T]
         for r, i in enumerate(chunk):
             s, t = list(src_ids[i]) + [EOS_ID], list(tgt_ids[i])
             src[r, : len(s)] = s
             tgt_in[r, : len(t) + 1] = [BOS_ID] + t
             tgt_out[r, : len(t) + 1] = t + [EOS_ID]
-        indices = np.full(rows, -1, np.int64)
+        indices = np.full(chunk_rows, -1, np.int64)
         indices[: len(chunk)] = chunk
         yield indices, teacher_forced_batch(src, tgt_in), tgt_out
 
@@ -175,6 +284,46 @@ def alignment_layer(config, layer: int = -1) -> int:
     return max(num - 2, 0) if layer == -1 else layer
 
 
+def ensemble_alignment_layer(configs: Sequence, workdirs: Sequence[str], layer: int = -1) -> int:
+    """The decoder layer that aligns for an ensemble: `alignment_layer` of its first model,
+    which every model must have, as an encoder-decoder: each gives that layer's cross-attention
+    to the mean (`cross_attention`).
+
+    Raises:
+      ValueError: naming --alignment (or --alignment_layer) and the --workdir of the first
+        model that cannot align: decoder-only, or without the layer.
+    """
+    for config, workdir in zip(configs, workdirs, strict=True):
+        if config.model.architecture != "encoder_decoder":
+            raise ValueError(
+                f"--alignment: --workdir={workdir} is a {config.model.architecture} model, with "
+                "no cross-attention to align with; alignments need every model of the ensemble "
+                "to be an encoder-decoder"
+            )
+    chosen = alignment_layer(configs[0], layer)
+    common = min(config.model.num_layers for config in configs)
+    for config, workdir in zip(configs[1:], workdirs[1:]):
+        num = config.model.num_layers
+        if chosen >= num:
+            if layer != -1:
+                what = f"--alignment_layer={layer}: --workdir={workdir} has {num} decoder layers"
+            else:
+                which = (
+                    "config.decode.alignment_layer"
+                    if configs[0].decode.alignment_layer != -1
+                    else "second-to-last"
+                )
+                what = (
+                    f"--alignment: decoder layer {chosen} (the {which} of --workdir="
+                    f"{workdirs[0]}) is not in --workdir={workdir}, which has {num} decoder layers"
+                )
+            raise ValueError(
+                f"{what}; give --alignment_layer in [0, {common - 1}], a layer of every model "
+                "of the ensemble"
+            )
+    return chosen
+
+
 def score_pairs(
     graphdefs: tuple,
     params: tuple,
@@ -186,6 +335,8 @@ def score_pairs(
     alignment_layer: int | None = None,
     alignment_pieces: bool = False,
     cut_sources: bool = False,
+    models: Sequence[ModelConfig] | None = None,
+    first_pair: int = 0,
 ) -> list[PairScore]:
     """Forced decoding of each (source, target) pair, in input order.
 
@@ -200,14 +351,32 @@ def score_pairs(
         alignment.
       alignment_pieces: links between pieces instead of whitespace words.
       cut_sources: cut sources to `max_len` as the search does (to align its outputs).
+      models: the ensemble's model configs, in order: each batch is then kept within
+        `sentences.memory_bound()` by `forced_bytes`' estimate (a batch of long pairs split);
+        None: batches of `batch_size` whatever their lengths.
+      first_pair: the number of pairs before these, for naming one (from 1) in an error.
+
+    Raises:
+      ValueError: with `models`, naming a pair too long to score whole within the bound,
+        before any pair is scored.
     """
     results: list[PairScore | None] = [None] * len(sources)
     cut = max_len if cut_sources else None
+    texts = [bool(lines) and isinstance(lines[0], str) for lines in (sources, targets)]
     src_ids, tgt_ids = (
-        tokenizer.encode(lines) if lines and isinstance(lines[0], str) else lines
-        for lines in (sources, targets)
+        tokenizer.encode(lines) if text else lines for lines, text in zip((sources, targets), texts)
     )
-    for indices, batch, tgt_out in pair_batches(src_ids, tgt_ids, batch_size, cut):
+    # The words of a side given as text: the line's own whitespace tokens.
+    words = [None, None]
+    if alignment_layer is not None and not alignment_pieces:
+        words = [
+            line_piece_words(tokenizer, lines) if text else None
+            for lines, text in zip((sources, targets), texts)
+        ]
+    fits = None
+    if models:
+        fits = memory_check(models, tokenizer.vocab_size, src_ids, tgt_ids, cut, first_pair)
+    for indices, batch, tgt_out in pair_batches(src_ids, tgt_ids, batch_size, cut, fits):
         log_probs = np.asarray(forced_log_probs(graphdefs, params, batch, tgt_out))  # [B, T]
         attention = None
         if alignment_layer is not None:
@@ -221,31 +390,53 @@ def score_pairs(
             pieces = tokenizer.pieces(ids[:-1]) + ["</s>"]
             links = None
             if attention is not None:
-                links = links_of(
-                    tokenizer,
-                    attention[row, : tgt_len - 1, : src_len - 1],
-                    batch.src[row, : src_len - 1],
-                    ids[:-1],
-                    alignment_pieces,
+                src_words, tgt_words = range(src_len - 1), range(tgt_len - 1)
+                if not alignment_pieces:
+                    src_words = piece_words(tokenizer, words[0], i, batch.src[row, : src_len - 1])
+                    tgt_words = piece_words(tokenizer, words[1], i, ids[:-1])
+                links = hard_links(
+                    attention[row, : tgt_len - 1, : src_len - 1], src_words, tgt_words
                 )
             too_long = max(src_len, tgt_len) > max_len
             results[i] = PairScore(pieces, log_probs[row, :tgt_len].tolist(), links, too_long)
     return results  # type: ignore[return-value]
 
 
-def links_of(
-    tokenizer: Tokenizer,
-    attention: np.ndarray,
-    src_ids: np.ndarray,
-    tgt_ids: np.ndarray,
-    pieces: bool,
-) -> list[tuple[int, int]]:
-    """The alignment links of one pair from its attention [T, S] (EOS rows and columns out)."""
-    if pieces:
-        return hard_links(attention, range(len(src_ids)), range(len(tgt_ids)))
-    src_words = word_of_pieces(tokenizer.pieces(src_ids))
-    tgt_words = word_of_pieces(tokenizer.pieces(tgt_ids))
-    return hard_links(attention, src_words, tgt_words)
+def piece_words(tokenizer: Tokenizer, line_words, line: int, ids: np.ndarray) -> list:
+    """The words of the pieces `ids` of pair `line`'s side: its line's (`line_words`, the
+    side's `line_piece_words`) for the pieces kept, else (ids given) by their word starts."""
+    if line_words is not None:
+        return line_words[line][: len(ids)]
+    return word_of_pieces(tokenizer.pieces(ids))
+
+
+def memory_check(
+    models: Sequence[ModelConfig],
+    vocab_size: int,
+    src_ids: Sequence[Sequence[int]],
+    tgt_ids: Sequence[Sequence[int]],
+    cut: int | None,
+    first_pair: int,
+) -> Callable[[int, int, int], bool]:
+    """`pair_batches`' `fits` for the memory bound, once every pair is seen to fit alone.
+
+    Raises:
+      ValueError: naming the first pair (from `first_pair` + 1) that does not.
+    """
+    bound = sentences.memory_bound()
+    for n, (src, tgt) in enumerate(zip(src_ids, tgt_ids)):
+        src_len = min(len(src), cut - 1) if cut else len(src)
+        widths = decode_width(src_len + 1), decode_width(len(tgt) + 1)
+        need = forced_bytes(models, vocab_size, 1, *widths)
+        if need > bound:
+            raise ValueError(
+                f"pair {first_pair + n + 1}: {src_len} source and {len(tgt)} target pieces; "
+                f"scoring it whole would need {sentences.over_bound(need)}: shorten it, split "
+                "it or leave it out"
+            )
+    return lambda rows, s_width, t_width: (
+        forced_bytes(models, vocab_size, rows, s_width, t_width) <= bound
+    )
 
 
 def format_links(links: Sequence[tuple[int, int]]) -> str:

@@ -84,6 +84,7 @@ def translate_and_score(
     )
     hypotheses = [best[0][1] for best in translations]
     seconds = times.decode_seconds
+    max_len = config.data.max_len
     report = metrics.score(hypotheses, references, config.data.tgt_lang, lowercase)
     report.update(
         {
@@ -95,6 +96,10 @@ def translate_and_score(
             # Programs read from JAX's persistent compilation cache rather than compiled.
             "num_programs_from_cache": times.from_cache,
             "sentences_per_second": round(len(sources) / max(seconds, 1e-9), 2),
+            # Sources longer than the model was trained on are decoded from their first
+            # max_len - 1 tokens (batching.source_batches): a score of other sentences.
+            "num_sources_cut": num_sources_cut(tokenizer, sources, max_len),
+            "max_len": max_len,
             **settings.described(),
             "step": int(step),
             "checkpoint_steps": [int(s) for s in averaged_steps] or [int(step)],
@@ -107,6 +112,13 @@ def translate_and_score(
     )
     report.update(provenance(config, params))
     return report, hypotheses
+
+
+def num_sources_cut(tokenizer: Tokenizer, sources: Sequence[str], max_len: int) -> int:
+    """How many of `sources` decoding cuts to their first `max_len` - 1 tokens (with EOS, a
+    source holds at most `max_len`); blank ones are not decoded."""
+    lengths = [len(ids) for ids in tokenizer.encode(list(sources))]
+    return sum(1 for n, text in zip(lengths, sources) if n + 1 > max_len and text.strip())
 
 
 def example_indices(num_sentences: int, num_examples: int) -> list[int]:
@@ -174,7 +186,9 @@ def write_report(
         f"decoding  beam {report['beam_size']}, length penalty {report['length_penalty']}, "
         # A report written before beam_stop was recorded stopped the exact way.
         + (f"stop {report.get('beam_stop', 'exact')}, " if report["beam_size"] > 1 else "")
-        + f"at most source length + {report['max_extra_len']} tokens",
+        + f"at most source length + {report['max_extra_len']} tokens"
+        # The products' dtype, when a command chose it over the model's (--matmul_dtype).
+        + (f"; --matmul_dtype={report['matmul_dtype']}" if report.get("matmul_dtype") else ""),
         f"speed     {report['sentences_per_second']:.1f} sentences/s: "
         f"{report['num_sentences']} sentences in {report['decode_seconds']:.1f} s on "
         f"{report['device']}{host_text(report.get('host'))}; compiling "
@@ -189,6 +203,13 @@ def write_report(
             else ""
         ),
     ]
+    if report.get("num_sources_cut"):  # reports written before it was counted lack it
+        cut, max_len = report["num_sources_cut"], report["max_len"]
+        lines.append(
+            f"cut       {cut} source{'' if cut == 1 else 's'} longer than data.max_len={max_len} "
+            f"tokens: translated from {'its' if cut == 1 else 'their'} first {max_len - 1} "
+            "tokens only"
+        )
     git = report.get("git")
     if "packages" in report:
         versions = report["packages"]

@@ -10,6 +10,16 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from translate.data.tokenizer import BOS_ID, PAD_ID
+
+# The pieces no sample holds (`search.sample_search` forbids them before every draw, whatever
+# the method): PAD fills an output after its EOS and BOS starts the decoder's input. Neither is
+# ever a training target, so what probability a model gives them is noise, yet drawn they were
+# fed back to the decoder, counted out of the length penalty and dropped from the printed text.
+# UNK stays drawable: it is a training target (a character outside the vocabulary), as greedy
+# and beam search may write it, and it is printed (" ⁇ ").
+NEVER_DRAWN = (PAD_ID, BOS_ID)
+
 
 def argmax(x: jax.Array) -> tuple[jax.Array, jax.Array]:
     """The first index of each row's maximum [B] (jnp.argmax's answer) and the maximum [B].
@@ -85,7 +95,9 @@ def draw(
         always kept.
     The draw is by inversion: the first piece whose cumulative weight reaches uniform x total,
     one random number per row and step. A piece of weight 0 (cut, or forced away) is never
-    drawn, since uniform > 0.
+    drawn, since uniform > 0. A piece forbidden at -inf has weight 0 at any temperature (the
+    search's masks; a finite mask divided by a temperature of 1e8 or more is a likely piece), so
+    a row must leave one piece finite.
     """
     if method == "topk" and top_k == 1:
         return argmax(log_probs)[0]
@@ -106,8 +118,9 @@ def draw(
 
 def stream_keys(stream: jax.Array, width: int) -> jax.Array:
     """The random keys [B, N] of N candidates of each sentence from its stream [B, 2]: the seed
-    and the sentence's line in the input. A candidate's draws depend on these alone, never on
-    the batch, its size or the other sentences in it."""
+    and the sentence's line in the input. A candidate's random numbers depend on these alone,
+    never on the batch, its size or the other sentences in it (its log-probabilities may, in
+    their last bits: `search.sample_search`)."""
 
     def keys(seed_and_line):
         base = jax.random.fold_in(jax.random.key(seed_and_line[0]), seed_and_line[1])

@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 
 from translate.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
-from translate.decoding.sampling import argmax, draw, stream_keys
+from translate.decoding.sampling import NEVER_DRAWN, argmax, draw, stream_keys
 from translate.decoding.settings import DecodeSettings
 
 NEG_INF = -1.0e9
@@ -527,10 +527,18 @@ def sample_search(
     """N sampled outputs of each source sentence, of one model or an ensemble, batched.
 
     Each row draws its tokens (`draw`) from its own key: the sentence's stream [B, 2] (the
-    seed and the input line, `stream_keys`), the candidate n and the step t; so a candidate is
-    the same whatever the batch, its size, the batches in flight or a restart. An ensemble
-    draws from the mean of its models' log-probabilities, as the beam scores. At the length
-    limit only EOS may follow; `prefix` [B, P] forces each output's first pieces.
+    seed and the input line, `stream_keys`), the candidate n and the step t; so a candidate's
+    random numbers are the same whatever the batch, its size, the batches in flight or a
+    restart, and so are its tokens as far as its log-probabilities are. Those are not quite:
+    a batch of another shape (other rows, another source width or cache length) sums the
+    products and the attention in another order, to other last bits. In float32 a draw changes
+    only if its random number falls within those bits of the boundary between two pieces;
+    rounding the operands to bfloat16 (`model.matmul_dtype=bfloat16`, or bfloat16 compute) can
+    turn them into differences of bfloat16's last bit, 2^16 times larger, and a line's samples
+    can then change with the batch (1 of 1,600 on the tiny model between batches of 3 and 64).
+    An ensemble draws from the mean of its models' log-probabilities, as the beam scores. PAD
+    and BOS are never drawn (`sampling.NEVER_DRAWN`); at the length limit only EOS may follow;
+    `prefix` [B, P] forces each output's first pieces; at any temperature.
 
     Returns:
       tokens [B, N, L] (PAD after EOS) best first, and scores [B, N]: each output's
@@ -568,6 +576,8 @@ def sample_search(
         log_probs, cache = _next_log_probs(models, s.last.reshape(-1), t, s.cache)
         vocab = log_probs.shape[-1]
         log_probs = log_probs.reshape(b, width, vocab)  # [B, N, V]
+        never = jnp.isin(jnp.arange(vocab), jnp.asarray(NEVER_DRAWN))  # [V]
+        log_probs = jnp.where(never, NEG_INF, log_probs)
         at_limit = (t >= s.limit)[:, None, None]
         log_probs = jnp.where(at_limit & (jnp.arange(vocab) != EOS_ID), NEG_INF, log_probs)
         log_probs = _force_prefix(log_probs, s.forced, t)
@@ -575,8 +585,11 @@ def sample_search(
             stream_keys(s.stream, width).reshape(-1), t
         )  # [B * N]
         uniform = 1.0 - jax.vmap(jax.random.uniform)(keys)  # (0, 1]
+        # The draw divides by the temperature: the masked pieces go to it at -inf, which no
+        # temperature makes drawable (NEG_INF / 1e9 is -1, a likely piece).
+        drawable = jnp.where(log_probs > NEG_INF / 2, log_probs, -jnp.inf)
         token = draw(
-            log_probs.reshape(-1, vocab), uniform, method, temperature, top_k, top_p, epsilon
+            drawable.reshape(-1, vocab), uniform, method, temperature, top_k, top_p, epsilon
         ).reshape(b, width)  # [B, N]
         token_lp = jnp.take_along_axis(log_probs, token[..., None], axis=-1)[..., 0]
         written = jnp.where(s.done, PAD_ID, token)

@@ -20,13 +20,18 @@ from translate.config import SEARCH_RULES, DecodeConfig
 # The ways of drawing samples (sampling.draw) and of choosing among candidates (mbr.METRICS).
 SAMPLING = ("ancestral", "topk", "topp", "epsilon")
 MBR = ("chrf", "bleu")
+# The lowest sampling temperature. The draw divides float32 log-probabilities by it: below
+# about 1e-37 even the likeliest piece's overflows to -inf and nothing is left to draw (at 1e-40
+# every output was PAD throughout, scored -8e9); 1e-30 keeps any log-probability above -3e8
+# finite, and draws arg-max already (as --sampling=topk --top_k=1 does).
+MIN_TEMPERATURE = 1e-30
 # The rules of the settings that only commands take (translate-text's --sampling ...), as
 # config.SEARCH_RULES gives those of config.decode: {field: (condition, what it must be)}.
 SAMPLING_RULES = {
     "sampling": (lambda v: v in ("", *SAMPLING), "must be one of " + ", ".join(SAMPLING)),
     "temperature": (
-        lambda v: math.isfinite(v) and v > 0.0,
-        "must be a finite number > 0 (smaller is closer to arg-max)",
+        lambda v: math.isfinite(v) and v >= MIN_TEMPERATURE,
+        f"must be a finite number >= {MIN_TEMPERATURE:g} (smaller is closer to arg-max)",
     ),
     "top_k": (lambda v: v >= 0, "must be >= 0 (1: arg-max)"),
     "top_p": (lambda v: 0.0 < v <= 1.0, "must be in (0, 1]"),

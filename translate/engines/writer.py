@@ -32,7 +32,13 @@ from translate import atomic, provenance
 from translate.config import Config
 from translate.engines import ctranslate2, huggingface
 from translate.trained import load_ensemble, parameters_read
-from translate.workdir import EXPORT_MARKER, Workdir, check_output_path, read_config
+from translate.workdir import (
+    EXPORT_MARKER,
+    Workdir,
+    check_output_path,
+    enclosing_run,
+    read_config,
+)
 
 # --format's names and their modules. Each module gives the same interface: PACKAGE and
 # INSTALL (the package its writer needs), QUANTIZATIONS and QUANTIZATION_PACKAGES (what a
@@ -66,20 +72,25 @@ def check_output(output: str | os.PathLike, workdir: str | os.PathLike) -> None:
     """Refuses an --output whose replacement would lose anything but an earlier export of ours.
 
     Refused: what `workdir.check_output_path` refuses (the workdir itself or a directory
-    holding it, a file, a training run); a path inside one of the workdir's own files or
-    directories (checkpoints/, best/, evaluations/, ...); a non-empty directory without our
+    holding it, a file, a training run, a path inside any run's or export's own files); a path
+    inside one of the own files or directories (checkpoints/, best/, evaluations/, ...) of the
+    workdir or of the training run that the path lies in; a non-empty directory without our
     marker. A new path, an empty directory or an earlier export may be written.
     """
     out, run = pathlib.Path(os.path.realpath(output)), pathlib.Path(os.path.realpath(workdir))
     check_output_path(output, "--output", [workdir], directory=True, instead="give a new directory")
-    # Stricter than for a report: nowhere among the run's own entries (evaluations/ too).
-    if run in out.parents:
-        first = out.relative_to(run).parts[0]
-        if first in Workdir(run).entry_names():
-            raise ValueError(
-                f"--output={output} is inside --workdir's own {first}; give a new directory "
-                f"(e.g. {run / 'export'})"
-            )
+    # Stricter than for a report: nowhere among a run's own entries (evaluations/ too), the
+    # --workdir's or those of the training run that --output lies in.
+    found = enclosing_run(out)
+    for other in [run] + ([found.path] if found and not found.is_export() else []):
+        if other in out.parents:
+            first = out.relative_to(other).parts[0]
+            if first in Workdir(other).entry_names():
+                which = "--workdir's" if other == run else f"the training run {other}'s"
+                raise ValueError(
+                    f"--output={output} is inside {which} own {first}; give a new directory "
+                    f"(e.g. {other / 'export'})"
+                )
     if out.is_dir() and any(out.iterdir()) and not (out / MARKER).is_file():
         raise ValueError(
             f"--output={output} holds files that no translate-export wrote (no {MARKER}); "

@@ -3,25 +3,29 @@
 The trainer (translate/training/trainer.py, `open_run`) calls these in order: the workdir's
 layout (a file in the way), the config against the one the workdir was trained with (or
 `--force`, which sets the earlier run aside in previous_run/ until the new run's data has
-loaded), the vocabulary against the checkpoints, `train.init_from`, and the learning rate a
-resumed run continues at. Each refusal names the flag or the file and changes nothing.
+loaded), or against the checkpoints' model and optimizer when config.json is gone, the
+vocabulary against the checkpoints, `train.init_from`, and the learning rate and the text a
+resumed run continues with. Each refusal names the flag or the file and changes nothing.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import logging
 import math
+import pathlib
 import shutil
+import typing
 from typing import NamedTuple
 
 import jax
 
 from translate import checkpoint, sharding
-from translate.config import Config, split_init_from
+from translate.config import Config, Optimizer, split_init_from
 from translate.data.tokenizer import Tokenizer
 from translate.models.factory import abstract_model
-from translate.training.optim import make_schedule
+from translate.training.optim import make_optimizer, make_schedule
 from translate.workdir import EXPORT_MARKER, Workdir, read_config
 
 log = logging.getLogger("translate")
@@ -113,7 +117,7 @@ def check_config(config: Config, workdir: Workdir, force: bool) -> None:
                 "or pass --force to set its run aside and start afresh"
             )
     elif not force:
-        check_checkpoint_shapes(config, workdir)
+        check_checkpoint_state(config, workdir)
     if not force:
         check_trainable(workdir)
     sharding.sync_processes("workdir checked")  # every host has read config.json before it changes
@@ -145,35 +149,82 @@ def check_trainable(workdir: Workdir) -> None:
         )
 
 
-def check_checkpoint_shapes(config: Config, workdir: Workdir) -> None:
-    """Refuses a config whose model does not fit the checkpoints of a workdir that has lost its
-    config.json, before anything is written (the restore would fail only after it).
+def check_checkpoint_state(config: Config, workdir: Workdir) -> None:
+    """Refuses a config whose model or optimizer does not fit the checkpoints of a workdir that
+    has lost its config.json, before anything is written (the restore would fail only after the
+    data has loaded).
 
     Raises:
-      ValueError: naming a parameter whose shape differs, there and here.
+      ValueError: naming a parameter whose shape differs, there and here; or the optimizer
+        whose state the checkpoints hold (config.train.optimizer and weight_decay).
     """
     step = checkpoint.latest_step(workdir.checkpoints)
     if step is None:
         return
     try:
-        saved = checkpoint.param_shapes(workdir.checkpoints, step)
+        saved = checkpoint.item_shapes(workdir.checkpoints, step, "params")
     except Exception:  # noqa: BLE001 - an unreadable step is the restore's to set aside
         return
     vocab_size = Tokenizer(workdir.vocab).vocab_size if workdir.vocab.is_file() else None
     _, abstract = abstract_model(config, vocab_size or config.data.vocab_size)
-    mine = {
-        checkpoint.dotted_name(p): tuple(x.shape) for p, x in jax.tree.leaves_with_path(abstract)
-    }
-    if saved == mine:
+    mine = checkpoint.shapes_of(abstract)
+    if saved != mine:
+        name = checkpoint.first_difference(saved, mine)
+        raise ValueError(
+            f"{workdir.path} holds checkpoints of a model of another shape than this config's "
+            f"({name}: {saved.get(name, 'absent')} there, {mine.get(name, 'absent')} here), and "
+            f"no {workdir.config.name} to say which config made them: train with that config, use "
+            "a fresh --workdir, or pass --force to set them aside and start afresh"
+        )
+    if not checkpoint.holds_optimizer_state(workdir.checkpoints, step):
+        return  # parameters alone: check_trainable says what to do
+    try:
+        saved = checkpoint.item_shapes(workdir.checkpoints, step, "opt_state")
+    except Exception:  # noqa: BLE001 - as above
         return
-    differ = sorted(set(saved) ^ set(mine)) or [n for n in sorted(saved) if saved[n] != mine[n]]
-    name = differ[0]
+    if saved == optimizer_state_shapes(config, abstract):
+        return
+    # Only a refusal when another optimizer's state fits: one that none fits is the restore's
+    # to report, so a state this code would not recognise never stops a run that could resume.
+    fits = [c for c in other_optimizers(config) if optimizer_state_shapes(c, abstract) == saved]
+    if not fits:
+        return
+    t, theirs = config.train, fits[0].train
+    flags = [f"--config.train.optimizer={theirs.optimizer}"]
+    if bool(theirs.weight_decay) != bool(t.weight_decay):
+        flags.append(
+            "--config.train.weight_decay=0"
+            if not theirs.weight_decay
+            else "--config.train.weight_decay above 0 (its value is not recorded)"
+        )
     raise ValueError(
-        f"{workdir.path} holds checkpoints of a model of another shape than this config's "
-        f"({name}: {saved.get(name, 'absent')} there, {mine.get(name, 'absent')} here), and no "
-        f"{workdir.config.name} to say which config made them: train with that config, use a "
-        "fresh --workdir, or pass --force to set them aside and start afresh"
+        f"{workdir.path} holds checkpoints trained with another optimizer than this config's "
+        f"(config.train.optimizer={t.optimizer}, weight_decay={t.weight_decay}): their optimizer "
+        f"state is the one of {' and '.join(flags)}, and there is no {workdir.config.name} to "
+        "say which config made them: train with that config, use a fresh --workdir, or pass "
+        "--force to set them aside and start afresh"
     )
+
+
+def optimizer_state_shapes(config: Config, abstract_params) -> dict[str, tuple[int, ...]]:
+    """The shape of every array of the optimizer state that `config` trains with, by name (as
+    `checkpoint.item_shapes` reads a saved one); nothing is allocated."""
+    optimizer, _ = make_optimizer(config)
+    return checkpoint.shapes_of(jax.eval_shape(optimizer.init, abstract_params))
+
+
+def other_optimizers(config: Config) -> list[Config]:
+    """`config` with each other optimizer whose state has another structure: each choice of
+    `train.optimizer`, with and without `train.weight_decay` (AdamW's state is not Adam's)."""
+    others = []
+    for name in typing.get_args(Optimizer):
+        for decay in (0.0, config.train.weight_decay or 0.1):
+            if (name, bool(decay)) == (config.train.optimizer, bool(config.train.weight_decay)):
+                continue
+            other = copy.deepcopy(config)
+            other.train.optimizer, other.train.weight_decay = name, decay
+            others.append(other)
+    return others
 
 
 def recover_previous_run(workdir: Workdir) -> str | None:
@@ -213,10 +264,25 @@ def settle_previous_run(workdir: Workdir, keep: bool) -> None:
             old.rename(new)
         workdir.previous_run.rmdir()
     else:
+        log.info("--force: %s", deleted_earlier_run(workdir))
         # One rename commits the deletion: a run killed during rmtree leaves a directory that
         # the next start deletes, never a half-deleted run that it would put back.
         workdir.previous_run.rename(workdir.discarded_run)
         shutil.rmtree(workdir.discarded_run)
+
+
+def deleted_earlier_run(workdir: Workdir) -> str:
+    """What `--force` deletes of the earlier run set aside in previous_run/, for the log: each
+    entry, and the evaluations' reports by name (translate-evaluate's, which the user made)."""
+    aside = workdir.previous_run
+    names = sorted(p.name + ("/" if p.is_dir() else "") for p in aside.iterdir())
+    line = f"deleted the earlier run in {workdir.path}: {', '.join(names)}"
+    evaluations = aside / workdir.evaluations.name
+    if evaluations.is_dir():
+        reports = sorted(p.name for p in evaluations.iterdir())
+        held = f"{len(reports)} evaluation{'' if len(reports) == 1 else 's'}"
+        line += f"; evaluations/ held {held} of its model, deleted with it: {', '.join(reports)}"
+    return line
 
 
 def check_vocabulary_unchanged(workdir: Workdir) -> None:
@@ -282,6 +348,15 @@ def check_init_from(config: Config, workdir: Workdir, force: bool = False) -> In
             "its pieces, so use a fresh --workdir (the vocabulary is copied into it)"
         )
     their_config = read_config(source)
+    if config.data.vocab_size != their_config.data.vocab_size:
+        # The run reads and writes the other run's pieces: the size asked for here would be
+        # recorded in config.json, but never used.
+        raise ValueError(
+            f"--config.data.vocab_size={config.data.vocab_size}: {flag} brings its vocabulary "
+            f"({source.vocab}), trained with config.data.vocab_size="
+            f"{their_config.data.vocab_size} ({tokenizer.vocab_size} pieces), which this run "
+            f"reads and writes: give --config.data.vocab_size={their_config.data.vocab_size}"
+        )
     theirs = their_config.model
     _, shapes = abstract_model(config, tokenizer.vocab_size)
     _, their_shapes = abstract_model(their_config, tokenizer.vocab_size)
@@ -307,6 +382,59 @@ def read_init_params(init: InitFrom, abstract_params, tokenizer: Tokenizer):
     params, _, _ = checkpoint.restore(manager, init.step, abstract_params)
     manager.close()
     return params
+
+
+def data_named(config: Config) -> dict[str, str]:
+    """The fields that say where a run's text is read from, by flag, for its source (the
+    synthetic corpus is generated into the workdir once)."""
+    d = config.data
+    if d.source in ("files", "monolingual"):
+        here = {"dir": str(pathlib.Path(d.dir).resolve()) if d.dir else ""}
+        prefixes = ("train", "dev", "test") if d.source == "files" else ("train", "dev")
+        here.update({f"{p}_prefix": getattr(d, f"{p}_prefix") for p in prefixes})
+    elif d.source == "tfds":
+        fields = ("tfds_name", "tfds_train_split", "tfds_dev_split", "tfds_test_split")
+        here = {name: getattr(d, name) for name in fields}
+    else:
+        return {}
+    return {f"config.data.{name}": value for name, value in here.items()}
+
+
+def warn_of_data_change(config: Config, workdir: Workdir) -> None:
+    """Warns when a run resumes on other text than the one it was trained on (another
+    data.dir, prefix or TFDS split): allowed (a corpus moved, a new dev set), but said.
+
+    A run that has finished trains nothing more, but its evaluations and report are then of the
+    new dev and test sets; one that has not goes on with the new pairs from the position it
+    had reached in the old ones, with the vocabulary trained on the old.
+    """
+    step = checkpoint.latest_step(workdir.checkpoints)
+    if step is None or not workdir.config.is_file():
+        return
+    try:
+        saved = read_config(workdir)
+    except ValueError:
+        return  # check_config says what is wrong with it
+    if saved.data.source != config.data.source:
+        return  # refused by check_config
+    before, now = data_named(saved), data_named(config)
+    changes = [f"{name} {before[name]} -> {now[name]}" for name in now if before[name] != now[name]]
+    if not changes:
+        return
+    if step >= config.train.num_train_steps:
+        then = "it has finished training: its evaluations and report are of the new text"
+    else:
+        then = (
+            f"training goes on with the new pairs from the position step {step} reached in the "
+            "old ones, with the vocabulary trained on them"
+        )
+    log.warning(
+        "WARNING: %s was trained on other text than this config's (%s); %s (another --workdir "
+        "starts a new run)",
+        workdir.path,
+        ", ".join(changes),
+        then,
+    )
 
 
 def warn_of_schedule_change(config: Config, workdir: Workdir) -> None:

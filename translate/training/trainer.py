@@ -2,9 +2,10 @@
 
 `train_and_evaluate(config, workdir)` is what `translate-train` runs, and reads top to bottom:
 
-    open_run                 check the workdir, make the mesh, load the data, write config.json
+    open_run                 check the workdir, make the mesh, load the data
     Trainer(...)             the jitted steps (training/steps.py) and the checkpoint manager
-    restore_or_initialize    the newest whole checkpoint, `train.init_from`, or a fresh model
+    restore_or_initialize    the newest whole checkpoint, `train.init_from`, or a fresh model;
+                             then config.json is written
     train                    steps to the end, with the periodic actions each at its interval:
                              log a window, check it for non-finite steps, save a checkpoint,
                              stop on a signal, evaluate on dev (keep the best, stop early)
@@ -21,7 +22,7 @@ import dataclasses
 import logging
 import pathlib
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
 import jax
@@ -62,6 +63,7 @@ from translate.training.opening import (
     read_init_params,
     recover_previous_run,
     settle_previous_run,
+    warn_of_data_change,
     warn_of_schedule_change,
 )
 from translate.training.steps import Packed, Steps, dev_loss, make_steps
@@ -165,6 +167,7 @@ def open_run(config: Config, workdir: Workdir, force: bool, stop: StopSignal | N
     check_vocabulary_unchanged(workdir)  # before the data is opened and tokenized again
     if not force:
         warn_of_schedule_change(config, workdir)
+        warn_of_data_change(config, workdir)
 
     mesh, machine = sharding.make_mesh(), host()
     log.info(
@@ -199,7 +202,6 @@ def open_run(config: Config, workdir: Workdir, force: bool, stop: StopSignal | N
         settle_previous_run(workdir, keep=True)  # bad data: --force's earlier run comes back
         raise
     settle_previous_run(workdir, keep=False)
-    write_config(config, workdir)  # only once the data has loaded without error
     layout = BatchLayout.from_config(
         config.data.tokens_per_batch, config.data.row_len, t.grad_accum_steps, mesh.size
     )
@@ -221,14 +223,11 @@ class Trainer:
             run.mesh,
             steps_per_call=run.config.train.steps_per_call,
         )
-        # Closed on every way out, an exception included: a save in flight is finished first,
-        # so the checkpoint an error message calls intact is whole.
         self.grid = checkpoint.KeepOnGrid(
             t.keep_checkpoints, t.checkpoint_every_steps, t.num_train_steps
         )
-        self.manager = on_exit.enter_context(
-            checkpoint.make_manager(run.workdir.checkpoints, grid=self.grid)
-        )
+        self.manager = checkpoint.make_manager(run.workdir.checkpoints, grid=self.grid)
+        on_exit.push(closing(self.manager, self.save_failed))
         replicated = sharding.replicated(run.mesh)
         # The restore targets: shapes and shardings of (params, opt_state) on the mesh.
         self.abstract = [
@@ -283,6 +282,9 @@ class Trainer:
             self.state = TrainState.of(0, *self.steps.init(self.keys["params"]), DataPosition())
         if self.steps.ema is not None:
             self.state.ema = Packed.of(self.restore_ema())
+        # Only now: a config.json written before the checkpoints were read would name this
+        # config for a run that it cannot resume (another optimizer's), and refuse the right one.
+        write_config(self.config, self.workdir)
         layout = self.run.layout
         log.info(
             "model: %d parameters; batch %d micro x %d rows x %d tokens",
@@ -339,7 +341,7 @@ class Trainer:
         self.dev_history = DevBleuHistory.of_run(self.workdir.metrics, step)
         if t.keep_best_by:
             self.best = checkpoint.make_manager(Workdir(self.workdir.best).checkpoints, keep=1)
-            self.on_exit.enter_context(self.best)
+            self.on_exit.push(closing(self.best, lambda error: None))
             # The dev BLEU that best/ holds. None while it holds nothing, also when a resume
             # turned keep_best_by on after dev evaluations: the next one is kept, then better.
             self.kept_bleu = self.dev_history.best if self.best.all_steps() else None
@@ -618,6 +620,32 @@ class Trainer:
         named = {k.replace("eval/", f"eval/{name}_"): v for k, v in metrics_eval.items()}
         log.info("eval of %s: %s", what, "  ".join(f"{k} {v:.3f}" for k, v in named.items()))
         self.writer.write(step, named)
+
+
+def closing(manager, failed: Callable[[Exception], Exception | None]):
+    """An exit callback (`contextlib.ExitStack.push`) that closes a checkpoint manager on every
+    way out of the run, an exception included: a save in flight is finished first, so the
+    checkpoint an error message calls intact is whole.
+
+    A save that failed in the background (a full disk) raises from the close: `failed` turns
+    that into the run's one-line error (None: raised as it is). When the run is ending with
+    an error already (the best checkpoint's write on the same full disk), that one is said
+    and the close's is dropped: raised here, it would replace the one line with Orbax's
+    traceback.
+    """
+
+    def close(exc_type, exc, traceback) -> bool:
+        try:
+            manager.close()
+        except Exception as e:
+            if exc is not None:
+                return False
+            if (error := failed(e)) is None:
+                raise
+            raise error from e
+        return False
+
+    return close
 
 
 def data_files(workdir: Workdir) -> DataFiles:
