@@ -21,6 +21,12 @@ Only this module spells a workdir's file names. A training workdir holds:
 A workdir written by scripts/average_checkpoints.py, and a run's best/, hold config.json,
 vocab.model and one parameters-only checkpoint (translate/trained.py, `write_params_workdir`).
 
+Who owns what: a run owns the names it writes (`Workdir.own_names`, whether written yet or not)
+and everything under them; everything else in its directory (evaluations/, attention/, a
+translations.txt of the user's) is its user's. A run is found by what only a run writes
+(`Workdir.is_run`: the trainer's lock, or checkpoints as translate/checkpoint.py saves them), never
+by a config.json, which many programs write. An export owns the files its marker lists.
+
 Reading a trained model back is translate/trained.py's; the checks that open a training run are
 translate/training/opening.py's. `check_output_path` is the one answer to "may this command write
 there?" that every command asks before it writes. This module imports neither Orbax nor Flax.
@@ -45,6 +51,8 @@ from translate.config import Config, config_from_dict
 
 # The file that marks a directory as written by translate-export (translate/engines/writer.py).
 EXPORT_MARKER = "translate-export.json"
+# Beside checkpoints/: the steps translate/checkpoint.py `move_aside` found unreadable.
+CORRUPT = ".corrupt"
 
 
 class Workdir:
@@ -129,19 +137,66 @@ class Workdir:
         own = [*self.training_directories(), self.metrics, self.lock, *self.report_files()]
         return sorted(p.name for p in own + [self.previous_run] if p.exists())
 
-    def is_training_run(self) -> bool:
-        """Whether a training run has written here (its config or checkpoints)."""
-        return self.config.exists() or self.checkpoints.exists()
-
-    def is_marked_run(self) -> bool:
-        """Whether this directory is, by what only training writes, a training run or a
-        parameters-only workdir (best/, an average): its lock, an interrupted --force's
-        previous_run/, or its config beside its checkpoints or vocabulary. Stricter than
-        `is_training_run`: it is asked of every directory above an output, where a config.json
-        of some other program's is no run."""
-        if self.lock.is_file() or self.previous_run.is_dir():
+    def is_run(self) -> bool:
+        """Whether a run wrote this directory, by what only a run writes: the trainer's lock
+        (written when training starts, never removed), or a checkpoint as translate/checkpoint.py
+        saves one (a step directory holding its params/ and meta/ items: a run's best/, an
+        average). A config.json beside a checkpoints/ folder, a layout of many programs, is not.
+        """
+        if self.lock.is_file():
             return True
-        return self.config.is_file() and (self.checkpoints.is_dir() or self.vocab.is_file())
+        try:
+            steps = list(self.checkpoints.iterdir())
+        except OSError:
+            return False
+        return any(
+            step.name.isdigit() and (step / "params").is_dir() and (step / "meta").is_dir()
+            for step in steps
+        )
+
+    def own_names(self) -> set[str]:
+        """The names a training run writes at its top level, whether written yet or not: its
+        files and directories (best/, checkpoints.corrupt/, a --force's previous_run/ and the
+        one being deleted included). Not evaluations/ or attention/: other commands write there,
+        for the user, as they write the user's files beside the run's."""
+        own = [*self.files(), *self.training_directories(), self.previous_run, self.discarded_run]
+        return {p.name for p in own} | {self.checkpoints.name + CORRUPT}
+
+    def owns(self, path: str | os.PathLike) -> str | None:
+        """The entry of this run (or export) that `path` is or lies in, resolved (symlinks,
+        `..`), as the run names it (`best/`, `config.json`); None for the user's files.
+
+        Owned: `own_names`, the training curves (metrics_*.png), the hidden temporaries that
+        translate/atomic.py writes beside one of them, the files an export's marker lists.
+        """
+        root = pathlib.Path(os.path.realpath(self.path))
+        real = pathlib.Path(os.path.realpath(path))
+        if real == root or not real.is_relative_to(root):
+            return None
+        parts = real.relative_to(root).parts
+        top = parts[0]
+        names = self.export_files() if self.is_export() else self.own_names()
+        hidden = top.startswith(".") and top.count(".") >= 3
+        own = top in names or (top.startswith("metrics_") and top.endswith(".png"))
+        if not own and hidden:  # `.NAME.<hex>.tmp`: atomic.beside's names
+            own = top[1:].rsplit(".", 2)[0] in names
+        if not own:
+            return None
+        return top + "/" if len(parts) > 1 or (root / top).is_dir() else top
+
+    def evaluation_report(self, path: str | os.PathLike) -> bool:
+        """Whether `path` is a report that translate-evaluate wrote below this run (report.json,
+        report.txt or hypotheses.txt beside a report.json): it writes them once, never over,
+        and no other command writes them."""
+        real = pathlib.Path(os.path.realpath(path))
+        root = pathlib.Path(os.path.realpath(self.path))
+        names = {p.name for p in self.report_files()}
+        return (
+            real.is_relative_to(root)
+            and real.parent != root
+            and real.name in names
+            and (real.parent / self.report_json.name).is_file()
+        )
 
     def export_files(self) -> set[str]:
         """The names of the entries that translate-export wrote here, as its marker lists them
@@ -157,34 +212,28 @@ class Workdir:
         return names | {EXPORT_MARKER, self.vocab.name}
 
     def generated(self) -> list[pathlib.Path]:
-        """What a training run, and the commands that report on it, create: what `--force`
-        sets aside (and deletes once the new run's data has loaded).
+        """What a training run creates, by its own names (`own_names`): what `--force` sets
+        aside (and deletes once the new run's data has loaded). The user's files beside them,
+        evaluations/ and attention/ included, stay where they are.
 
         `data/` counts only while it holds nothing but the generated corpus's files, so a
         user's own corpus kept there is never deleted; neither is `checkpoints.corrupt/`
         (steps set aside as unreadable are never deleted) nor the lock.
         """
-        paths = [p for p in self.directories() + self.files() if p != self.lock]
-        paths += self.metric_plots()
+        paths = [p for p in self.training_directories() + self.files() if p != self.lock]
+        paths = [p for p in paths if p != self.data] + self.metric_plots()
         return paths + [self.data] if self.holds_generated_corpus() else paths
 
-    def holds(self, path: str | os.PathLike) -> bool:
-        """Whether writing `path` could damage this run: a file that is already in the
-        workdir, one of the files a run writes (whether written yet or not), or anything
-        under one of its directories. Paths are compared resolved (symlinks, `..`)."""
-        root = pathlib.Path(os.path.realpath(self.path))
-        real = pathlib.Path(os.path.realpath(path))
-        if real == root or not real.is_relative_to(root):
-            return False
-        if real.exists() or real.is_symlink():
-            return True
-        own = Workdir(root)
-        if any(real.is_relative_to(d) for d in own.directories() + [own.data]):
-            return True
-        top = real.relative_to(root).parts[0]
-        if top in own.entry_names() | own.export_files():
-            return True
-        return top.startswith("metrics_") and top.endswith(".png")
+    def foreign_entries(self) -> list[pathlib.Path]:
+        """What lies in this run's best/ that training did not write there (it writes a
+        parameters-only workdir: config.json, vocab.model, checkpoints/): the user's, which
+        `--force` would delete with best/."""
+        try:
+            found = sorted(self.best.iterdir())
+        except OSError:
+            return []
+        own = {self.config.name, self.vocab.name, self.checkpoints.name}
+        return [p for p in found if p.name not in own and not p.name.startswith(".")]
 
     def holds_generated_corpus(self) -> bool:
         """Whether `data/` holds only files named as data/sources.py writes the synthetic corpus."""
@@ -298,18 +347,24 @@ def read_config(workdir: Workdir) -> Config:
 
 
 def enclosing_run(path: str | os.PathLike) -> Workdir | None:
-    """The nearest directory above `path` (resolved) that is a training run, a parameters-only
-    workdir or an export (`Workdir.is_marked_run`, `Workdir.is_export`): the run that writing
-    `path` could damage, whatever --workdir the command was given. A workdir kept inside a run
-    (its best/, an average) answers for what is inside it."""
+    """The nearest of `enclosing_runs(path)`, or None."""
+    runs = enclosing_runs(path)
+    return runs[0] if runs else None
+
+
+def enclosing_runs(path: str | os.PathLike) -> list[Workdir]:
+    """Every directory above `path` (resolved), nearest first, that a run or translate-export
+    wrote (`Workdir.is_run`, `Workdir.is_export`): the runs that writing `path` could damage,
+    whatever --workdir the command was given. A run's best/ is a run of its own inside one."""
+    runs = []
     for parent in pathlib.Path(os.path.realpath(path)).parents:
         run = Workdir(parent)
         try:
-            if run.is_export() or run.is_marked_run():
-                return run
+            if run.is_export() or run.is_run():
+                runs.append(run)
         except OSError:  # a directory that cannot be looked into holds no run we could damage
             continue
-    return None
+    return runs
 
 
 def check_output_path(
@@ -321,18 +376,18 @@ def check_output_path(
 ) -> None:
     """May a command write `output`? The one answer every command gives before it writes.
 
-    The runs it protects are the command's `workdirs` and the run or export that `output` lies
-    in, found from the path (`enclosing_run`): an output inside another run's workdir is
-    refused as one inside the command's own.
+    The runs it protects are the command's `workdirs` and every run or export that `output`
+    lies in, found from the path (`enclosing_runs`). Each owns its own names (`Workdir.owns`:
+    best/ and previous_run/ included) and everything under them; the rest of its directory is
+    the user's, which any command may write as the user asks (the same command again rewrites
+    its own output), but for translate-evaluate's reports, which only it writes.
 
     Refused, naming `flag` (`--output`) and changing nothing:
       - a path that is one of `workdirs`, or holds one;
       - a directory output under a file, or that is a file; a file output that is a directory;
-      - a file output that is a file of a run (`Workdir.holds`: any file already there, or one
-        a run writes, or anything under its directories), or one an export holds or wrote;
-      - a directory output inside the directories that training writes and reads back
-        (checkpoints/, tokens/, best/, ...), where a run keeps a file, or among an export's
-        files; or that is itself a training run.
+      - a path that is, or lies in, an entry that a run or export owns, or a file output that
+        is an evaluation's report;
+      - a directory output that is itself a run (an export is the export command's to judge).
     What a command adds of its own (translate-text: not the --input; translate-evaluate: no
     report there yet; translate-export and the average: only their own earlier output) it
     checks after this. `instead` ends a refusal with what to do (default: give another path).
@@ -349,55 +404,33 @@ def check_output_path(
                 f"{flag}={output} is --workdir={workdir} itself or holds it: writing there "
                 f"would damage that run; {instead}"
             )
-    given = {pathlib.Path(os.path.realpath(workdir)) for workdir in workdirs}
-    found = enclosing_run(real)
-    others = [found] if found is not None and found.path not in given else []
-    if not directory:
-        if os.path.isdir(output):
-            raise ValueError(f"{flag}={output} is a directory; give a file name")
-        for workdir in workdirs:
-            if Workdir(workdir).holds(output):
+    if not directory and os.path.isdir(output):
+        raise ValueError(f"{flag}={output} is a directory; give a file name")
+    if directory:
+        for path in (pathlib.Path(output), *pathlib.Path(output).parents):
+            if path.exists() and not path.is_dir():
                 raise ValueError(
-                    f"{flag}={output} is a file of --workdir={workdir} ({real}); writing there "
-                    f"would damage that run: give a {flag} outside the files the workdir "
-                    "holds and a run writes there (its config, vocabulary, checkpoints, logs, "
-                    "reports, curves, best/, evaluations/ and data/)"
+                    f"{flag}={output}: {path} is a file; {flag} is the directory that the "
+                    "command's files go in"
                 )
-        for run in others:
-            if run.holds(real):
-                raise ValueError(
-                    f"{flag}={output} is a file of {described(run)} ({real}); writing there "
-                    f"would damage it: give a {flag} outside the files it holds and writes"
-                )
-        return
-    out = Workdir(output)
-    for path in (out.path, *out.path.parents):
-        if path.exists() and not path.is_dir():
+    given = [(Workdir(os.path.realpath(w)), f"--workdir={w}") for w in workdirs]
+    mine = {run.path for run, _ in given}
+    found = [(run, described(run)) for run in enclosing_runs(real) if run.path not in mine]
+    for run, name in given + found:
+        entry = run.owns(real)
+        if directory and entry:
+            raise ValueError(f"{flag}={output} is inside {name}'s own files ({entry}); {instead}")
+        if entry or (not directory and run.evaluation_report(real)):
+            what = entry or "an evaluation's report, which only translate-evaluate writes"
             raise ValueError(
-                f"{flag}={output}: {path} is a file; {flag} is the directory that the "
-                "command's files go in"
+                f"{flag}={output} is a file of {name} ({what}); writing there would damage "
+                f"it: give a {flag} beside its own files (its config, vocabulary, checkpoints, "
+                "logs, reports, curves, best/ and data/), e.g. a new name"
             )
-    for workdir in workdirs:
-        if owned_by(Workdir(os.path.realpath(workdir)), real):
-            raise ValueError(
-                f"{flag}={output} is inside --workdir={workdir}'s own files; {instead}"
-            )
-    for run in others:
-        if owned_by(run, real):
-            raise ValueError(f"{flag}={output} is inside {described(run)}'s own files; {instead}")
-    if out.is_training_run() and not out.is_export():  # an export's config.json is its own
-        raise ValueError(
-            f"{flag}={output} is a training workdir, whose report.json is the training run's "
-            f"own: {instead}"
-        )
-
-
-def owned_by(run: Workdir, real: pathlib.Path) -> bool:
-    """Whether the resolved path `real` lies in what `run` keeps for itself: the directories
-    training writes and reads back, the files a run keeps (a directory there would block
-    them), an export's own files."""
-    own = run.training_directories() + run.files() + [run.path / n for n in run.export_files()]
-    return any(real.is_relative_to(path) for path in own)
+    out = Workdir(real)
+    if directory and not out.is_export() and out.is_run():  # an export's config.json is its own
+        what = "a training workdir" if out.lock.is_file() else "a model's workdir (checkpoints)"
+        raise ValueError(f"{flag}={output} is {what}, whose files are that run's own: {instead}")
 
 
 def described(run: Workdir) -> str:
