@@ -6,6 +6,7 @@ import random
 import re
 import tracemalloc
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -18,10 +19,12 @@ from translate import translate_text
 from translate.cli import user_error_message
 from translate.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from translate.decoding import mbr
+from translate.decoding.sampling import draw
 from translate.decoding.search import NEG_INF, greedy_search, search
 from translate.decoding.settings import DecodeSettings, check_values
 
 MAX_EXTRA = 6
+FLOAT32_MAX = float(np.finfo(np.float32).max)
 SLOW = pytest.mark.slow  # each sampling method, and each temperature, compiles its own search
 
 
@@ -77,7 +80,10 @@ def test_sampling_that_keeps_only_the_likeliest_piece_is_greedy_among_the_drawab
             assert [int(t) for t in candidate[: len(out)]] == out
 
 
-@pytest.mark.parametrize("temperature", [1e9, pytest.param(1e30, marks=SLOW)])
+@pytest.mark.parametrize(
+    "temperature",
+    [1e9, FLOAT32_MAX, pytest.param(1e30, marks=SLOW), pytest.param(1e38, marks=SLOW)],
+)
 def test_a_high_temperature_keeps_every_prefix_and_the_length_limit(temperature):
     """Dividing by the temperature never makes a forbidden piece drawable: the prefixes are
     kept, each output ends by its limit, and no score holds a masked piece's NEG_INF (the MBR
@@ -102,6 +108,24 @@ def test_a_high_temperature_keeps_every_prefix_and_the_length_limit(temperature)
     # A temperature at which float32 log-probabilities divided by it overflow is refused.
     with pytest.raises(ValueError, match=re.escape("--temperature=1e-40: must be a finite")):
         check_values({"temperature": 1e-40})
+
+
+@pytest.mark.parametrize("temperature", [8.5e37, 1e38, FLOAT32_MAX])
+@pytest.mark.parametrize(
+    "method, cut",
+    [("ancestral", {}), ("topk", {"top_k": 2}), ("epsilon", {"epsilon": 0.02}), ("topp", {})],
+)
+def test_a_draw_never_takes_a_masked_piece_at_any_temperature(temperature, method, cut):
+    """Where 1 / temperature is below float32's smallest normal number, XLA flushes it to 0
+    and a masked -inf times it is NaN; the masked pieces keep weight 0 all the same, and the
+    pieces left are drawn (all about equally likely: the distribution is flat there)."""
+    log_probs = jnp.log(jnp.array([0.0, 0.0, 0.5, 0.3, 0.2], jnp.float32))  # PAD, BOS masked
+    log_probs = jnp.tile(log_probs, (400, 1))
+    uniform = 1.0 - jax.random.uniform(jax.random.key(0), (400,))
+    for run in (draw, jax.jit(draw, static_argnums=(2, 3, 4, 5, 6))):
+        args = (method, temperature, cut.get("top_k", 0), 1.0, cut.get("epsilon", 0.0))
+        found = np.bincount(np.asarray(run(log_probs, uniform, *args)), minlength=5)
+        assert found[:2].sum() == 0 and found[2:].all(), found
 
 
 def test_with_float32_products_a_lines_samples_do_not_depend_on_its_batch_shape():
@@ -159,11 +183,43 @@ def test_mbr_over_many_candidates_holds_no_candidates_by_candidates_by_ngrams_ar
     np.testing.assert_array_equal(mbr.expected_utilities(candidates, metric), utility)
 
 
+def test_translate_sample_continues_the_prompt_at_the_largest_temperature(
+    tokenizer, monkeypatch, capsys
+):
+    """At float32's largest temperature the draw is flat over the drawable pieces: the samples
+    go on past the prompt (they printed the prompt alone, every piece drawn being PAD)."""
+    from conftest import tiny_config
+    from flax import nnx
+
+    from translate.models.transformer import Transformer
+
+    model = Transformer(tiny_config().model, tokenizer.vocab_size, rngs=nnx.Rngs(0))
+    graphdef, params = nnx.split(model, nnx.Param)
+    monkeypatch.setattr(
+        sample_command, "load_ensemble", lambda *a, **k: ((graphdef,), (params,), tokenizer, 0, 0)
+    )
+    sample_command.main(
+        [
+            "--workdir=unused",
+            "--prompt=the dog",
+            "--num_samples=4",
+            f"--temperature={FLOAT32_MAX!r}",
+            "--max_new_tokens=8",
+        ]
+    )
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 4 and all(line.startswith("the dog") for line in lines), lines
+    assert all(len(line) > len("the dog") for line in lines), lines
+
+
 @pytest.mark.parametrize(
     "flag, message",
     [
         ("--temperature=inf", "--temperature=inf: must be a finite number"),
         ("--temperature=1e-40", "--temperature=1e-40: must be a finite number"),
+        # Above float32's largest it overflowed to inf as the search took it, with numpy's
+        # overflow warning.
+        ("--temperature=1e39", "--temperature=1e+39: must be a finite number"),
         ("--seed=-1", "--seed=-1: must be in [0, 2**32)"),
         ("--seed=18446744073709551616", "--seed=18446744073709551616: must be in [0, 2**32)"),
         ("--max_new_tokens=1000000000", "--max_new_tokens=1000000000: must be in [1, 1024]"),

@@ -101,7 +101,12 @@ def draw(
     """
     if method == "topk" and top_k == 1:
         return argmax(log_probs)[0]
-    x = log_probs / temperature
+    # The masks are chosen on the log-probabilities, not on their quotients: XLA divides by a
+    # constant as a product with its reciprocal, which from a temperature of about 8.5e37 is
+    # below float32's smallest normal number and flushed to 0, and -inf x 0 is NaN (every row
+    # then drew piece 0, PAD). A finite piece's quotient is then 0, and the draw flat.
+    allowed = log_probs > -jnp.inf  # [R, V]
+    x = jnp.where(allowed, log_probs / temperature, -jnp.inf)
     w = jnp.exp(x - jnp.max(x, axis=-1, keepdims=True))  # [R, V], the likeliest 1.0
     if method == "topk" and top_k:
         w = jnp.where(w >= _kth_largest(w, top_k)[:, None], w, 0.0)

@@ -15,6 +15,8 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
+
 from translate.config import SEARCH_RULES, DecodeConfig
 
 # The ways of drawing samples (sampling.draw) and of choosing among candidates (mbr.METRICS).
@@ -25,13 +27,17 @@ MBR = ("chrf", "bleu")
 # every output was PAD throughout, scored -8e9); 1e-30 keeps any log-probability above -3e8
 # finite, and draws arg-max already (as --sampling=topk --top_k=1 does).
 MIN_TEMPERATURE = 1e-30
+# The highest: float32's largest, as the search takes the temperature (1e39 overflowed to inf
+# there). The draw is flat over the drawable pieces long before it (sampling.draw).
+MAX_TEMPERATURE = float(np.finfo(np.float32).max)
 # The rules of the settings that only commands take (translate-text's --sampling ...), as
 # config.SEARCH_RULES gives those of config.decode: {field: (condition, what it must be)}.
 SAMPLING_RULES = {
     "sampling": (lambda v: v in ("", *SAMPLING), "must be one of " + ", ".join(SAMPLING)),
     "temperature": (
-        lambda v: math.isfinite(v) and v >= MIN_TEMPERATURE,
-        f"must be a finite number >= {MIN_TEMPERATURE:g} (smaller is closer to arg-max)",
+        lambda v: math.isfinite(v) and MIN_TEMPERATURE <= v <= MAX_TEMPERATURE,
+        f"must be a finite number in [{MIN_TEMPERATURE:g}, {MAX_TEMPERATURE:.6g}] (float32's "
+        "range; smaller is closer to arg-max)",
     ),
     "top_k": (lambda v: v >= 0, "must be >= 0 (1: arg-max)"),
     "top_p": (lambda v: 0.0 < v <= 1.0, "must be in (0, 1]"),
