@@ -9,13 +9,15 @@ The output is a workdir with the run's config and vocabulary and one parameters-
 (at `--output_step`, by default the newest averaged step) whose metadata lists the averaged
 steps, which `translate.evaluate` reads like any workdir (`translate.evaluate --average=5`
 averages without writing anything). --output must be new, empty, or an earlier average of this
-script (config.json, vocab.model and checkpoints listing `averaged_steps`, nothing else);
-anything else is refused and left as it was. The average is written beside --output and swapped
+script from the same --workdir (config.json, vocab.model and checkpoints listing `averaged_steps`
+and `averaged_from`, nothing else); anything else, another run's average included, is refused
+and left as it was. The average is written beside --output and swapped
 in once complete, so a failed run keeps the old one.
 """
 
 from __future__ import annotations
 
+import os
 import pathlib
 
 from absl import logging as absl_logging
@@ -24,7 +26,7 @@ from translate import atomic, checkpoint, cli
 from translate.cli import Flag, parse_flags
 from translate.config import parse_value
 from translate.trained import load_model, write_params_workdir
-from translate.workdir import Workdir, check_output_path
+from translate.workdir import Workdir, check_not_owned, check_output_path
 
 
 def average_workdir(
@@ -69,14 +71,21 @@ def check_output(output: pathlib.Path, run: Workdir) -> None:
     """Raises ValueError, naming --output and what is there, unless `output` is absent, empty,
     or an earlier average alone: this script's config.json, vocab.model and checkpoints/, each
     step's metadata listing `averaged_steps` (a training checkpoint's never does)."""
-    if output.is_relative_to(run.checkpoints.resolve()):
-        raise ValueError(f"--output={output} is inside the checkpoints of --workdir={run.path}")
     if output.exists() and not output.is_dir():
         raise ValueError(f"--output={output} exists and is not a directory; nothing was written")
-    # What no command may write over (a run, its own directories); an earlier average is no
-    # training run: it holds a config and checkpoints, but every one is an average (below).
-    if not (output / "checkpoints").is_dir():
+    source = averaged_from(output)
+    if source is not None and source != pathlib.Path(os.path.realpath(run.path)):
+        raise ValueError(
+            f"--output={output} is an average of {source}, not of --workdir={run.path}: "
+            "replacing it would lose that run's average, so nothing was changed; give another "
+            "--output"
+        )
+    # Where no command may write (inside a run's own files, a run itself); an earlier average
+    # of this run is a model's workdir that this script replaces, where it may lie.
+    if source is None:
         check_output_path(output, "--output", [run.path], directory=True)
+    else:
+        check_not_owned(output, "--output", [run.path], directory=True)
     if not output.exists() and not output.is_symlink():
         return
     out = Workdir(output)
@@ -114,6 +123,25 @@ def check_output(output: pathlib.Path, run: Workdir) -> None:
         if not averaged:
             found = f"a checkpoint at step {step} that is not an average (a training run's)"
             raise ValueError(refusal.format(output, found))
+
+
+def averaged_from(output: pathlib.Path) -> pathlib.Path | None:
+    """The run (resolved) whose average `output` holds: every step's metadata lists
+    `averaged_steps` and names one `averaged_from`. None for anything else."""
+    out = Workdir(output)
+    if not out.checkpoints.is_dir():
+        return None
+    manager = checkpoint.make_manager(out.checkpoints, read_only=True)
+    sources = set()
+    for step in manager.all_steps():
+        try:
+            meta = checkpoint.read_meta(manager, step)
+        except Exception:  # noqa: BLE001 - unreadable, so not recognisably an average
+            return None
+        if "averaged_steps" not in meta or not meta.get("averaged_from"):
+            return None
+        sources.add(pathlib.Path(os.path.realpath(meta["averaged_from"])))
+    return sources.pop() if len(sources) == 1 else None
 
 
 FLAGS = {

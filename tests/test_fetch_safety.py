@@ -8,6 +8,7 @@ import hashlib
 import os
 import subprocess
 import sys
+import threading
 import time
 import zlib
 
@@ -199,3 +200,70 @@ def test_a_gone_reader_of_standard_output_loses_messages_and_no_file(copies, tmp
     _, errors = run.communicate(timeout=300)
     assert run.returncode == 0 and errors == b"", errors.decode()
     assert [(out / n).read_text(encoding="utf-8") for n in TEXTS] == list(TEXTS.values())
+
+
+def test_a_damaged_later_gzip_leaves_dir_as_it_was(copies, tmp_path):
+    source, _ = copies
+    texts = {**TEXTS, "dev.en": "a bird .\n"}
+    (source / "dev.en.gz").write_bytes(gzip.compress(texts["dev.en"].encode())[:-6])  # cut
+    out = tmp_path / "out"
+    with pytest.raises(ValueError, match="not a whole gzip file") as error:
+        fetch.fetch("three", out, source, log=quiet, datasets={"three": dataset(texts)})
+    assert str(source / "dev.en.gz") in str(error.value) and "nothing was written" in str(
+        error.value
+    )
+    assert list(out.iterdir()) == [], "train.en and train.de, read first, were not written"
+
+
+@pytest.mark.parametrize("where", ["data", "checkpoints", "best", ""])
+def test_dir_inside_a_runs_own_files_or_a_run_itself_is_refused_even_with_force(
+    copies, tmp_path, where
+):
+    source, datasets = copies
+    run = tmp_path / "run"
+    (run / "data").mkdir(parents=True)
+    (run / "train.lock").write_text("")
+    (run / "data" / "train.en").write_text("the run's own corpus\n")
+    out = run / where if where else run
+    before = sorted(run.rglob("*"))
+    with pytest.raises(ValueError) as error:
+        fetch.fetch("tiny", out, source, log=quiet, datasets=datasets, force=True)
+    message = str(error.value)
+    assert message.startswith(f"--dir={out}") and "\n" not in message, message
+    assert sorted(run.rglob("*")) == before
+    assert (run / "data" / "train.en").read_text() == "the run's own corpus\n"
+    # Beside the run's own files, a directory of the user's takes the data.
+    fetch.fetch("tiny", run / "corpus", source, log=quiet, datasets=datasets)
+
+
+def test_two_fetches_into_one_dir_at_once_never_interleave(copies, tmp_path, monkeypatch):
+    source, datasets = copies
+    out = tmp_path / "out"
+    reading = fetch.read_source
+
+    def slow(file, copies):  # both fetches pass their first check before either writes
+        time.sleep(0.3)
+        return reading(file, copies)
+
+    monkeypatch.setattr(fetch, "read_source", slow)
+    outcomes, said = {}, []
+
+    def run(name):
+        try:
+            fetch.fetch(name, out, source, log=said.append, datasets=datasets)
+            outcomes[name] = "written"
+        except ValueError as e:
+            outcomes[name] = str(e)
+
+    threads = [threading.Thread(target=run, args=(name,)) for name in ("tiny", "other")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    written = [name for name, outcome in outcomes.items() if outcome == "written"]
+    assert len(written) == 1, outcomes
+    texts = TEXTS if written == ["tiny"] else OTHER
+    assert {p.name: p.read_text(encoding="utf-8") for p in out.iterdir()} == texts
+    refused = outcomes["other" if written == ["tiny"] else "tiny"]
+    assert "nothing was written" in refused and "--force" in refused
+    assert any("waiting for it" in line for line in said)

@@ -210,3 +210,55 @@ def test_a_dash_output_flag_is_standard_output_and_never_a_file_named_dash(
         with pytest.raises(ValueError, match="standard output"):
             command(argv)
     assert not (tmp_path / "-").exists()
+
+
+def an_average(path, source):
+    """A parameters-only workdir as scripts/average_checkpoints.py writes one, of run `source`."""
+    import jax.numpy as jnp
+
+    from translate import checkpoint
+
+    out = Workdir(path)
+    out.path.mkdir(parents=True)
+    out.config.write_text("{}\n")
+    out.vocab.write_bytes(b"vocab")
+    meta = {"step": 2, "averaged_steps": [1, 2], "averaged_from": str(source)}
+    with checkpoint.make_manager(out.checkpoints, keep=1) as manager:
+        checkpoint.save_params(manager, 2, {"w": jnp.zeros(2)}, meta)
+    return out
+
+
+def test_an_average_of_another_run_is_never_replaced(tmp_path):
+    average = importlib.import_module("scripts.average_checkpoints")
+    a, b = Workdir(tmp_path / "a"), Workdir(tmp_path / "b")
+    for run in (a, b):
+        run.path.mkdir()
+        run.lock.write_text("")
+    theirs = an_average(b.path / "average_2", b.path)
+    before = files_of(theirs.path)
+    with pytest.raises(ValueError) as error:
+        average.check_output(theirs.path, a)
+    message = str(error.value)
+    assert message.startswith(f"--output={theirs.path} is an average of {b.path}")
+    assert "\n" not in message
+    assert files_of(theirs.path) == before
+    # The run's own earlier average, where it lies, is the script's to replace.
+    average.check_output(theirs.path, b)
+    mine = an_average(tmp_path / "elsewhere" / "average_2", a.path)
+    average.check_output(mine.path, a)
+
+
+def test_an_evaluation_of_a_runs_best_goes_where_training_never_deletes_it(tmp_path):
+    run = Workdir(tmp_path / "run")
+    run.path.mkdir()
+    run.lock.write_text("")
+    best = Workdir(run.best)
+    for item in ("params", "meta"):
+        (best.checkpoints / "9" / item).mkdir(parents=True)
+    out = evaluate.default_output(str(best.path), "test.en", [9], 1)
+    assert out.path == run.evaluations / "best.test.en.step9"
+    assert out.path.is_dir() and not best.evaluations.exists()
+    # A run's own evaluations keep their names.
+    assert evaluate.default_output(str(run.path), "test.en", [6], 1).path == (
+        run.evaluations / "test.en.step6"
+    )

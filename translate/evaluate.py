@@ -46,7 +46,7 @@ from translate.decoding import metrics
 from translate.decoding.report import sha256_of_file, translate_and_score, write_report
 from translate.decoding.settings import decode_settings
 from translate.trained import load_ensemble, parameters_read
-from translate.workdir import Workdir, check_output_path
+from translate.workdir import Workdir, check_output_path, evaluations_home
 
 _imports_done()
 
@@ -55,7 +55,8 @@ def default_output(
     workdir: str, source: str, steps: Sequence[int], num_models: int, parameters: str = ""
 ) -> Workdir:
     """A new directory under the first workdir's evaluations/ named by the test set and model,
-    made here, so that no other evaluation takes it.
+    made here, so that no other evaluation takes it; for a run's best/, under the run's
+    evaluations/ as `best.NAME` (`workdir.evaluations_home`), where training never deletes it.
 
     `evaluations/newstest2014.en.step100000`, `...average5.step100000` or `...ensemble2.step..`,
     with `.raw` or `.ema` after the step when `parameters` says which a run's moving average
@@ -65,7 +66,8 @@ def default_output(
     Raises:
       ValueError: naming --workdir when nothing can be created there.
     """
-    name = pathlib.Path(source).name
+    home, name = evaluations_home(workdir)
+    name += pathlib.Path(source).name
     if num_models > 1:
         name += f".ensemble{num_models}"
     if len(steps) > 1:
@@ -73,7 +75,7 @@ def default_output(
     name += f".step{steps[-1]}"
     if parameters:
         name += f".{parameters}"
-    evaluations = Workdir(workdir).evaluations
+    evaluations = home.evaluations
     candidate, number = evaluations / name, 1
     while True:
         try:

@@ -367,6 +367,20 @@ def enclosing_runs(path: str | os.PathLike) -> list[Workdir]:
     return runs
 
 
+def evaluations_home(workdir: str | os.PathLike) -> tuple[Workdir, str]:
+    """Where translate-evaluate writes `workdir`'s reports by default, and how their names
+    begin: in the workdir's own evaluations/; for a workdir inside a run's own files (its
+    best/), in that run's evaluations/, each name beginning with the path inside it (`best.`),
+    so that nothing is written where training deletes it."""
+    home, prefix = Workdir(workdir), ""
+    real = pathlib.Path(os.path.realpath(workdir))
+    for run in enclosing_runs(real):
+        if run.owns(real):
+            home = run
+            prefix = ".".join(real.relative_to(os.path.realpath(run.path)).parts) + "."
+    return home, prefix
+
+
 def check_output_path(
     output: str | os.PathLike,
     flag: str,
@@ -413,6 +427,29 @@ def check_output_path(
                     f"{flag}={output}: {path} is a file; {flag} is the directory that the "
                     "command's files go in"
                 )
+    check_not_owned(output, flag, workdirs, directory, instead)
+    out = Workdir(real)
+    if directory and not out.is_export() and out.is_run():  # an export's config.json is its own
+        what = "a training workdir" if out.lock.is_file() else "a model's workdir (checkpoints)"
+        raise ValueError(f"{flag}={output} is {what}, whose files are that run's own: {instead}")
+
+
+def check_not_owned(
+    output: str | os.PathLike,
+    flag: str,
+    workdirs: Sequence[str | os.PathLike],
+    directory: bool,
+    instead: str = "",
+) -> None:
+    """Refuses an output that is, or lies in, what one of `workdirs` or a run or export above
+    it owns (`Workdir.owns`), or a file output that is an evaluation's report; the part of
+    `check_output_path` that a command replacing its own earlier output asks alone.
+
+    Raises:
+      ValueError: naming the flag, the path, the run and its entry.
+    """
+    instead = instead or f"give another {flag}"
+    real = pathlib.Path(os.path.realpath(output))
     given = [(Workdir(os.path.realpath(w)), f"--workdir={w}") for w in workdirs]
     mine = {run.path for run, _ in given}
     found = [(run, described(run)) for run in enclosing_runs(real) if run.path not in mine]
@@ -427,10 +464,6 @@ def check_output_path(
                 f"it: give a {flag} beside its own files (its config, vocabulary, checkpoints, "
                 "logs, reports, curves, best/ and data/), e.g. a new name"
             )
-    out = Workdir(real)
-    if directory and not out.is_export() and out.is_run():  # an export's config.json is its own
-        what = "a training workdir" if out.lock.is_file() else "a model's workdir (checkpoints)"
-        raise ValueError(f"{flag}={output} is {what}, whose files are that run's own: {instead}")
 
 
 def described(run: Workdir) -> str:

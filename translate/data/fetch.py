@@ -7,7 +7,10 @@ damaged file is refused with its name and never used. A file already there with 
 sha256 is kept as it is. Anything else already there under a dataset file's name (a file edited
 by hand, another dataset's file of the same name, a symbolic link) is the user's: it stops the
 command before anything is written, unless `force` says to replace it (a link itself, never the
-file it points to).
+file it points to). Every file is read and checked before the first is written, so a damaged one
+leaves the directory as it was. The target directory is checked as every command's output is
+(translate/workdir.py: never inside a run's own files, never a run), and locked while files are
+written there: a second fetch into it waits, then checks again what the first one wrote.
 
   multi30k     Multi30k task 1 (Elliott et al. 2016): train, val, test2016, raw text, English and
                German, from github.com/multi30k/dataset at a3d2e0d (the files have not changed
@@ -19,6 +22,7 @@ file it points to).
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import gzip
 import hashlib
 import http.client
@@ -33,6 +37,7 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from translate import atomic
+from translate.workdir import check_output_path
 
 # The standard library's urllib rather than a download library (pooch, TFDS's download manager):
 # a file here is a pinned URL and a sha256, which needs no dependency of its own.
@@ -168,7 +173,7 @@ def checked(file: DataFile, data: bytes, origin: str) -> bytes:
         raise ValueError(
             f"{origin}: sha256 {found}, not the {file.sha256} of {file.name} "
             f"({file.lines} lines); a partial or other file is never used, and nothing was "
-            "written for it"
+            "written"
         )
     return data
 
@@ -203,27 +208,59 @@ def fetch(
     if directory.exists() and not directory.is_dir():
         raise ValueError(f"--dir={directory} is a file; give a directory")
     files = datasets[name]
-    kept = check_existing(name, files, directory, force, datasets)
+    instead = "give another --dir"
+    check_output_path(directory, "--dir", [], directory=True, instead=instead)
+    for file in files:
+        check_output_path(directory / file.name, "--dir", [], directory=False, instead=instead)
+    check_existing(name, files, directory, force, datasets)  # before the directory is made
     try:
         directory.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise OSError(e.errno, e.strerror, f"--dir={directory}") from None
-    for stale in remove_stale_temporaries(directory, files):
-        log(f"{stale}: removed, a temporary file that a killed run left")
-    source = None if copies is None else pathlib.Path(copies)
-    written = []
-    for file in files:
-        target = directory / file.name
-        if file.name in kept:
-            log(f"{target}: already there, checked")
+    with locked(directory, log):
+        # Again, now that no other fetch writes here: one that held the lock may have written.
+        kept = check_existing(name, files, directory, force, datasets)
+        for stale in remove_stale_temporaries(directory, files):
+            log(f"{stale}: removed, a temporary file that a killed run left")
+        source = None if copies is None else pathlib.Path(copies)
+        texts = {}
+        for file in files:  # all read and checked before the first is written
+            if file.name not in kept:
+                data, origin = read_source(file, source)
+                texts[file.name] = (checked(file, data, origin), origin)
+        written = []
+        for file in files:
+            target = directory / file.name
+            if file.name in kept:
+                log(f"{target}: already there, checked")
+            else:
+                text, origin = texts[file.name]
+                write_file(target, text)
+                log(f"{target}: {file.lines} lines from {origin}, sha256 checked")
             written.append(target)
-            continue
-        data, origin = read_source(file, source)
-        text = checked(file, data, origin)
-        write_file(target, text)
-        log(f"{target}: {file.lines} lines from {origin}, sha256 checked")
-        written.append(target)
     return written
+
+
+@contextlib.contextmanager
+def locked(directory: pathlib.Path, log: Callable[[str], None]):
+    """Holds an advisory lock on `directory` itself while a fetch checks and writes there, so
+    that two fetches into one directory never interleave their files. The operating system
+    drops it when the process ends, however it ends."""
+    try:
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError as e:
+        raise OSError(e.errno, e.strerror, f"--dir={directory}") from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log(f"--dir={directory}: another translate-data is writing there; waiting for it")
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError:  # a file system without locks: as before locks were taken
+            pass
+        yield
+    finally:
+        os.close(fd)
 
 
 def check_existing(
