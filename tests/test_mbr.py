@@ -126,3 +126,32 @@ def test_mbr_chooses_what_the_mbrs_package_chooses(metric):
         assert candidates[order[0]] == chosen
         compared += 1
     assert compared >= 40
+
+
+@pytest.mark.parametrize("nbest", [0, 2])
+def test_mbr_with_no_finished_candidate_chooses_among_all_of_them(tokenizer, nbest):
+    """Candidates left at the search's NEG_INF (none reached EOS) are all there is to choose
+    from: the choice is MBR's among them as printed (it was an IndexError of an empty list)."""
+    from translate.data.tokenizer import PAD_ID
+    from translate.decoding.search import NEG_INF
+    from translate.decoding.sentences import choose
+    from translate.decoding.settings import DecodeSettings
+
+    texts = ["Der Vater kauft eine Blume.", "Der Vater kauft eine Blume.", "Ein Kind weiß."]
+    texts += ["Der Vater kauft ein Buch."]
+    encoded = tokenizer.encode(texts)
+    tokens = np.full((len(texts), max(map(len, encoded))), PAD_ID, np.int32)  # [N, L], no EOS
+    for row, ids in enumerate(encoded):
+        tokens[row, : len(ids)] = ids
+    scores = np.full(len(texts), NEG_INF, np.float32)
+    settings = DecodeSettings(sampling="ancestral", num_candidates=4, mbr="chrf", nbest=nbest)
+    printed = [tokenizer.decode(row) for row in tokens]
+    order, utility = mbr_order(printed, list(scores), "chrf")
+    chosen = choose(tokenizer, tokens, scores, settings)
+    if not nbest:
+        assert chosen == [(0.0, printed[order[0]])] and printed[order[0]] == printed[0]
+    else:
+        distinct = {}
+        for i in order:  # the duplicates once, at their best rank
+            distinct.setdefault(printed[i], float(utility[i]))
+        assert chosen == [(u, text) for text, u in distinct.items()][:nbest]

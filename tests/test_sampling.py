@@ -355,6 +355,17 @@ def test_mbr_output_is_the_mbr_choice_among_the_printed_candidates(
     assert all(0.0 <= u <= 100.0 for u in utilities)
 
 
+@pytest.mark.slow  # a sampling compile of the tiny run's model: about 15 s
+def test_mbr_at_the_largest_temperature_translates_every_line(workdir, tmp_path, varied_outputs):
+    """At float32's largest temperature the samples are drawn flat over the drawable pieces,
+    end at EOS with finite scores, and --mbr chooses among them (every sample was PAD, left
+    unfinished, and the choice among none an IndexError)."""
+    flags = ["--sampling=ancestral", "--temperature=3.4e38", "--num_candidates=4"]
+    chosen = run(tmp_path, SENTENCES, f"--workdir={workdir}", *flags, "--mbr=chrf")
+    assert len(chosen) == len(SENTENCES)
+    assert all(chosen[line] for line, sentence in enumerate(SENTENCES) if sentence.strip())
+
+
 @pytest.mark.slow  # 25 s; the search's prefixes and the file's refusals stay by default
 def test_prefixes_start_the_outputs_and_an_empty_line_has_none(workdir, tmp_path, varied_outputs):
     prefixes = tmp_path / "prefixes.txt"

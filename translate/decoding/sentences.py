@@ -206,8 +206,12 @@ def choose(
         candidates = [
             (float(score), tokenizer.decode(row))
             for row, score in zip(tokens[: settings.num_candidates], scores)
-            if score > NEG_INF / 2
         ]
+        # A candidate left at NEG_INF never reached EOS; the others are chosen among. Where
+        # none did, all of them are, as printed: what the search ranks first would be printed
+        # without --mbr, unfinished or not.
+        finished = [c for c in candidates if c[0] > NEG_INF / 2]
+        candidates = finished or candidates
         order, utility = mbr_order(
             [text for _, text in candidates], [score for score, _ in candidates], settings.mbr
         )
