@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 
+import jax
 import pytest
 from conftest import copy_of_tiny_run
 
@@ -302,17 +303,93 @@ def test_one_file_as_source_and_target_is_refused(config, tmp_path):
     assert not run.vocab.exists()
 
 
-def test_force_says_what_of_the_earlier_run_it_deletes_its_evaluations_by_name(
-    config, trained, caplog
-):
+def test_force_deletes_only_the_runs_own_files_and_names_what_it_keeps(config, trained, caplog):
     workdir = Workdir(trained)
     report = workdir.evaluations / "test.en.step6" / "report.json"
     report.parent.mkdir(parents=True)
     report.write_text("{}")
+    mine = workdir.path / "translations.txt"
+    mine.write_text("ein Hund .\n")
     with caplog.at_level(logging.INFO, logger="translate"):
         trainer.open_run(config, workdir, force=True)
     said = [r.getMessage() for r in caplog.records if "deleted the earlier run" in r.getMessage()]
     assert len(said) == 1, caplog.text
     assert "checkpoints/" in said[0] and "config.json" in said[0]
-    assert "evaluations/ held 1 evaluation of its model, deleted with it: test.en.step6" in said[0]
-    assert not workdir.evaluations.exists()
+    assert "kept what is not the run's: evaluations/ (1 evaluation of that model)" in said[0]
+    assert "translations.txt" in said[0]
+    assert report.read_text() == "{}" and mine.read_text() == "ein Hund .\n"
+    assert not workdir.checkpoints.exists()
+
+
+def test_force_refuses_a_users_file_in_best_before_moving_anything(config, tmp_path):
+    workdir = Workdir(tmp_path / "run")
+    (workdir.best / "checkpoints" / "3").mkdir(parents=True)
+    workdir.best.joinpath("config.json").write_text("{}")
+    workdir.best.joinpath("mine.txt").write_text("my notes\n")
+    workdir.config.write_text("{}")
+    workdir.lock.write_text("")
+    before = files_of(workdir.path)
+    with pytest.raises(ValueError) as error:
+        opening.check_config(config, workdir, force=True)
+    message = str(error.value)
+    assert message.startswith(f"--force: {workdir.best / 'mine.txt'} is not the run's")
+    assert "\n" not in message
+    assert files_of(workdir.path) == before and not workdir.previous_run.exists()
+
+
+def test_a_run_resumes_with_other_product_and_compute_precision_saying_so_in_one_line(
+    config, trained, caplog
+):
+    workdir = Workdir(trained)
+    saved = json.loads(workdir.config.read_text())["model"]
+    assert (saved["compute_dtype"], saved["matmul_dtype"]) == ("auto", "compute")
+    config.model.compute_dtype, config.model.matmul_dtype = "float32", "bfloat16"
+    with caplog.at_level(logging.INFO, logger="translate"):
+        trainer.open_run(config, workdir, force=False)
+    said = [r.getMessage() for r in caplog.records if "resumes with" in r.getMessage()]
+    assert len(said) == 1 and "\n" not in said[0], caplog.text
+    assert "config.model.compute_dtype auto -> float32" in said[0]
+    assert "config.model.matmul_dtype compute -> bfloat16" in said[0]
+    assert workdir.checkpoints.is_dir() and not workdir.previous_run.exists()
+
+
+def test_a_compute_dtype_this_device_cannot_run_is_refused_before_anything_is_written(
+    config, tmp_path
+):
+    assert jax.default_backend() == "cpu"  # XLA's CPU backend has no float16 attention
+    config.model.compute_dtype = "float16"
+    run = tmp_path / "run"
+    with pytest.raises(ValueError) as error:
+        trainer.train_and_evaluate(config, run)
+    message = cli.user_error_message(error.value)
+    assert message is not None and "\n" not in message
+    assert message.startswith("--config.model.compute_dtype=float16: this cpu device cannot")
+    assert not run.exists(), "no config.json, no lock: the corrected command starts afresh"
+
+
+def test_a_resume_with_another_seed_is_refused_naming_it(config, trained):
+    workdir = Workdir(trained)
+    before = files_of(trained)
+    config.train.seed += 1
+    with pytest.raises(ValueError) as error:
+        opening.check_config(config, workdir, force=False)
+    message = str(error.value)
+    assert f"config.train.seed = {config.train.seed - 1}, now {config.train.seed}" in message
+    assert "\n" not in message and files_of(trained) == before
+
+
+def test_init_from_an_export_says_it_is_an_export(config, trained, tmp_path):
+    exported = tmp_path / "exported"
+    exported.mkdir()
+    marker = {"workdir": str(trained), "files": ["model.bin", "vocab.model"]}
+    (exported / "translate-export.json").write_text(json.dumps(marker))
+    (exported / "model.bin").write_bytes(b"weights")
+    shutil.copyfile(trained / "vocab.model", exported / "vocab.model")
+    config.train.init_from = str(exported)
+    run = Workdir(tmp_path / "tuned")
+    with pytest.raises(ValueError) as error:
+        trainer.open_run(config, run, force=False)
+    message = cli.user_error_message(error.value)
+    assert message.startswith(f"--config.train.init_from={exported}: {exported} is an export")
+    assert message.endswith(f"exported from ({trained})") and "checkpoints" not in message
+    assert not run.path.exists()

@@ -184,19 +184,12 @@ class Workdir:
             return None
         return top + "/" if len(parts) > 1 or (root / top).is_dir() else top
 
-    def evaluation_report(self, path: str | os.PathLike) -> bool:
-        """Whether `path` is a report that translate-evaluate wrote below this run (report.json,
-        report.txt or hypotheses.txt beside a report.json): it writes them once, never over,
-        and no other command writes them."""
+    def in_evaluations(self, path: str | os.PathLike) -> bool:
+        """Whether `path` lies in evaluations/, where translate-evaluate writes its reports, a
+        directory each (its --output may be a new one there); no other command writes a file
+        there."""
         real = pathlib.Path(os.path.realpath(path))
-        root = pathlib.Path(os.path.realpath(self.path))
-        names = {p.name for p in self.report_files()}
-        return (
-            real.is_relative_to(root)
-            and real.parent != root
-            and real.name in names
-            and (real.parent / self.report_json.name).is_file()
-        )
+        return real.is_relative_to(os.path.realpath(self.evaluations))
 
     def export_files(self) -> set[str]:
         """The names of the entries that translate-export wrote here, as its marker lists them
@@ -250,11 +243,14 @@ def lock(workdir: Workdir):
     A second trainer stops at once with an error naming the process (and host) that holds it.
     The operating system drops the lock when its process exits, however it exits, so a
     killed run leaves no stale lock. On several hosts, process 0 holds it for the job;
-    read-only commands (evaluate, translate) take no lock.
+    read-only commands (evaluate, translate) take no lock. A run refused at its first start
+    (an error before it wrote anything) leaves no directory: the one made here goes with its
+    lock.
     """
     if jax.process_index() != 0:
         yield
         return
+    made = not workdir.path.exists()
     try:
         workdir.path.mkdir(parents=True, exist_ok=True)
         f = open(workdir.lock, "a+", encoding="utf-8")
@@ -280,9 +276,21 @@ def lock(workdir: Workdir):
         f.flush()
         try:
             yield
+        except BaseException:
+            if made:
+                remove_if_untouched(workdir)
+            raise
         finally:
             f.truncate(0)  # still locked: no reader sees a half-cleared owner
             fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def remove_if_untouched(workdir: Workdir) -> None:
+    """Removes a workdir that holds nothing but its lock (a run refused before it wrote)."""
+    with contextlib.suppress(OSError):
+        if [p.name for p in workdir.path.iterdir()] == [workdir.lock.name]:
+            workdir.lock.unlink()
+            workdir.path.rmdir()
 
 
 class WorkdirBusy(RuntimeError):
@@ -394,13 +402,13 @@ def check_output_path(
     lies in, found from the path (`enclosing_runs`). Each owns its own names (`Workdir.owns`:
     best/ and previous_run/ included) and everything under them; the rest of its directory is
     the user's, which any command may write as the user asks (the same command again rewrites
-    its own output), but for translate-evaluate's reports, which only it writes.
+    its own output), but for evaluations/, where only translate-evaluate writes.
 
     Refused, naming `flag` (`--output`) and changing nothing:
       - a path that is one of `workdirs`, or holds one;
       - a directory output under a file, or that is a file; a file output that is a directory;
-      - a path that is, or lies in, an entry that a run or export owns, or a file output that
-        is an evaluation's report;
+      - a path that is, or lies in, an entry that a run or export owns, or a file output in a
+        run's evaluations/;
       - a directory output that is itself a run (an export is the export command's to judge).
     What a command adds of its own (translate-text: not the --input; translate-evaluate: no
     report there yet; translate-export and the average: only their own earlier output) it
@@ -442,7 +450,7 @@ def check_not_owned(
     instead: str = "",
 ) -> None:
     """Refuses an output that is, or lies in, what one of `workdirs` or a run or export above
-    it owns (`Workdir.owns`), or a file output that is an evaluation's report; the part of
+    it owns (`Workdir.owns`), or a file output in a run's evaluations/; the part of
     `check_output_path` that a command replacing its own earlier output asks alone.
 
     Raises:
@@ -453,16 +461,22 @@ def check_not_owned(
     given = [(Workdir(os.path.realpath(w)), f"--workdir={w}") for w in workdirs]
     mine = {run.path for run, _ in given}
     found = [(run, described(run)) for run in enclosing_runs(real) if run.path not in mine]
-    for run, name in given + found:
+    runs = given + found
+    for run, name in runs:
         entry = run.owns(real)
         if directory and entry:
             raise ValueError(f"{flag}={output} is inside {name}'s own files ({entry}); {instead}")
-        if entry or (not directory and run.evaluation_report(real)):
-            what = entry or "an evaluation's report, which only translate-evaluate writes"
+        if entry:
             raise ValueError(
-                f"{flag}={output} is a file of {name} ({what}); writing there would damage "
+                f"{flag}={output} is a file of {name} ({entry}); writing there would damage "
                 f"it: give a {flag} beside its own files (its config, vocabulary, checkpoints, "
                 "logs, reports, curves, best/ and data/), e.g. a new name"
+            )
+    for run, name in runs if not directory else []:
+        if not run.is_export() and run.in_evaluations(real):
+            raise ValueError(
+                f"{flag}={output} is a file of {name} (evaluations/, where only "
+                f"translate-evaluate writes, a directory each): {instead}"
             )
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import json
 import logging
 import math
 import pathlib
@@ -20,11 +21,16 @@ import typing
 from typing import NamedTuple
 
 import jax
+import jax.numpy as jnp
 
 from translate import checkpoint, sharding
 from translate.config import Config, Optimizer, split_init_from
 from translate.data.tokenizer import Tokenizer
-from translate.models.factory import abstract_model
+from translate.models.factory import (
+    abstract_model,
+    resolve_model_attention,
+    resolve_model_dtype,
+)
 from translate.training.optim import make_optimizer, make_schedule
 from translate.workdir import EXPORT_MARKER, Workdir, read_config
 
@@ -67,17 +73,29 @@ def check_layout(workdir: Workdir) -> None:
 def check_config(config: Config, workdir: Workdir, force: bool) -> None:
     """Refuses to reuse a workdir trained with a different model or data vocabulary.
 
-    With `force`, everything an earlier run generated in the workdir is moved into
-    `previous_run/` instead, and deleted only once the new run's data has loaded
-    (`settle_previous_run`): bad new data puts the old run back. On several hosts sharing the
-    workdir, process 0 alone moves and writes.
+    With `force`, everything an earlier run generated in the workdir (its own names,
+    `Workdir.generated`) is moved into `previous_run/` instead, and deleted only once the new
+    run's data has loaded (`settle_previous_run`): bad new data puts the old run back. The
+    user's files beside them stay; a file of the user's in best/, which goes whole, refuses
+    `force` before anything is moved. On several hosts sharing the workdir, process 0 alone
+    moves and writes.
     """
+    check_compute_dtype(config)
     primary = jax.process_index() == 0
     if force and primary:
         if workdir.previous_run.exists():
             raise FileExistsError(
                 f"{workdir.previous_run} holds a run that an earlier --force set aside and "
                 "could not put back; move it away (or delete it) and run again"
+            )
+        if foreign := workdir.foreign_entries():
+            likewise = (
+                f" ({', '.join(p.name for p in foreign[1:])} likewise)" if foreign[1:] else ""
+            )
+            raise ValueError(
+                f"--force: {foreign[0]} is not the run's{likewise}: best/ holds what training "
+                "writes there (config.json, vocab.model, checkpoints/) and --force deletes it "
+                "whole, so move it out of best/ first; nothing was changed"
             )
         generated = [t for t in workdir.generated() if t.exists() or t.is_symlink()]
         if generated:
@@ -88,10 +106,18 @@ def check_config(config: Config, workdir: Workdir, force: bool) -> None:
         # Through the Config, so fields added since the workdir was made take their defaults.
         saved = read_config(workdir).to_dict()
         now = config.to_dict()
+        precision = [
+            f"config.model.{name} {saved['model'][name]} -> {now['model'][name]}"
+            for name in PRECISION_FIELDS
+            if saved["model"][name] != now["model"][name]
+        ]
         for conf in (saved, now):
-            del conf["model"]["attention"]  # a kernel choice; the parameters do not depend on it
+            for name in ("attention", *PRECISION_FIELDS):  # the parameters do not depend on them
+                del conf["model"][name]
         compared = [("model", name) for name in saved["model"]]
         compared += [("data", "vocab_size"), ("data", "source")]
+        # The order of each epoch's pairs, which the saved data position counts in, and dropout.
+        compared += [("train", "seed")]
         # The direction: a swapped pair would train the run's model to translate backwards.
         compared += [("data", "src_lang"), ("data", "tgt_lang")]
         differ = [
@@ -116,11 +142,51 @@ def check_config(config: Config, workdir: Workdir, force: bool) -> None:
                 f"{workdir.path} was created with {'; '.join(differ)}: use a fresh --workdir, "
                 "or pass --force to set its run aside and start afresh"
             )
+        if precision:
+            log.info(
+                "%s resumes with %s: its parameters and optimizer state are float32 either way "
+                "and its data the same; the steps from here compute at the new precision",
+                workdir.path,
+                ", ".join(precision),
+            )
     elif not force:
         check_checkpoint_state(config, workdir)
     if not force:
         check_trainable(workdir)
     sharding.sync_processes("workdir checked")  # every host has read config.json before it changes
+
+
+# What a run may resume with another of: the parameters and the optimizer state are float32
+# whatever these say (translate/config.py), and the data does not depend on them.
+PRECISION_FIELDS = ("compute_dtype", "matmul_dtype")
+
+
+def check_compute_dtype(config: Config) -> None:
+    """Refuses a compute dtype that this device cannot run, before anything is written: XLA's
+    CPU backend, for one, has no float16 attention product (jax 0.10.2), which a run
+    would otherwise meet at its first step. Attention and its gradient are compiled at that
+    dtype on tiny shapes (about 0.1 s).
+
+    Raises:
+      ValueError: naming --config.model.compute_dtype and the device.
+    """
+    m = config.model
+    dtype, attention = resolve_model_dtype(m), resolve_model_attention(m)
+    q = jax.ShapeDtypeStruct((1, 2, 1, 8), dtype)  # [B, T, H, K]
+
+    def attend(q):
+        y = jax.nn.dot_product_attention(q, q, q, implementation=attention)
+        return y.astype(jnp.float32).sum()
+
+    try:
+        jax.jit(jax.value_and_grad(attend)).lower(q).compile()
+    except Exception as e:  # noqa: BLE001 - XLA's refusal, whatever its type
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ValueError(
+            f"--config.model.compute_dtype={m.compute_dtype}: this {jax.default_backend()} "
+            f"device cannot compute in {jnp.dtype(dtype).name} ({reason}); give "
+            "--config.model.compute_dtype=float32 (or auto)"
+        ) from None
 
 
 def check_trainable(workdir: Workdir) -> None:
@@ -272,16 +338,26 @@ def settle_previous_run(workdir: Workdir, keep: bool) -> None:
 
 
 def deleted_earlier_run(workdir: Workdir) -> str:
-    """What `--force` deletes of the earlier run set aside in previous_run/, for the log: each
-    entry, and the evaluations' reports by name (translate-evaluate's, which the user made)."""
+    """What `--force` deletes of the earlier run set aside in previous_run/, and what it keeps
+    beside it (the user's: translate-evaluate's evaluations by number, the user's files), for
+    the log."""
     aside = workdir.previous_run
     names = sorted(p.name + ("/" if p.is_dir() else "") for p in aside.iterdir())
     line = f"deleted the earlier run in {workdir.path}: {', '.join(names)}"
-    evaluations = aside / workdir.evaluations.name
-    if evaluations.is_dir():
-        reports = sorted(p.name for p in evaluations.iterdir())
-        held = f"{len(reports)} evaluation{'' if len(reports) == 1 else 's'}"
-        line += f"; evaluations/ held {held} of its model, deleted with it: {', '.join(reports)}"
+    kept = [
+        p
+        for p in sorted(workdir.path.iterdir())
+        if not workdir.owns(p) and not p.name.startswith(".")
+    ]
+    if kept:
+        said = []
+        for p in kept:
+            if p == workdir.evaluations and p.is_dir():
+                n = len(list(p.iterdir()))
+                said.append(f"evaluations/ ({n} evaluation{'' if n == 1 else 's'} of that model)")
+            else:
+                said.append(p.name + ("/" if p.is_dir() else ""))
+        line += f"; kept what is not the run's: {', '.join(said)}"
     return line
 
 
@@ -325,6 +401,17 @@ def check_init_from(config: Config, workdir: Workdir, force: bool = False) -> In
     flag = f"--config.train.init_from={config.train.init_from}"
     if source.path.resolve() == workdir.path.resolve():
         raise ValueError(f"{flag}: that is this run's own --workdir; resuming needs no init_from")
+    if source.is_export():
+        try:
+            origin = json.loads((source.path / EXPORT_MARKER).read_text(encoding="utf-8"))
+            origin = origin.get("workdir") if isinstance(origin, dict) else None
+        except (OSError, ValueError):
+            origin = None
+        raise ValueError(
+            f"{flag}: {source.path} is an export that translate-export wrote ({EXPORT_MARKER}), "
+            "whose weights training does not read: give the training workdir it was exported "
+            "from" + (f" ({origin})" if origin else "")
+        )
     for needed in (source.config, source.vocab):
         if not needed.is_file():
             raise FileNotFoundError(
