@@ -747,6 +747,13 @@ def _errors_named_by_line(path: pathlib.Path):
         yield
     except RecursionError:
         raise ValueError(f"--config={path}: loads itself, without end") from None
+    except SystemExit as e:  # sys.exit() in the file: otherwise a command that did nothing
+        lines = [f.lineno for f in traceback.extract_tb(e.__traceback__) if f.filename == str(path)]
+        where = f"{path}:{lines[-1]}" if lines else str(path)
+        raise ValueError(
+            f"--config={where}: the config file exits (sys.exit({e.code!r})) while it is read; a "
+            "config file defines get_config() and leaves the exiting to the command"
+        ) from None
     except SyntaxError as e:
         if e.filename is None:  # raised before a line was read: NUL bytes, say
             raise ValueError(f"--config={path}: not a Python file ({e.msg})") from None
