@@ -393,3 +393,20 @@ def test_init_from_an_export_says_it_is_an_export(config, trained, tmp_path):
     assert message.startswith(f"--config.train.init_from={exported}: {exported} is an export")
     assert message.endswith(f"exported from ({trained})") and "checkpoints" not in message
     assert not run.path.exists()
+
+
+def test_a_config_json_edited_to_another_vocab_size_is_refused_naming_the_vocabulary(
+    config, trained
+):
+    workdir = Workdir(trained)
+    saved = json.loads(workdir.config.read_text())
+    saved["data"]["vocab_size"] = 300  # the tiny run's vocabulary: 200
+    workdir.config.write_text(json.dumps(saved))
+    before = files_of(trained)
+    config.data.vocab_size = 300
+    with pytest.raises(ValueError) as error:
+        trainer.open_run(config, workdir, force=False)
+    message = cli.user_error_message(error.value)
+    assert message.startswith(f"--config.data.vocab_size=300: {workdir.vocab} was trained with")
+    assert "give --config.data.vocab_size=200" in message and "\n" not in message
+    assert files_of(trained) == before

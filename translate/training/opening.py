@@ -152,6 +152,7 @@ def check_config(config: Config, workdir: Workdir, force: bool) -> None:
     elif not force:
         check_checkpoint_state(config, workdir)
     if not force:
+        check_vocabulary_size(config, workdir)
         check_trainable(workdir)
     sharding.sync_processes("workdir checked")  # every host has read config.json before it changes
 
@@ -187,6 +188,38 @@ def check_compute_dtype(config: Config) -> None:
             f"device cannot compute in {jnp.dtype(dtype).name} ({reason}); give "
             "--config.model.compute_dtype=float32 (or auto)"
         ) from None
+
+
+def check_vocabulary_size(config: Config, workdir: Workdir) -> None:
+    """Refuses a `data.vocab_size` other than the one the workdir's vocab.model was trained
+    with (a config.json edited by hand agrees with the flag, but the run would go on reading
+    and writing the old pieces without a word).
+
+    Raises:
+      ValueError: naming the flag, vocab.model and its size.
+    """
+    trained = trained_vocab_size(workdir.vocab)
+    if trained is None or trained == config.data.vocab_size:
+        return
+    raise ValueError(
+        f"--config.data.vocab_size={config.data.vocab_size}: {workdir.vocab} was trained with "
+        f"vocab_size={trained}, and this run reads and writes its pieces (its checkpoints are "
+        f"of them): give --config.data.vocab_size={trained}, use a fresh --workdir, or pass "
+        "--force to set the run aside and start afresh"
+    )
+
+
+def trained_vocab_size(path: pathlib.Path) -> int | None:
+    """The vocab_size that SentencePiece was asked for when it trained `path` (its model
+    records it; the pieces may be fewer), or None when there is no such file to read."""
+    try:
+        from sentencepiece import sentencepiece_model_pb2
+
+        model = sentencepiece_model_pb2.ModelProto()
+        model.ParseFromString(path.read_bytes())
+    except Exception:  # noqa: BLE001 - absent or unreadable: the tokenizer's load says why
+        return None
+    return model.trainer_spec.vocab_size or None
 
 
 def check_trainable(workdir: Workdir) -> None:
