@@ -217,9 +217,10 @@ def test_a_damaged_later_gzip_leaves_dir_as_it_was(copies, tmp_path):
 
 @pytest.mark.parametrize("where", ["data", "checkpoints", "best", ""])
 def test_dir_inside_a_runs_own_files_or_a_run_itself_is_refused_even_with_force(
-    copies, tmp_path, where
+    copies, tmp_path, where, monkeypatch
 ):
     source, datasets = copies
+    monkeypatch.setitem(fetch.DATASETS, "tiny", datasets["tiny"])
     run = tmp_path / "run"
     (run / "data").mkdir(parents=True)
     (run / "train.lock").write_text("")
@@ -227,13 +228,14 @@ def test_dir_inside_a_runs_own_files_or_a_run_itself_is_refused_even_with_force(
     out = run / where if where else run
     before = sorted(run.rglob("*"))
     with pytest.raises(ValueError) as error:
-        fetch.fetch("tiny", out, source, log=quiet, datasets=datasets, force=True)
+        translate_data.main(["tiny", f"--dir={out}", f"--from={source}", "--force"])
     message = str(error.value)
     assert message.startswith(f"--dir={out}") and "\n" not in message, message
     assert sorted(run.rglob("*")) == before
     assert (run / "data" / "train.en").read_text() == "the run's own corpus\n"
     # Beside the run's own files, a directory of the user's takes the data.
-    fetch.fetch("tiny", run / "corpus", source, log=quiet, datasets=datasets)
+    translate_data.main(["tiny", f"--dir={run / 'corpus'}", f"--from={source}"])
+    assert (run / "corpus" / "train.en").read_text(encoding="utf-8") == TEXTS["train.en"]
 
 
 def test_two_fetches_into_one_dir_at_once_never_interleave(copies, tmp_path, monkeypatch):

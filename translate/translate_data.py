@@ -9,8 +9,9 @@ at a pinned commit (translate/data/fetch.py), decompresses it and checks its sha
 writing it whole into --dir; a damaged, partial or other file is refused with its name and never
 used. A file already in --dir with the right sha256 is kept. Any other file there under a
 dataset file's name (edited by hand, another dataset's train.en, a symbolic link) stops the
-command before anything is written; --force replaces it (a link itself, never its file). Then,
-for example:
+command before anything is written; --force replaces it (a link itself, never its file). --dir is
+never a training run or inside one's own files (its data/, checkpoints/), with --force or without;
+two translate-data into one --dir take turns. Then, for example:
 
     translate-train --config=multi30k --workdir=/tmp/multi30k --config.data.dir=data/multi30k
 """
@@ -26,6 +27,7 @@ from collections.abc import Sequence
 from translate import cli
 from translate.cli import Flag, parse_flags
 from translate.data.fetch import DATASETS, fetch
+from translate.workdir import check_output_path
 
 FLAGS = {
     "dir": Flag("", "Required. The directory the files go in (made if needed)."),
@@ -80,6 +82,16 @@ def tell(line: str) -> None:
             os.close(devnull)
 
 
+def check_dir(name: str, directory: str) -> None:
+    """Refuses a --dir, or a dataset file's path in it, that a run owns or that is a run
+    (translate/workdir.py, `check_output_path`), before anything is read or written."""
+    instead = "give another --dir"
+    check_output_path(directory, "--dir", [], directory=True, instead=instead)
+    for file in DATASETS.get(name, []):
+        target = os.path.join(directory, file.name)
+        check_output_path(target, "--dir", [], directory=False, instead=instead)
+
+
 def main(argv: Sequence[str]) -> None:
     names, flag_arguments = split_arguments(argv)
     flags, _ = parse_flags(flag_arguments, FLAGS, doc=__doc__, sections=())
@@ -87,6 +99,7 @@ def main(argv: Sequence[str]) -> None:
         raise ValueError(f"give one dataset: {' or '.join(sorted(DATASETS))} (--help says more)")
     if not flags["dir"]:
         raise ValueError("--dir is required: the directory the files go in")
+    check_dir(names[0], flags["dir"])
     fetch(names[0], flags["dir"], flags["from"] or None, log=tell, force=flags["force"])
 
 

@@ -8,9 +8,9 @@ sha256 is kept as it is. Anything else already there under a dataset file's name
 by hand, another dataset's file of the same name, a symbolic link) is the user's: it stops the
 command before anything is written, unless `force` says to replace it (a link itself, never the
 file it points to). Every file is read and checked before the first is written, so a damaged one
-leaves the directory as it was. The target directory is checked as every command's output is
-(translate/workdir.py: never inside a run's own files, never a run), and locked while files are
-written there: a second fetch into it waits, then checks again what the first one wrote.
+leaves the directory as it was. The target directory is locked while files are written there: a
+second fetch into it waits, then checks again what the first one wrote. (translate-data checks
+the directory against runs first, as every command checks its outputs.)
 
   multi30k     Multi30k task 1 (Elliott et al. 2016): train, val, test2016, raw text, English and
                German, from github.com/multi30k/dataset at a3d2e0d (the files have not changed
@@ -37,7 +37,6 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from translate import atomic
-from translate.workdir import check_output_path
 
 # The standard library's urllib rather than a download library (pooch, TFDS's download manager):
 # a file here is a pinned URL and a sha256, which needs no dependency of its own.
@@ -208,10 +207,6 @@ def fetch(
     if directory.exists() and not directory.is_dir():
         raise ValueError(f"--dir={directory} is a file; give a directory")
     files = datasets[name]
-    instead = "give another --dir"
-    check_output_path(directory, "--dir", [], directory=True, instead=instead)
-    for file in files:
-        check_output_path(directory / file.name, "--dir", [], directory=False, instead=instead)
     check_existing(name, files, directory, force, datasets)  # before the directory is made
     try:
         directory.mkdir(parents=True, exist_ok=True)
