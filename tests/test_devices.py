@@ -169,3 +169,105 @@ def test_an_installed_gpu_plugin_means_not_cpu_only(monkeypatch):
     monkeypatch.setattr(devices.importlib.metadata, "entry_points", lambda group: [])
     monkeypatch.setattr(devices.importlib.util, "find_spec", lambda name: None)
     assert devices.cpu_only()
+
+
+def test_the_memory_bound_is_within_the_process_address_space_limit():
+    """Under `prlimit --as` the bound is what the limit leaves, and a refusal names the limit
+    (it read 12.6 GB free from MemAvailable under a 3 GB limit)."""
+    script = (
+        "import resource\n"
+        "import jax\n"
+        "from translate.decoding import sentences\n"
+        "jax.local_devices()  # the backend's threads mapped before the limit is set\n"
+        "mapped = [int(line.split()[1]) * 1024 for line in open('/proc/self/status')\n"
+        "          if line.startswith('VmSize:')][0]\n"
+        "resource.setrlimit(resource.RLIMIT_AS, (mapped + 2**30, resource.RLIM_INFINITY))\n"
+        "print(sentences.memory_bound())\n"
+        "print(sentences.over_bound(2**40))\n"
+    )
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    out = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr
+    bound, message = out.stdout.splitlines()
+    assert 0 <= int(bound) <= 0.8 * 2**30
+    assert "RLIMIT_AS" in message
+
+
+def write_tree(root: pathlib.Path, files: dict[str, str]) -> pathlib.Path:
+    for name, text in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return root
+
+
+MEMINFO = "MemTotal: 67108864 kB\nMemAvailable: 33554432 kB\n"  # 64 GiB, 32 GiB available
+
+
+@pytest.mark.parametrize(
+    "files, free, named",
+    [
+        # cgroup v2: the process's own group and its parents; the tightest counts, less what it
+        # uses, its reclaimable page cache (inactive_file) left out of the use.
+        (
+            {
+                "proc/self/cgroup": "0::/jobs/one\n",
+                "sys/fs/cgroup/memory.max": "max\n",
+                "sys/fs/cgroup/jobs/memory.max": str(8 << 30),
+                "sys/fs/cgroup/jobs/memory.current": str(2 << 30),
+                "sys/fs/cgroup/jobs/memory.stat": f"anon 1\ninactive_file {1 << 30}\n",
+                "sys/fs/cgroup/jobs/one/memory.max": "max\n",
+                "sys/fs/cgroup/jobs/one/memory.current": str(1 << 30),
+            },
+            7 << 30,
+            "memory.max",
+        ),
+        # cgroup v1: the memory controller's hierarchy; "unlimited" is a huge number.
+        (
+            {
+                "proc/self/cgroup": "5:cpu:/\n4:memory:/batch/job\n0::/\n",
+                "sys/fs/cgroup/memory/memory.limit_in_bytes": "9223372036854771712\n",
+                "sys/fs/cgroup/memory/batch/job/memory.limit_in_bytes": str(3 << 30),
+                "sys/fs/cgroup/memory/batch/job/memory.usage_in_bytes": str(1 << 30),
+                "sys/fs/cgroup/memory/batch/job/memory.stat": "total_inactive_file 0\n",
+            },
+            2 << 30,
+            "memory.limit_in_bytes",
+        ),
+        # Inside a container the group's path may not be under the mount: its root is read.
+        (
+            {
+                "proc/self/cgroup": "4:memory:/docker/abc\n",
+                "sys/fs/cgroup/memory/memory.limit_in_bytes": str(4 << 30),
+                "sys/fs/cgroup/memory/memory.usage_in_bytes": str(1 << 30),
+            },
+            3 << 30,
+            "memory.limit_in_bytes",
+        ),
+        # No limit: MemAvailable.
+        ({"proc/self/cgroup": "0::/\n", "sys/fs/cgroup/memory.max": "max\n"}, 32 << 30, "Mem"),
+    ],
+)
+def test_host_memory_is_the_tightest_of_meminfo_and_the_cgroup_limits(
+    files, free, named, tmp_path, monkeypatch
+):
+    root = write_tree(tmp_path, {"proc/meminfo": MEMINFO, **files})
+    monkeypatch.setattr(devices.resource, "getrlimit", lambda _: (-1, -1))
+    found = devices.host_memory(root)
+    assert (found.free, named in found.limit) == (free, True), found
+
+
+def test_host_memory_reads_the_address_space_and_data_limits(tmp_path, monkeypatch):
+    status = "VmSize:\t 2097152 kB\nVmData:\t 524288 kB\n"  # 2 GiB mapped, 0.5 GiB of data
+    root = write_tree(tmp_path, {"proc/meminfo": MEMINFO, "proc/self/status": status})
+    limits = {devices.resource.RLIMIT_AS: 5 << 30, devices.resource.RLIMIT_DATA: -1}
+    monkeypatch.setattr(devices.resource, "getrlimit", lambda which: (limits[which], -1))
+    found = devices.host_memory(root)
+    assert found.free == 3 << 30 and "RLIMIT_AS" in found.limit
+    limits[devices.resource.RLIMIT_DATA] = 2 << 30
+    found = devices.host_memory(root)
+    assert found.free == (3 << 30) // 2 and "RLIMIT_DATA" in found.limit
+    limits[devices.resource.RLIMIT_AS] = 1 << 30  # less than is mapped already: nothing free
+    assert devices.host_memory(root).free == 0

@@ -13,6 +13,7 @@ from translate import checkpoint, score, translate_text
 from translate.config import ModelConfig
 from translate.data.tokenizer import Tokenizer
 from translate.decoding import forced, saved_searches, sentences
+from translate.devices import HostMemory
 from translate.models.factory import make_model
 from translate.models.transformer import Transformer
 from translate.trained import load_ensemble, write_params_workdir
@@ -138,7 +139,8 @@ def test_a_pair_or_a_batch_too_large_for_memory_is_refused_before_it_is_allocate
 ):
     # A device with 40 MiB free: a batch may take 32 MiB. Scoring a pair of 1,024-piece sides
     # whole takes about 70 MB (each attention's weights are 4 heads of 1,024 x 1,024 floats).
-    monkeypatch.setattr(sentences, "device_memory", lambda: 40 << 20, raising=False)
+    free = HostMemory(40 << 20, "a test's 40 MiB")
+    monkeypatch.setattr(sentences, "device_memory", lambda: free, raising=False)
     tiny = runs["tiny"]
     long_en = " ".join(["the old woman gives the child a red apple ."] * 40)
     long_de = " ".join(["die alte Frau gibt dem Kind einen roten Apfel ."] * 40)
@@ -152,7 +154,7 @@ def test_a_pair_or_a_batch_too_large_for_memory_is_refused_before_it_is_allocate
     pair = [f"--workdir={tiny}", f"--src={source}", f"--tgt={target}", f"--output={out}"]
     with pytest.raises(ValueError, match=r"^pair 2: .*memory") as error:
         score.main(pair)
-    assert "\n" not in str(error.value)
+    assert "\n" not in str(error.value) and "by a test's 40 MiB)" in str(error.value)
     assert not passes and out.read_text() == "earlier\n"
     # A --batch_size whose batches would not fit is refused before anything is read.
     short = tmp_path / "short.en"
@@ -197,3 +199,58 @@ def test_an_export_given_as_a_workdir_is_named_as_one(runs, tmp_path):
     assert "--average" not in message
     assert f"--workdir={export}" in message and "ctranslate2 export" in message
     assert str(runs["tiny"]) in message
+
+
+def allocated_by_xla(lowered) -> int:
+    """What XLA allocates to run a compiled pass: its temporaries and its outputs (the
+    parameters and the batch are the caller's, held already)."""
+    analysis = lowered.compile().memory_analysis()
+    return analysis.temp_size_in_bytes + analysis.output_size_in_bytes
+
+
+@pytest.mark.parametrize(
+    "architecture, dtype",
+    [
+        ("encoder_decoder", "bfloat16"),
+        pytest.param("encoder_decoder", "float32", marks=pytest.mark.slow),
+        pytest.param("decoder_only", "bfloat16", marks=pytest.mark.slow),
+        pytest.param("decoder_only", "float32", marks=pytest.mark.slow),
+    ],
+)
+def test_the_scoring_estimate_bounds_xla_memory_analysis_up_to_the_longest_pair_allowed(
+    architecture, dtype
+):
+    """forced_bytes bounds what XLA's buffer assignment gives the compiled pass (the forced
+    log-probabilities and the alignment's cross-attention), from 256-piece sides to the longest
+    pair the memory bound lets be scored whole on this machine, sides of equal and of unequal
+    widths. With bfloat16 compute the estimate was half of it: the attention weights were
+    counted in bfloat16, and the softmax keeps them float32."""
+    import dataclasses
+
+    import jax
+    import jax.numpy as jnp
+    from conftest import tiny_config
+
+    from translate.data.batching import Batch, decode_width
+    from translate.models.factory import abstract_model
+
+    config, vocab = tiny_config(), 200
+    config.model = dataclasses.replace(config.model, compute_dtype=dtype, architecture=architecture)
+    graphdef, params = abstract_model(config, vocab)
+    param_bytes = forced.parameter_bytes(params)
+
+    def estimate(s, t):
+        return forced.forced_bytes([config.model], vocab, 1, s, t, param_bytes)
+
+    widths = sorted({decode_width(n) for n in range(1, 1 << 17, 8)})
+    longest = max(w for w in widths if estimate(w, w) <= sentences.memory_bound())
+    assert longest >= 4096  # long pairs are reached (a machine of a few GB free)
+    for s, t in [(256, 256), (longest, longest), (longest, 256), (256, longest)]:
+        src, tgt = (jax.ShapeDtypeStruct((1, n), jnp.int32) for n in (s, t))
+        batch = Batch(src, src, src, tgt, tgt, tgt)
+        passes = [forced.forced_log_probs.lower((graphdef,), (params,), batch, tgt)]
+        if architecture == "encoder_decoder":
+            passes.append(forced.cross_attention.lower((graphdef,), (params,), batch, layer=0))
+        for lowered in passes:
+            allocated = allocated_by_xla(lowered)
+            assert allocated <= estimate(s, t), (s, t, allocated, estimate(s, t))

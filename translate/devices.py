@@ -1,5 +1,5 @@
-"""What the local devices are: the kernel and dtype that depend on them, their peak FLOP/s, and
-the CPU's memory allocator kept for XLA's steps.
+"""What the local devices are: the kernel and dtype that depend on them, their peak FLOP/s, the
+host memory this process may still take, and the CPU's memory allocator kept for XLA's steps.
 
 The attention kernel is chosen from plain facts about the device (`DeviceFacts`), so the
 decision is a pure function that tests can feed any device, and a run never selects a kernel
@@ -14,7 +14,9 @@ import dataclasses
 import importlib.metadata
 import importlib.util
 import os
+import pathlib
 import re
+import resource
 import sys
 from typing import Any
 
@@ -160,6 +162,111 @@ def published_peak(device_kind: str, dtype_name: str) -> float | None:
         if re.search(pattern, device_kind, re.IGNORECASE):
             return peaks.get(dtype_name)
     return None
+
+
+@dataclasses.dataclass(frozen=True)
+class HostMemory:
+    """The bytes of host memory this process may still take, and the limit that says so."""
+
+    free: int
+    # For messages: "MemAvailable", "RLIMIT_AS of 3.0 GB, 1.5 GB of it mapped", ...
+    limit: str
+
+
+# cgroup v1 writes "no limit" as the largest page-aligned int64: anything above this is none.
+_NO_CGROUP_LIMIT = 1 << 62
+
+
+def _gigabytes(num_bytes: int) -> str:
+    return f"{num_bytes / 1e9:.1f} GB"
+
+
+def _read(path: pathlib.Path) -> str | None:
+    try:
+        return path.read_text()
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def _fields(text: str | None, unit: int = 1) -> dict[str, int]:
+    """'name value' (or 'Name:  value kB') lines as {name: value * unit}; others skipped."""
+    found = {}
+    for line in (text or "").splitlines():
+        parts = line.replace(":", " ").split()
+        if len(parts) >= 2 and parts[1].isdigit():
+            found[parts[0]] = int(parts[1]) * unit
+    return found
+
+
+def _cgroup_limits(root: pathlib.Path) -> list[tuple[int, str]]:
+    """(free bytes, what) under each memory limit of the process's cgroup and its parents:
+    cgroup v2's memory.max and v1's memory.limit_in_bytes, less the group's use without its
+    reclaimable page cache (inactive_file, as `docker stats` counts it). A group's path that is
+    not under the mount (inside a container) leaves the mount's root, the container's group."""
+    found = []
+    for line in (_read(root / "proc/self/cgroup") or "").splitlines():
+        parts = line.strip().split(":", 2)
+        if len(parts) != 3:
+            continue
+        if parts[0] == "0" and not parts[1]:
+            mount, files, cache = root / "sys/fs/cgroup", ("memory.max", "memory.current"), ""
+        elif "memory" in parts[1].split(","):
+            mount = root / "sys/fs/cgroup/memory"
+            files, cache = ("memory.limit_in_bytes", "memory.usage_in_bytes"), "total_"
+        else:
+            continue
+        group = mount / parts[2].lstrip("/")
+        for path in [group, *group.parents]:
+            if path == mount.parent:
+                break
+            limit, used = (_read(path / name) for name in files)
+            if limit is None or not limit.strip().isdigit() or int(limit) >= _NO_CGROUP_LIMIT:
+                continue
+            use = int(used) if used and used.strip().isdigit() else 0
+            use -= _fields(_read(path / "memory.stat")).get(cache + "inactive_file", 0)
+            free = int(limit) - max(use, 0)
+            found.append((free, f"cgroup {files[0]} of {_gigabytes(int(limit))} ({path})"))
+    return found
+
+
+def host_memory(root: str | os.PathLike = "/") -> HostMemory:
+    """The host memory this process may still take: the least of Linux's MemAvailable (else the
+    machine's memory), what the process's RLIMIT_AS and RLIMIT_DATA leave (less what it has mapped:
+    VmSize, VmData), and what its cgroups' limits leave (v1 and v2; `_cgroup_limits`).
+
+    Under `prlimit --as=3G` MemAvailable alone read 12.6 GB free, and a batch sized by it ended
+    in XLA's RESOURCE_EXHAUSTED; the limit is what a refusal must name.
+
+    Args:
+      root: where /proc and /sys are found (tests give a tree of their own).
+    """
+    root = pathlib.Path(root)
+    found = []
+    meminfo = _fields(_read(root / "proc/meminfo"), 1024)
+    if "MemAvailable" in meminfo:
+        found.append((meminfo["MemAvailable"], "MemAvailable"))
+    else:  # no /proc (macOS): all of the machine's memory
+        try:
+            total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+            found.append((total, f"the machine's {_gigabytes(total)}"))
+        except (OSError, ValueError):
+            pass
+    status = _fields(_read(root / "proc/self/status"), 1024)
+    for name, which, mapped in (
+        ("RLIMIT_AS", resource.RLIMIT_AS, "VmSize"),
+        ("RLIMIT_DATA", resource.RLIMIT_DATA, "VmData"),
+    ):
+        soft = resource.getrlimit(which)[0]
+        if soft == resource.RLIM_INFINITY or soft < 0:
+            continue
+        used = status.get(mapped, 0)
+        what = f"{name} of {_gigabytes(soft)}, {_gigabytes(used)} of it mapped ({mapped})"
+        found.append((soft - used, what))
+    found += _cgroup_limits(root)
+    if not found:
+        return HostMemory(0, "no memory found in /proc")
+    free, limit = min(found, key=lambda item: item[0])
+    return HostMemory(max(free, 0), limit)
 
 
 # glibc's mallopt parameters (malloc.h).

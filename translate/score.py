@@ -160,7 +160,9 @@ def member_configs(workdirs: Sequence[str]) -> list:
     return configs
 
 
-def check_batch_memory(batch_size: int, models: Sequence, vocab_size: int, max_len: int) -> None:
+def check_batch_memory(
+    batch_size: int, models: Sequence, vocab_size: int, max_len: int, param_bytes: int = 0
+) -> None:
     """Refuses a --batch_size whose batches of pairs within data.max_len would need more memory
     than a batch may take (`sentences.memory_bound`, by `forced.forced_bytes`' estimate).
 
@@ -171,13 +173,13 @@ def check_batch_memory(batch_size: int, models: Sequence, vocab_size: int, max_l
     rows = min(batch_size, 1 << (LINES_PER_CHUNK - 1).bit_length())
     width = decode_width(max_len)
     per_row = forced.forced_bytes(models, vocab_size, 1, width, width)
-    bound = sentences.memory_bound()
-    if rows * per_row > bound:
-        most = bound // per_row
+    need, bound = rows * per_row + param_bytes, sentences.memory_bound()
+    if need > bound:
+        most = max(0, bound - param_bytes) // per_row
         fix = f"give --batch_size={most} or less" if most else "so would --batch_size=1"
         raise ValueError(
             f"--batch_size={batch_size}: a batch of {rows} pairs of up to data.max_len={max_len} "
-            f"pieces a side would need {sentences.over_bound(rows * per_row)}; {fix}"
+            f"pieces a side would need {sentences.over_bound(need)}; {fix}"
         )
 
 
@@ -221,7 +223,13 @@ def main(argv: Sequence[str]) -> None:
         flags["workdir"], step, average, params=flags["params"], matmul_dtype=flags["matmul_dtype"]
     )
     models = [member.model for member in configs]
-    check_batch_memory(flags["batch_size"], models, tokenizer.vocab_size, config.data.max_len)
+    check_batch_memory(
+        flags["batch_size"],
+        models,
+        tokenizer.vocab_size,
+        config.data.max_len,
+        forced.parameter_bytes(params),
+    )
     total = count_lines(flags["src"] or flags["input"]) if flags["output"] else None
     source = None
     if not flags["src"]:

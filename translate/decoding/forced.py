@@ -156,29 +156,43 @@ def as_word_tuples(words: Sequence[int | tuple[int, ...]]) -> list[tuple[int, ..
     return [(int(w),) if np.ndim(w) == 0 else tuple(w) for w in words]
 
 
+def parameter_bytes(params) -> int:
+    """The bytes of float32 copies of an ensemble's parameters (`params`, a tuple of states)."""
+    return sum(4 * int(np.prod(leaf.shape)) for leaf in jax.tree.leaves(params))
+
+
 def forced_bytes(
-    models: Sequence[ModelConfig], vocab_size: int, rows: int, src_width: int, tgt_width: int
+    models: Sequence[ModelConfig],
+    vocab_size: int,
+    rows: int,
+    src_width: int,
+    tgt_width: int,
+    param_bytes: int = 0,
 ) -> int:
     """About the most memory (bytes) one teacher-forced pass over a batch of `rows` pairs takes:
-    for each model and row, the attention weights (in the compute dtype) of the longest
-    sequence it attends over (the source or the target; both, one after the other, for a
-    decoder-only model), four arrays of them as XLA keeps them at once (scores, their
-    exponentials, the weights, the next layer's), and the float32 logits [T, V] with their
-    log-softmax.
+    for each model and row, the attention weights of the longest sequence it attends over (the
+    source or the target; both, one after the other, for a decoder-only model), four arrays of
+    them as XLA keeps them at once (scores, their exponentials, the weights, the next layer's),
+    in float32 whatever the compute dtype (the softmax is float32); the float32 logits [T, V]
+    with their log-softmax; and the cross-attention weights [T, S] an alignment returns. Once
+    per pass, `param_bytes` (`parameter_bytes`): XLA's copies of the parameters in the compute
+    dtype, or transposed, which short pairs' batches are mostly made of.
 
     XLA's own memory analysis of the compiled pass (the forced log-probabilities and the
-    cross-attention alike) on the CPU stayed within this for models of 2 to 6 layers, 4 to 8
-    heads and 200 to 8,000 pieces, from 64 rows of 64 tokens to one of 4,096: the weights of
-    the longest sequence are what grows with its square.
+    cross-attention alike) on the CPU stays within this for the tiny, multi30k and base
+    models, both architectures, float32 and bfloat16 compute, from pairs of 64 to 24,576
+    pieces a side (tests/test_scoring_safety.py): the weights of the longest sequence are what
+    grows with its square. Counted in the compute dtype's bytes, bfloat16's estimate was half
+    the peak (4.9 GB for 9.8 GB).
     """
     per_row = 0
     for model in models:
         decoder_only = model.architecture == "decoder_only"
         attended = src_width + tgt_width if decoder_only else max(src_width, tgt_width)
         scored = src_width + tgt_width if decoder_only else tgt_width
-        weights = sentences.compute_bytes(model) * 4 * model.num_heads * attended**2
-        per_row += weights + 4 * 2 * scored * vocab_size
-    return rows * per_row
+        weights = 4 * 4 * model.num_heads * attended**2
+        per_row += weights + 4 * 2 * scored * vocab_size + 4 * tgt_width * src_width
+    return rows * per_row + param_bytes
 
 
 def pair_batches(
@@ -375,7 +389,9 @@ def score_pairs(
         ]
     fits = None
     if models:
-        fits = memory_check(models, tokenizer.vocab_size, src_ids, tgt_ids, cut, first_pair)
+        fits = memory_check(
+            models, tokenizer.vocab_size, src_ids, tgt_ids, cut, first_pair, parameter_bytes(params)
+        )
     for indices, batch, tgt_out in pair_batches(src_ids, tgt_ids, batch_size, cut, fits):
         log_probs = np.asarray(forced_log_probs(graphdefs, params, batch, tgt_out))  # [B, T]
         attention = None
@@ -417,6 +433,7 @@ def memory_check(
     tgt_ids: Sequence[Sequence[int]],
     cut: int | None,
     first_pair: int,
+    param_bytes: int = 0,
 ) -> Callable[[int, int, int], bool]:
     """`pair_batches`' `fits` for the memory bound, once every pair is seen to fit alone.
 
@@ -427,7 +444,7 @@ def memory_check(
     for n, (src, tgt) in enumerate(zip(src_ids, tgt_ids)):
         src_len = min(len(src), cut - 1) if cut else len(src)
         widths = decode_width(src_len + 1), decode_width(len(tgt) + 1)
-        need = forced_bytes(models, vocab_size, 1, *widths)
+        need = forced_bytes(models, vocab_size, 1, *widths, param_bytes)
         if need > bound:
             raise ValueError(
                 f"pair {first_pair + n + 1}: {src_len} source and {len(tgt)} target pieces; "
@@ -435,7 +452,7 @@ def memory_check(
                 "it or leave it out"
             )
     return lambda rows, s_width, t_width: (
-        forced_bytes(models, vocab_size, rows, s_width, t_width) <= bound
+        forced_bytes(models, vocab_size, rows, s_width, t_width, param_bytes) <= bound
     )
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import dataclasses
-import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 
@@ -28,7 +27,7 @@ from translate.data.tokenizer import Tokenizer
 from translate.decoding.mbr import mbr_order
 from translate.decoding.search import NEG_INF, search
 from translate.decoding.settings import DecodeSettings
-from translate.devices import resolve_dtype
+from translate.devices import HostMemory, host_memory, resolve_dtype
 
 # The share of the device's free memory that one batch's estimated need may take
 # (`memory_bound`); the rest is for what the estimates leave out. They are upper estimates
@@ -301,36 +300,25 @@ def translate_sentences(
     return results
 
 
-def device_memory() -> int:
-    """The bytes of memory free for decoding on the device that runs it: on an accelerator what
-    JAX may still allocate there (its `bytes_limit` less its `bytes_in_use`), on the CPU what
-    the system has available (Linux's MemAvailable, else all of its memory), within the
-    container's limit."""
+def device_memory() -> HostMemory:
+    """The memory free for decoding on the device that runs it, and the limit that says so: on
+    an accelerator what JAX may still allocate there (its `bytes_limit` less its
+    `bytes_in_use`), on the CPU what the process may still take on the host
+    (`devices.host_memory`: MemAvailable, RLIMIT_AS and RLIMIT_DATA, cgroup v1 and v2)."""
     try:
         stats = jax.local_devices()[0].memory_stats()
     except Exception:  # a backend without memory statistics
         stats = None
     if stats and stats.get("bytes_limit"):
-        return int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0))
-    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    try:
-        with open("/proc/meminfo") as f:
-            available = [line.split()[1] for line in f if line.startswith("MemAvailable:")]
-        memory = min([memory] + [int(kb) * 1024 for kb in available])
-    except (OSError, ValueError):
-        pass
-    try:  # a cgroup v2 container's limit ("max": none) less what it uses
-        with open("/sys/fs/cgroup/memory.max") as limit, open("/sys/fs/cgroup/memory.current") as f:
-            memory = min(memory, int(limit.read()) - int(f.read()))
-    except (OSError, ValueError):
-        pass
-    return memory
+        limit, used = int(stats["bytes_limit"]), int(stats.get("bytes_in_use", 0))
+        return HostMemory(limit - used, f"JAX's bytes_limit of {size_text(limit)}")
+    return host_memory()
 
 
 def memory_bound() -> int:
     """The most memory (bytes) one batch may be estimated to need: MEMORY_SHARE of what the
     device has free (`device_memory`)."""
-    return int(device_memory() * MEMORY_SHARE)
+    return int(device_memory().free * MEMORY_SHARE)
 
 
 def size_text(num_bytes: float) -> str:
@@ -338,11 +326,14 @@ def size_text(num_bytes: float) -> str:
 
 
 def over_bound(need: int) -> str:
-    """The words for a need over `memory_bound`: "about 13.1 GB of memory, more than ..."."""
+    """The words for a need over `memory_bound`, naming the limit it is under: "about 13.1 GB
+    of memory, more than the 2.4 GB a batch may take (80% of the 3.0 GB free on this cpu, by
+    RLIMIT_AS of 4.0 GB, 1.0 GB of it mapped (VmSize))"."""
     free, platform = device_memory(), jax.local_devices()[0].platform
     return (
-        f"about {size_text(need)} of memory, more than the {size_text(free * MEMORY_SHARE)} a "
-        f"batch may take ({MEMORY_SHARE:.0%} of the {size_text(free)} free on this {platform})"
+        f"about {size_text(need)} of memory, more than the {size_text(free.free * MEMORY_SHARE)}"
+        f" a batch may take ({MEMORY_SHARE:.0%} of the {size_text(free.free)} free on this "
+        f"{platform}, by {free.limit})"
     )
 
 
