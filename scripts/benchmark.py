@@ -59,7 +59,7 @@ from translate.engines import ctranslate2 as export_ctranslate2
 from translate.engines import huggingface as export_huggingface
 from translate.models import flops
 from translate.models.factory import make_model
-from translate.models.layers import product_dtype
+from translate.models.precision import product_dtype
 from translate.trained import load_model
 from translate.training.steps import Packed, make_steps
 

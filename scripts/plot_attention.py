@@ -32,7 +32,7 @@ from translate.data.batching import Batch, source_batches
 from translate.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from translate.decoding.search import translate_tokens
 from translate.decoding.settings import decode_settings
-from translate.models.layers import sinusoidal_positions
+from translate.models.positions import sinusoidal_positions
 from translate.trained import load_model
 from translate.workdir import Workdir
 

@@ -19,8 +19,8 @@ from translate.config import (
     choices,
 )
 from translate.data.sources import data_paths
+from translate.models.dropout import dropout
 from translate.models.factory import make_model
-from translate.models.layers import dropout
 from translate.training.optim import decay_to_zero_schedule, make_optimizer, make_schedule
 
 CHOICE_FIELDS = [

@@ -19,7 +19,7 @@ TGT = jnp.array([[BOS_ID, 14, 15, 16, 17, 18], [BOS_ID, 19, 20, 21, 22, 23]])
 LAYER = {"encoder_decoder": layers.DecoderLayer, "decoder_only": layers.EncoderLayer}
 
 
-def tiny(architecture, norm_position):
+def tiny(architecture, norm_position, **fields):
     config = ModelConfig(
         num_layers=2,
         d_model=32,
@@ -28,6 +28,7 @@ def tiny(architecture, norm_position):
         compute_dtype="float32",
         architecture=architecture,
         norm_position=norm_position,
+        **fields,
     )
     return make_model(config, VOCAB, nnx.Rngs(0))
 
@@ -49,6 +50,54 @@ def three_ways(model):
 @pytest.mark.parametrize("architecture", ["encoder_decoder", "decoder_only"])
 def test_cached_block_and_step_decoding_equal_the_full_forward_pass(architecture, norm_position):
     full, block, steps = three_ways(tiny(architecture, norm_position))
+    np.testing.assert_allclose(block, full, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(steps, full, rtol=1e-5, atol=1e-5)
+
+
+# Today's blocks alone and together: each acts in the layers, and positions in self-attention,
+# so full, block and step decoding must agree under every one of them.
+SWITCHES = {
+    "rotary": {"positions": "rotary"},
+    "relative": {"positions": "relative"},
+    "rmsnorm": {"normalization": "rmsnorm"},
+    "gelu": {"feed_forward": "gelu"},
+    "swiglu": {"feed_forward": "swiglu"},
+    "geglu": {"feed_forward": "geglu"},
+    "grouped": {"num_kv_heads": 2},
+    "multi-query": {"num_kv_heads": 1},
+    "no-bias": {"use_bias": False},
+    "rotary-grouped-geglu-rmsnorm": {
+        "positions": "rotary",
+        "num_kv_heads": 2,
+        "feed_forward": "geglu",
+        "normalization": "rmsnorm",
+    },
+    "relative-multi-query-swiglu": {
+        "positions": "relative",
+        "num_kv_heads": 1,
+        "feed_forward": "swiglu",
+        "use_bias": False,
+    },
+}
+
+
+@pytest.mark.parametrize("switch", list(SWITCHES))
+@pytest.mark.parametrize(
+    "architecture, norm_position",
+    [("encoder_decoder", "post"), ("encoder_decoder", "pre"), ("decoder_only", "pre")],
+)
+def test_todays_blocks_decode_in_blocks_and_steps_as_the_full_pass(
+    architecture, norm_position, switch
+):
+    full, block, steps = three_ways(tiny(architecture, norm_position, **SWITCHES[switch]))
+    np.testing.assert_allclose(block, full, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(steps, full, rtol=1e-5, atol=1e-5)
+
+
+def test_a_prefix_lm_with_relative_positions_decodes_as_the_full_pass():
+    # Its source tokens see keys after them: the relative bias's bidirectional buckets.
+    model = tiny("decoder_only", "post", positions="relative", prefix_attention="bidirectional")
+    full, block, steps = three_ways(model)
     np.testing.assert_allclose(block, full, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(steps, full, rtol=1e-5, atol=1e-5)
 

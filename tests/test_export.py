@@ -31,7 +31,7 @@ from translate.engines import (
     writer as exporter,
 )
 from translate.models.factory import make_model
-from translate.models.layers import sinusoidal_positions
+from translate.models.positions import sinusoidal_positions
 from translate.trained import load_model
 from translate.workdir import Workdir
 
@@ -70,16 +70,20 @@ def make_workdir(
     steps=(1,),
     prefix_attention: str = "causal",
     eos_scale: float = 1.0,
+    fields: dict | None = None,
 ) -> pathlib.Path:
     """A workdir holding a random tiny model (vocab 64, d_model 32, 2 layers) at `steps`.
 
     Every parameter is moved off its initial value by noise (LayerNorm scales off 1, biases
     off 0), so a parameter put in the wrong place shows; at this scale the greedy outputs differ
-    from source to source. `eos_scale` multiplies EOS's embedding row, hence its logit.
+    from source to source. `eos_scale` multiplies EOS's embedding row, hence its logit;
+    `fields` sets other model fields.
     """
     config = tiny_config()
     config.model.architecture, config.model.norm_position = architecture, norm
     config.model.prefix_attention = prefix_attention
+    for name, value in (fields or {}).items():
+        setattr(config.model, name, value)
     config.model.compute_dtype = "float32"
     config.train.keep_checkpoints = len(steps)
     work = Workdir(path)
@@ -217,6 +221,67 @@ def test_ctranslate2_greedy_output_is_ours(exported):
     ours = our_greedy_outputs(workdir, tuple(SENTENCES))
     assert len(set(ours)) > 3, ours  # outputs that differ with the source: a real comparison
     assert ctranslate2_greedy_outputs(workdir, export_dir, SENTENCES) == ours
+
+
+# Today's blocks (models/attention.py, positions.py, layers.py), each alone and together as
+# T5Gemma combines them, on both architectures: (architecture, norm position, model fields).
+TODAYS_BLOCKS = {
+    "rotary": ("encoder_decoder", "post", {"positions": "rotary"}),
+    "relative": ("encoder_decoder", "post", {"positions": "relative"}),
+    "rmsnorm": ("encoder_decoder", "post", {"normalization": "rmsnorm"}),
+    "gelu": ("encoder_decoder", "post", {"feed_forward": "gelu"}),
+    "swiglu": ("encoder_decoder", "post", {"feed_forward": "swiglu"}),
+    "geglu": ("encoder_decoder", "post", {"feed_forward": "geglu"}),
+    "grouped": ("encoder_decoder", "post", {"num_kv_heads": 2}),
+    "multi-query": ("encoder_decoder", "post", {"num_kv_heads": 1}),
+    "no-bias": ("encoder_decoder", "post", {"use_bias": False}),
+    "all-pre": (
+        "encoder_decoder",
+        "pre",
+        {
+            "positions": "rotary",
+            "normalization": "rmsnorm",
+            "feed_forward": "geglu",
+            "num_kv_heads": 2,
+            "use_bias": False,
+        },
+    ),
+    "relative-swiglu-pre": (
+        "encoder_decoder",
+        "pre",
+        {"positions": "relative", "feed_forward": "swiglu", "num_kv_heads": 1},
+    ),
+    "decoder-only-rotary": ("decoder_only", "post", {"positions": "rotary"}),
+    "decoder-only-relative": ("decoder_only", "post", {"positions": "relative"}),
+    "decoder-only-all-pre": (
+        "decoder_only",
+        "pre",
+        {
+            "positions": "rotary",
+            "normalization": "rmsnorm",
+            "feed_forward": "swiglu",
+            "num_kv_heads": 2,
+            "use_bias": False,
+        },
+    ),
+}
+
+
+@pytest.fixture(scope="module", params=list(TODAYS_BLOCKS))
+def exported_blocks(request, vocab, tmp_path_factory):
+    """(workdir, CTranslate2 export) of a model with some of today's blocks."""
+    architecture, norm, fields = TODAYS_BLOCKS[request.param]
+    root = tmp_path_factory.mktemp(request.param)
+    workdir = make_workdir(root / "run", vocab, architecture, norm, fields=fields)
+    exporter.export(str(workdir), str(root / "ct2"), "ctranslate2")
+    return workdir, root / "ct2"
+
+
+def test_ctranslate2_computes_todays_blocks_as_ours(exported_blocks):
+    # CTranslate2's own rotary, T5 bias, RMSNorm, gated networks and grouped heads, fed our
+    # weights, give our log-probabilities and our greedy outputs.
+    test_ctranslate2_log_probs_of_a_fed_target_match_ours(exported_blocks)
+    test_ctranslate2_greedy_output_is_ours(exported_blocks)
 
 
 def test_ctranslate2_allows_an_empty_output_as_ours_does(vocab, tmp_path):

@@ -46,3 +46,32 @@ def test_the_decoder_only_layout_is_refused_by_transformers_and_kept_by_ctransla
     assert ctranslate2.unsupported_reason(config) is None
     bidirectional = dataclasses.replace(config, prefix_attention="bidirectional")
     assert "attend causally" in ctranslate2.unsupported_reason(bidirectional)
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("positions", "rotary"),
+        ("positions", "relative"),
+        ("normalization", "rmsnorm"),
+        ("feed_forward", "swiglu"),
+        ("feed_forward", "geglu"),
+        ("num_kv_heads", 2),
+        ("num_kv_heads", 1),
+        ("use_bias", False),
+    ],
+)
+def test_transformers_refuses_the_blocks_marian_lacks_in_one_line_and_ctranslate2_keeps_them(
+    field, value
+):
+    config = dataclasses.replace(ModelConfig(), **{field: value})
+    reason = huggingface.unsupported_reason(config)
+    assert f"model.{field}" in reason and "--format=ctranslate2" in reason
+    assert "\n" not in reason
+    assert ctranslate2.unsupported_reason(config) is None
+
+
+def test_transformers_keeps_a_gelu_and_as_many_key_heads_as_query_heads():
+    config = ModelConfig(feed_forward="gelu", num_kv_heads=ModelConfig().num_heads)
+    assert huggingface.unsupported_reason(config) is None
+    assert huggingface.model_config(config, 64)["activation_function"] == "gelu_pytorch_tanh"

@@ -25,8 +25,8 @@ from translate.decoding import saved_searches
 from translate.decoding.search import beam_search, greedy_search
 from translate.decoding.sentences import Searches
 from translate.decoding.settings import decode_settings
+from translate.models.attention import MultiHeadAttention, attention_mask
 from translate.models.factory import abstract_model, resolve_model_attention
-from translate.models.layers import MultiHeadAttention, attention_mask
 from translate.training.optim import make_optimizer
 from translate.training.steps import Packed, make_steps
 

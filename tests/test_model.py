@@ -9,17 +9,12 @@ from flax import nnx
 from translate.config import Config, ModelConfig
 from translate.data.batching import Batch
 from translate.models import factory
+from translate.models.attention import MultiHeadAttention, attention_mask
+from translate.models.dropout import dropout, hashed_words
 from translate.models.factory import abstract_model
-from translate.models.layers import (
-    FeedForward,
-    MultiHeadAttention,
-    attention_mask,
-    bfloat16_dot_general,
-    bfloat16_product,
-    dropout,
-    hashed_words,
-    sinusoidal_positions,
-)
+from translate.models.layers import FeedForward
+from translate.models.positions import Positions, sinusoidal_positions
+from translate.models.precision import bfloat16_dot_general, bfloat16_product
 from translate.models.transformer import Transformer
 
 VOCAB = 64
@@ -160,7 +155,8 @@ def test_hashed_words_are_balanced_and_unrelated_across_positions_keys_and_sites
 
 def attention_and_feed_forward(**rates):
     config = ModelConfig(num_layers=1, d_model=32, num_heads=4, d_ff=64, **rates)
-    return MultiHeadAttention(config, jnp.float32, "xla", nnx.Rngs(0)), FeedForward(
+    attention = MultiHeadAttention(config, jnp.float32, "xla", nnx.Rngs(0), self_attention=True)
+    return lambda x, mask, key=None: attention(x, mask, key=key)[0], FeedForward(
         config, jnp.float32, nnx.Rngs(1)
     )
 
@@ -175,11 +171,11 @@ def test_attention_and_activation_dropout_keep_the_mean_and_leave_evaluation_alo
     x = jax.random.normal(jax.random.key(0), (2, 6, 32))
     mask = attention_mask(jnp.ones((2, 6), jnp.int32), jnp.ones((2, 6), jnp.int32), False)
     # Evaluation (no key) is the model without these dropouts, to the bit.
-    np.testing.assert_array_equal(attention(x, x, mask), plain_attention(x, x, mask))
+    np.testing.assert_array_equal(attention(x, mask), plain_attention(x, mask))
     np.testing.assert_array_equal(feed_forward(x), plain_feed_forward(x))
     keys = jax.random.split(jax.random.key(1), 400)
     runs = {
-        "attention": (lambda k: attention(x, x, mask, k), attention(x, x, mask)),
+        "attention": (lambda k: attention(x, mask, k), attention(x, mask)),
         "feed_forward": (lambda k: feed_forward(x, k), feed_forward(x)),
     }
     for run, plain in runs.values():
@@ -239,13 +235,15 @@ def test_post_norm_is_the_papers_residual_formula_exactly():
     self_mask = attention_mask(batch.tgt_segments, batch.tgt_segments, causal=True)
     cross_mask = attention_mask(batch.tgt_segments, batch.src_segments, causal=False)
     x = model.embed_tokens(batch.src, batch.src_positions, None)
+    src_at = Positions(batch.src_positions, batch.src_positions)
     for layer in model.encoder:
-        x = layer.norm1(x + layer.self_attention(x, x, enc_mask))
+        x = layer.norm1(x + layer.self_attention(x, enc_mask, src_at)[0])
         x = layer.norm2(x + layer.feed_forward(x))
     y = model.embed_tokens(batch.tgt_in, batch.tgt_positions, None)
+    tgt_at = Positions(batch.tgt_positions, batch.tgt_positions)
     for layer in model.decoder:
-        y = layer.norm1(y + layer.self_attention(y, y, self_mask))
-        y = layer.norm2(y + layer.cross_attention(y, x, cross_mask))
+        y = layer.norm1(y + layer.self_attention(y, self_mask, tgt_at)[0])
+        y = layer.norm2(y + layer.cross_attention(y, cross_mask, context=x)[0])
         y = layer.norm3(y + layer.feed_forward(y))
     np.testing.assert_array_equal(model(batch), model.logits(y))
 
@@ -401,3 +399,59 @@ def test_bfloat16_products_are_the_compute_dtypes_own_under_bfloat16_compute():
     model = Transformer(config, VOCAB, rngs=nnx.Rngs(0))
     assert model.product_dtype == jnp.bfloat16
     assert all(m.dot_general is jax.lax.dot_general for m in linears(model))
+
+
+def test_a_relative_position_bias_runs_on_xla_attention_and_refuses_cudnn_in_one_line():
+    config = ModelConfig(positions="relative")
+    assert factory.resolve_model_attention(config) == "xla"
+    with pytest.raises(ValueError, match=r"model.attention=cudnn: .*model.positions=relative"):
+        factory.resolve_model_attention(ModelConfig(positions="relative", attention="cudnn"))
+
+
+@pytest.mark.parametrize(
+    "fields, rule",
+    [
+        ({"num_kv_heads": 3}, "model.num_kv_heads=3: must be 0"),
+        ({"num_kv_heads": -1}, "model.num_kv_heads=-1: must be 0"),
+        ({"num_kv_heads": 16}, "model.num_kv_heads=16: must be 0"),
+        ({"positions": "rotary", "d_model": 36, "num_heads": 4}, "rotary needs an even head"),
+        ({"positions": "alibi"}, "model.positions"),
+        ({"feed_forward": "swish"}, "model.feed_forward"),
+    ],
+)
+def test_impossible_block_settings_are_refused_naming_the_flag(fields, rule):
+    config = Config()
+    for name, value in fields.items():
+        setattr(config.model, name, value)
+    with pytest.raises(ValueError, match=rule):
+        config.validate()
+
+
+def test_a_gated_network_at_two_thirds_the_width_keeps_the_parameter_count():
+    # Shazeer 2020: three D x F matrices at F = 2/3 of the ungated width match two at F.
+    def feed_forward_parameters(**fields):
+        config = Config()
+        config.model = ModelConfig(num_layers=1, d_model=48, num_heads=4, use_bias=False, **fields)
+        _, params = abstract_model(config, VOCAB)
+        flat = nnx.to_flat_state(params)
+        return sum(int(np.prod(p.shape)) for path, p in flat if "feed_forward" in path)
+
+    ungated = feed_forward_parameters(d_ff=192)
+    gated = feed_forward_parameters(d_ff=128, feed_forward="swiglu")
+    assert ungated == gated
+
+
+def test_todays_blocks_count_their_own_flops():
+    from translate.models.flops import forward_flops
+
+    src, tgt = [5, 9], [7, 4]
+    base = forward_flops(ModelConfig(), 100, src, tgt)
+    gated = forward_flops(ModelConfig(feed_forward="swiglu"), 100, src, tgt)
+    d, f, n = 512, 2048, 6
+    # One more D x F matrix per feed-forward, on every token of both stacks.
+    assert gated - base == n * 2 * d * f * (sum(src) + sum(tgt))
+    grouped = forward_flops(ModelConfig(num_kv_heads=2), 100, src, tgt)
+    # K and V project to 2 of 8 heads: 3/4 of their 4 D^2 per key saved, in three attentions.
+    keys = sum(src) + sum(tgt) + sum(src)  # encoder self, decoder self, cross (source keys)
+    assert base - grouped == n * 4 * d * d * 3 / 4 * keys
+    assert forward_flops(ModelConfig(positions="rotary"), 100, src, tgt) == base

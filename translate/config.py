@@ -37,6 +37,9 @@ AttentionKernel = Literal["auto", "xla", "cudnn"]
 NormPosition = Literal["post", "pre"]
 Architecture = Literal["encoder_decoder", "decoder_only"]
 PrefixAttention = Literal["causal", "bidirectional"]
+PositionScheme = Literal["sinusoidal", "rotary", "relative"]
+Normalization = Literal["layernorm", "rmsnorm"]
+FeedForwardKind = Literal["relu", "gelu", "swiglu", "geglu"]
 DataSource = Literal["files", "synthetic", "tfds", "monolingual"]
 LrDecay = Literal["rsqrt", "linear", "cosine"]
 Optimizer = Literal["adam", "muon"]
@@ -113,6 +116,26 @@ class ModelConfig:
     # Decoder-only: "causal" (each token sees those before it) or "bidirectional" (source
     # tokens also see the source tokens after them: a prefix LM).
     prefix_attention: PrefixAttention = "causal"
+    # How tokens know their place: "sinusoidal" (Sec. 3.5, added to the embeddings), "rotary"
+    # (Su et al. 2021: each self-attention's queries and keys rotated by their position) or
+    # "relative" (T5's learned bias on each self-attention's scores by bucketed distance,
+    # Raffel et al. 2020). Cross-attention takes no positions in either (models/positions.py).
+    positions: PositionScheme = "sinusoidal"
+    # "layernorm" (Ba et al. 2016, the paper's) or "rmsnorm" (Zhang & Sennrich 2019: no mean,
+    # no bias), for every normalisation of the model.
+    normalization: Normalization = "layernorm"
+    # The position-wise feed-forward network: "relu" (Sec. 3.3), "gelu" (tanh form), or the
+    # gated "swiglu" and "geglu" (Shazeer 2020: act(x W) * (x V), then W2). A gated network has
+    # three matrices of d_model x d_ff against two: d_ff = 2/3 of the ungated width keeps the
+    # parameter count.
+    feed_forward: FeedForwardKind = "relu"
+    # Key and value heads (grouped-query attention, Ainslie et al. 2023; 1 = multi-query,
+    # Shazeer 2019): each serves num_heads / num_kv_heads query heads, in self- and
+    # cross-attention. 0 = num_heads, the paper's.
+    num_kv_heads: int = 0
+    # Biases in the linear layers (the paper's; the key projection never has one). False drops
+    # them from every attention projection and the feed-forward network, as T5 and Llama do.
+    use_bias: bool = True
 
 
 @dataclasses.dataclass
@@ -381,6 +404,18 @@ class Config:
                 f"must be divisible by {flag('model.num_heads')}",
             ),
             ("model.d_ff", lambda v: v >= 1, "must be >= 1"),
+            (
+                "model.num_kv_heads",
+                lambda v: v == 0 or (1 <= v <= m.num_heads and m.num_heads % v == 0),
+                f"must be 0 (= {flag('model.num_heads')}) or a divisor of it",
+            ),
+            # Rotary positions turn pairs of a head's channels.
+            (
+                "model.positions",
+                lambda v: v != "rotary" or (m.d_model // max(m.num_heads, 1)) % 2 == 0,
+                f"rotary needs an even head size ({flag('model.d_model')} / "
+                f"{flag('model.num_heads')})",
+            ),
             ("model.dropout_rate", lambda v: 0.0 <= v < 1.0, "must be in [0, 1)"),
             ("model.attention_dropout_rate", lambda v: 0.0 <= v < 1.0, "must be in [0, 1)"),
             ("model.activation_dropout_rate", lambda v: 0.0 <= v < 1.0, "must be in [0, 1)"),

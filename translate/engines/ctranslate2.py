@@ -3,14 +3,17 @@
 The encoder-decoder becomes CTranslate2's `TransformerSpec` (a `ctranslate2.Translator`), the
 causal decoder-only model its `TransformerDecoderModelSpec` (a `ctranslate2.Generator`, fed
 `source </s> <s>` as its prompt). Both are the paper's layers with our choices spelled out:
-ReLU feed-forward (Sec. 3.3), LayerNorm after (post) or before (pre) each sub-layer with the
-model's own epsilon, embeddings scaled by sqrt(d_model) (Sec. 3.4) and shared by the encoder,
-the decoder and the pre-softmax projection, which has no bias.
+the feed-forward network's activation (Sec. 3.3's ReLU, or a GELU, SwiGLU or GeGLU), the norm
+(LayerNorm or RMSNorm) after (post) or before (pre) each sub-layer with the model's own
+epsilon, the key and value heads, embeddings scaled by sqrt(d_model) (Sec. 3.4) and shared by
+the encoder, the decoder and the pre-softmax projection, which has no bias.
 
 Sinusoidal positions (Sec. 3.5) are stored as a table: CTranslate2's own sinusoid puts sines and
 cosines in two halves, steps its frequencies by log(10000) / (D/2 - 1) rather than / (D/2), and
 counts positions from 1; ours interleave sin and cos at 10000^(2i/D) from position 0
-(layers.sinusoidal_positions), so the table holds exactly what our model adds.
+(positions.sinusoidal_positions), so the table holds exactly what our model adds. Rotary and
+relative positions are CTranslate2's own (`rotary_dim`, `relative_attention_bias`), set to
+compute ours (`stack_options`).
 
 `ctranslate2` is imported only here, and only when a function needs it.
 """
@@ -23,18 +26,21 @@ from typing import Any
 
 import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 
 from translate.config import ModelConfig
 from translate.data.tokenizer import BOS_ID, EOS_ID, UNK_ID, Tokenizer
 from translate.engines.shared import (
     NUM_POSITIONS,
+    SHARED_DECISIONS,
     Decision,
     array,
     groups_by_length,
     refusal,
     source_pieces,
 )
-from translate.models.layers import MultiHeadAttention, sinusoidal_positions
+from translate.models.attention import MultiHeadAttention, num_kv_heads
+from translate.models.positions import RELATIVE_MAX_DISTANCE, ROTARY_BASE, sinusoidal_positions
 from translate.models.transformer import TranslationModel
 
 # The Python package the writer needs, and how a user installs it.
@@ -59,24 +65,7 @@ QUANTIZATIONS = (
 # The model settings this export implements (shared.refusal refuses any other, and any field
 # without a decision here).
 IMPLEMENTS = {
-    **{
-        name: Decision(None, "read off the weights")
-        for name in ("num_layers", "d_model", "num_heads", "d_ff")
-    },
-    **{
-        name: Decision(None, "training only")
-        for name in (
-            "dropout_rate",
-            "attention_dropout_rate",
-            "activation_dropout_rate",
-            "dropout_bits",
-        )
-    },
-    # The weights are written in float32 (or --quantization's type); how our model rounded its
-    # products, and which attention kernel it ran, are ours to choose, not the weights'.
-    "compute_dtype": Decision(None, "the weights are float32"),
-    "matmul_dtype": Decision(None, "the weights are float32"),
-    "attention": Decision(None, "a kernel of ours"),
+    **SHARED_DECISIONS,
     "norm_position": Decision(("post", "pre"), "CTranslate2 has post- and pre-LayerNorm only"),
     "architecture": Decision(
         ("encoder_decoder", "decoder_only"), "CTranslate2 knows these two architectures"
@@ -86,6 +75,12 @@ IMPLEMENTS = {
         "CTranslate2's decoder-only models attend causally, and this model's source tokens "
         "attend to the whole source (model.prefix_attention=bidirectional)",
     ),
+    # Today's blocks, each an option of CTranslate2's Transformer specs (`make_spec`).
+    "positions": Decision(None, "rotary_dim and relative_attention_bias"),
+    "normalization": Decision(None, "rms_norm"),
+    "feed_forward": Decision(None, "the activation, and ffn_glu"),
+    "num_kv_heads": Decision(None, "num_heads_kv"),
+    "use_bias": Decision(None, "a bias is optional in every linear layer"),
 }
 
 
@@ -104,10 +99,12 @@ def linear(spec: Any, layer: Any) -> None:
 def fused_linear(spec: Any, layers: Sequence[Any]) -> None:
     """One linear layer computing several (Q;K;V or K;V): weights [sum of outs, in] stacked.
 
-    Our key projection has no bias (layers.MultiHeadAttention), so its rows of the fused bias
-    are zeros.
+    Our key projection has no bias (attention.MultiHeadAttention), so its rows of the fused
+    bias are zeros; without any bias (`model.use_bias=False`) the fused layer has none.
     """
     spec.weight = np.concatenate([array(layer.kernel).T for layer in layers])
+    if all(layer.bias is None for layer in layers):
+        return
     spec.bias = np.concatenate(
         [
             array(layer.bias) if layer.bias is not None else np.zeros(layer.out_features, "f4")
@@ -117,36 +114,48 @@ def fused_linear(spec: Any, layers: Sequence[Any]) -> None:
 
 
 def layer_norm(spec: Any, norm: Any) -> None:
+    """A LayerNorm's gain and bias, or an RMSNorm's gain (CTranslate2's `rms_norm`)."""
     spec.gamma = array(norm.scale)
-    spec.beta = array(norm.bias)
+    if isinstance(norm, nnx.LayerNorm):
+        spec.beta = array(norm.bias)
 
 
 def attention(spec: Any, module: MultiHeadAttention, norm: Any, self_attention: bool) -> None:
     """Sec. 3.2.2's projections: self-attention fuses Q, K and V; cross-attention K and V.
 
-    Heads are consecutive slices of K = D / H output channels in both layouts.
+    Heads are consecutive slices of K = D / H output channels in both layouts, and so are
+    the G key and value heads (`num_heads_kv`). A relative position bias is T5's, as
+    CTranslate2's `relative_attention_bias` computes it, with our table [buckets, H].
     """
     if self_attention:
-        fused_linear(spec.linear[0], [module.query, module.key, module.value])  # [3D, D]
+        fused_linear(spec.linear[0], [module.query, module.key, module.value])  # [D + 2GK, D]
     else:
         linear(spec.linear[0], module.query)  # [D, D]
-        fused_linear(spec.linear[1], [module.key, module.value])  # [2D, D]
+        fused_linear(spec.linear[1], [module.key, module.value])  # [2GK, D]
     linear(spec.linear[-1], module.out)
     layer_norm(spec.layer_norm, norm)
+    if module.relative is not None:
+        spec.relative_attention_bias = array(module.relative.table)  # [buckets, H]
+        spec.relative_attention_max_distance = np.int32(RELATIVE_MAX_DISTANCE)
 
 
 def feed_forward(spec: Any, module: Any, norm: Any) -> None:
+    """Sec. 3.3's two linear layers; a gated network's linear unit is `linear_0_noact`."""
     linear(spec.linear_0, module.inner)  # [F, D]
     linear(spec.linear_1, module.outer)  # [D, F]
+    if module.inner_linear is not None:
+        linear(spec.linear_0_noact, module.inner_linear)  # [F, D]
     layer_norm(spec.layer_norm, norm)
 
 
 def input_layers(spec: Any, embedding: Any, model: TranslationModel) -> None:
-    """Sec. 3.4's shared embedding [V, D], scaled by sqrt(D), plus our position table [P, D]."""
+    """Sec. 3.4's shared embedding [V, D], scaled by sqrt(D), plus our position table [P, D]
+    where positions are added to it (sinusoidal; rotary and relative ones act in attention)."""
     embedding.weight = array(model.embed.embedding)  # [V, D]
     spec.scale_embeddings = True  # CTranslate2 multiplies by sqrt(D)
-    table = sinusoidal_positions(jnp.arange(NUM_POSITIONS), model.d_model)  # [P, D]
-    spec.position_encodings.encodings = np.array(table, np.float32)
+    if model.adds_positions:
+        table = sinusoidal_positions(jnp.arange(NUM_POSITIONS), model.d_model)  # [P, D]
+        spec.position_encodings.encodings = np.array(table, np.float32)
 
 
 def decoder_stack(spec: Any, model: TranslationModel, layers: Any, final_norm: Any) -> None:
@@ -165,30 +174,59 @@ def decoder_stack(spec: Any, model: TranslationModel, layers: Any, final_norm: A
     spec.projection.weight = array(model.embed.embedding)
 
 
+def stack_options(config: ModelConfig) -> dict[str, Any]:
+    """The options of CTranslate2's encoder and decoder specs that compute our model's blocks:
+    the norm's position and kind, the feed-forward's activation and gate, the key and value
+    heads, and rotary (all of a head's channels, in two halves, as positions.rotate) or
+    relative positions."""
+    from ctranslate2.specs import common_spec
+
+    activation = common_spec.Activation
+    options: dict[str, Any] = dict(
+        pre_norm=config.norm_position == "pre",
+        activation={
+            "relu": activation.RELU,
+            "gelu": activation.GELUTanh,
+            "swiglu": activation.SWISH,
+            "geglu": activation.GELUTanh,
+        }[config.feed_forward],
+        ffn_glu=config.feed_forward in ("swiglu", "geglu"),
+        rms_norm=config.normalization == "rmsnorm",
+        relative_attention_bias=config.positions == "relative",
+    )
+    if num_kv_heads(config) != config.num_heads:
+        options["num_heads_kv"] = num_kv_heads(config)
+    if config.positions == "rotary":
+        options.update(rotary_dim=0, rotary_interleave=False, rotary_base=ROTARY_BASE)
+    return options
+
+
 def make_spec(model: TranslationModel, config: ModelConfig, tokenizer: Tokenizer) -> Any:
     """The CTranslate2 model specification of `model`, with its vocabulary and special tokens.
 
     Raises:
       ValueError: the model is one that CTranslate2 cannot run (`unsupported_reason`).
     """
-    from ctranslate2.specs import common_spec, transformer_spec
+    from ctranslate2.specs import transformer_spec
 
     reason = unsupported_reason(config)
     if reason:
         raise ValueError(reason)
-    pre_norm = config.norm_position == "pre"
-    relu = common_spec.Activation.RELU
+    options = stack_options(config)
+    decoder_only = config.architecture == "decoder_only"
+    decoder = transformer_spec.TransformerDecoderSpec(
+        config.num_layers, config.num_heads, with_encoder_attention=not decoder_only, **options
+    )
     pieces = [tokenizer.processor.id_to_piece(i) for i in range(tokenizer.vocab_size)]
-    if config.architecture == "decoder_only":
-        spec = transformer_spec.TransformerDecoderModelSpec.from_config(
-            config.num_layers, config.num_heads, pre_norm=pre_norm, activation=relu
-        )
+    if decoder_only:
+        spec = transformer_spec.TransformerDecoderModelSpec(decoder)
         decoder_stack(spec.decoder, model, model.decoder, model.decoder_norm)
         spec.register_vocabulary(pieces)
     else:
-        spec = transformer_spec.TransformerSpec.from_config(
-            config.num_layers, config.num_heads, pre_norm=pre_norm, activation=relu
+        encoder = transformer_spec.TransformerEncoderSpec(
+            config.num_layers, config.num_heads, **options
         )
+        spec = transformer_spec.TransformerSpec(encoder, decoder)
         input_layers(spec.encoder, spec.encoder.embeddings[0], model)  # one input feature
         for layer_spec, layer in zip(spec.encoder.layer, model.encoder, strict=True):
             attention(layer_spec.self_attention, layer.self_attention, layer.norm1, True)

@@ -37,13 +37,15 @@ from translate.config import ModelConfig
 from translate.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 from translate.engines.shared import (
     NUM_POSITIONS,
+    SHARED_DECISIONS,
     Decision,
     array,
     groups_by_length,
     refusal,
     source_pieces,
 )
-from translate.models.layers import sinusoidal_positions
+from translate.models.attention import num_kv_heads
+from translate.models.positions import sinusoidal_positions
 from translate.models.transformer import TranslationModel
 
 # transformers' model type and class for each LayerNorm position.
@@ -56,6 +58,9 @@ PACKAGE, INSTALL = "safetensors", "pip install safetensors"
 # The weights are stored in float32: this format takes no quantization.
 QUANTIZATIONS: tuple[str, ...] = ()
 QUANTIZATION_PACKAGES: dict[str, str] = {}
+# transformers' name of each activation this export implements (`model.feed_forward`): ReLU
+# (Sec. 3.3), and the tanh form of the GELU that models/layers.py computes.
+ACTIVATIONS = {"relu": "relu", "gelu": "gelu_pytorch_tanh"}
 # The most tokens `generate` writes unless told otherwise (transformers' default is 20).
 MAX_LENGTH = 512
 
@@ -63,22 +68,7 @@ MAX_LENGTH = 512
 # The model settings this export implements (shared.refusal refuses any other, and any field
 # without a decision here).
 IMPLEMENTS = {
-    **{
-        name: Decision(None, "read off the weights")
-        for name in ("num_layers", "d_model", "num_heads", "d_ff")
-    },
-    **{
-        name: Decision(None, "training only")
-        for name in (
-            "dropout_rate",
-            "attention_dropout_rate",
-            "activation_dropout_rate",
-            "dropout_bits",
-        )
-    },
-    "compute_dtype": Decision(None, "the weights are float32"),
-    "matmul_dtype": Decision(None, "the weights are float32"),
-    "attention": Decision(None, "a kernel of ours"),
+    **SHARED_DECISIONS,
     "norm_position": Decision(("post", "pre"), "Marian (post) and Pegasus (pre) only"),
     "architecture": Decision(
         ("encoder_decoder",),
@@ -87,6 +77,32 @@ IMPLEMENTS = {
     ),
     # Read by the decoder-only architecture alone, which this export refuses above.
     "prefix_attention": Decision(None, "decoder-only models only"),
+    # Marian and Pegasus are the paper's blocks; of today's, they compute the GELU alone.
+    "positions": Decision(
+        ("sinusoidal",),
+        "Marian and Pegasus add sinusoidal positions only (model.positions); export this model "
+        "with --format=ctranslate2",
+    ),
+    "normalization": Decision(
+        ("layernorm",),
+        "Marian and Pegasus normalise with LayerNorm only (model.normalization); export this "
+        "model with --format=ctranslate2",
+    ),
+    "feed_forward": Decision(
+        ("relu", "gelu"),
+        "Marian and Pegasus have no gated feed-forward network (model.feed_forward); export "
+        "this model with --format=ctranslate2",
+    ),
+    "num_kv_heads": Decision(
+        lambda config: num_kv_heads(config) == config.num_heads,
+        "Marian and Pegasus have one key and value head per query head (model.num_kv_heads); "
+        "export this model with --format=ctranslate2",
+    ),
+    "use_bias": Decision(
+        (True,),
+        "Marian and Pegasus have biases in every linear layer (model.use_bias); export this "
+        "model with --format=ctranslate2",
+    ),
 }
 
 
@@ -169,7 +185,7 @@ def model_config(config: ModelConfig, vocab_size: int) -> dict[str, Any]:
         "decoder_attention_heads": config.num_heads,
         "encoder_ffn_dim": config.d_ff,
         "decoder_ffn_dim": config.d_ff,
-        "activation_function": "relu",  # Sec. 3.3
+        "activation_function": ACTIVATIONS[config.feed_forward],
         "scale_embedding": True,  # Sec. 3.4: sqrt(d_model)
         "max_position_embeddings": NUM_POSITIONS,
         "dropout": 0.0,

@@ -5,7 +5,7 @@ export as ours decodes)."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -16,10 +16,11 @@ from translate.data.tokenizer import Tokenizer
 
 class Decision(NamedTuple):
     """What an export does with one model field: the values it implements (None: every value,
-    as for a size it reads off the weights or a setting of training alone) and why, or the
-    reason it gives for refusing any other value."""
+    as for a size it reads off the weights or a setting of training alone; a function of the
+    model's config where the field's meaning depends on another) and why, or the reason it
+    gives for refusing any other value."""
 
-    accepted: tuple | None
+    accepted: tuple | Callable[[ModelConfig], bool] | None
     why: str
 
 
@@ -38,9 +39,35 @@ def refusal(config: ModelConfig, implements: Mapping[str, Decision]) -> str | No
                 f"the export does not know model.{field.name} (={value!r}): it implements "
                 "only the settings it lists (translate/engines/)"
             )
-        if decision.accepted is not None and value not in decision.accepted:
+        accepted = decision.accepted
+        if callable(accepted) and not accepted(config):
+            return decision.why
+        if isinstance(accepted, tuple) and value not in accepted:
             return decision.why
     return None
+
+
+# The decisions every export shares; each format adds its own for the other fields.
+SHARED_DECISIONS = {
+    **{
+        name: Decision(None, "read off the weights")
+        for name in ("num_layers", "d_model", "num_heads", "d_ff")
+    },
+    **{
+        name: Decision(None, "training only")
+        for name in (
+            "dropout_rate",
+            "attention_dropout_rate",
+            "activation_dropout_rate",
+            "dropout_bits",
+        )
+    },
+    # The weights are written in float32 (or a quantization's type); how our model rounded its
+    # products, and which attention kernel it ran, are ours to choose, not the weights'.
+    "compute_dtype": Decision(None, "the weights are float32"),
+    "matmul_dtype": Decision(None, "the weights are float32"),
+    "attention": Decision(None, "a kernel of ours"),
+}
 
 
 # Positions an export can embed: the rows of CTranslate2's stored position table (it refuses a

@@ -36,7 +36,10 @@ import numpy as np
 from flax import nnx
 
 from translate.config import ModelConfig, PrefixAttention, check_choice
-from translate.models.layers import KV, EncoderLayer, Slots, fold, is_pre_norm, layer_norm
+from translate.models.attention import KV, Slots
+from translate.models.dropout import fold
+from translate.models.layers import EncoderLayer, is_pre_norm, make_norm
+from translate.models.positions import Positions
 from translate.models.transformer import TranslationModel
 
 if TYPE_CHECKING:  # for annotations only: the data pipeline feeds the model, not the reverse
@@ -46,7 +49,7 @@ if TYPE_CHECKING:  # for annotations only: the data pipeline feeds the model, no
 class PrefixCache(NamedTuple):
     """Keys and values of every layer for cached decoding: the source's S slots, then L steps."""
 
-    layers: list[KV]  # per layer [B, H, K, S + L] (keys, transposed), [B, H, S + L, K]
+    layers: list[KV]  # per layer [B, G, K, S + L] (keys, transposed), [B, G, S + L, K]
     prefix_valid: jax.Array  # [B, S] True on real source tokens
     prefix_len: jax.Array  # [B] source tokens (EOS included): the first step's position
 
@@ -76,12 +79,16 @@ class DecoderOnlyTransformer(TranslationModel):
         super().__init__(config, vocab_size, rngs, dtype)
         prefix = check_choice(config.prefix_attention, PrefixAttention, "model.prefix_attention")
         self.bidirectional = prefix == "bidirectional"
+        causal = not self.bidirectional
         self.decoder = nnx.List(
-            [EncoderLayer(config, self.dtype, attention, rngs) for _ in range(config.num_layers)]
+            [
+                EncoderLayer(config, self.dtype, attention, rngs, causal=causal)
+                for _ in range(config.num_layers)
+            ]
         )
         # Pre-LayerNorm only, as in transformer.Transformer.
         pre_norm = is_pre_norm(config)
-        self.decoder_norm = layer_norm(config, self.dtype, rngs) if pre_norm else None
+        self.decoder_norm = make_norm(config, self.dtype, rngs) if pre_norm else None
 
     @classmethod
     def forward_flops(
@@ -90,19 +97,15 @@ class DecoderOnlyTransformer(TranslationModel):
         """Forward FLOPs of pairs with source and target lengths `src`, `tgt` (float arrays),
         counted as translate/models/flops.py says: one stack of self-attention and feed-forward
         layers over each pair, source then target."""
-        n, d, f = config.num_layers, float(config.d_model), float(config.d_ff)
-        pair = src + tgt
-        return float(
-            n * (pair.sum() * (8 * d * d + 4 * d * f) + 4 * d * (pair * pair).sum())
-            + cls.projection_flops(config, vocab_size, tgt)
-        )
+        stack = config.num_layers * EncoderLayer.flops(config, src + tgt)
+        return float(stack + cls.projection_flops(config, vocab_size, tgt))
 
     def stack(self, tokens, segments, positions, in_prefix, *, dropout_key=None) -> jax.Array:
         """Tokens [B, N] of packed pairs -> output [B, N, D] (final LayerNorm included)."""
         x = self.embed_tokens(tokens, positions, fold(dropout_key, 0))  # [B, N, D]
         mask = prefix_lm_mask(segments, positions, in_prefix, self.bidirectional)
         for i, layer in enumerate(self.decoder):
-            x, _ = layer(x, mask, fold(dropout_key, 1 + i))
+            x, _ = layer(x, Positions(positions, positions), mask, fold(dropout_key, 1 + i))
         return x if self.decoder_norm is None else self.decoder_norm(x)
 
     def hidden(self, batch: Batch, *, dropout_key=None) -> jax.Array:
@@ -136,15 +139,17 @@ class DecoderOnlyTransformer(TranslationModel):
         in_prefix = src_segments > 0  # [B, S]
         mask = prefix_lm_mask(src_segments, positions, in_prefix, self.bidirectional)
         x = self.embed_tokens(src, positions, None)  # [B, S, D]
-        h, k = self.num_heads, self.d_model // self.num_heads
+        g, k = self.num_kv_heads, self.d_model // self.num_heads
         empty = KV(
-            jnp.zeros((b, h, k, s + max_len), self.dtype),
-            jnp.zeros((b, h, s + max_len, k), self.dtype),
-        )  # [B, H, K, S + L], [B, H, S + L, K]
+            jnp.zeros((b, g, k, s + max_len), self.dtype),
+            jnp.zeros((b, g, s + max_len, k), self.dtype),
+        )  # [B, G, K, S + L], [B, G, S + L, K]
         layers = []
         for layer in self.decoder:
             # The source's keys and values go into slots 0..S-1, kept for the steps.
-            x, kv = layer(x, mask, None, cache=empty, slots=Slots(0, step=False))
+            x, kv = layer(
+                x, Positions(positions, positions), mask, cache=empty, slots=Slots(0, step=False)
+            )
             layers.append(KV(*(jnp.repeat(a, copies, axis=0) for a in kv)))  # B * W rows
         return PrefixCache(
             layers,
@@ -161,8 +166,8 @@ class DecoderOnlyTransformer(TranslationModel):
         return cache._replace(
             layers=[
                 KV(
-                    jnp.pad(c.k, ((0, 0), (0, 0), (0, 0), (0, grow))),  # [B, H, K, S + max_len]
-                    jnp.pad(c.v, ((0, 0), (0, 0), (0, grow), (0, 0))),  # [B, H, S + max_len, K]
+                    jnp.pad(c.k, ((0, 0), (0, 0), (0, 0), (0, grow))),  # [B, G, K, S + max_len]
+                    jnp.pad(c.v, ((0, 0), (0, 0), (0, grow), (0, 0))),  # [B, G, S + max_len, K]
                 )
                 for c in cache.layers
             ]
@@ -186,7 +191,9 @@ class DecoderOnlyTransformer(TranslationModel):
         causal = jnp.broadcast_to(jnp.tril(jnp.ones((p, p), bool)), (b, p, p))
         source = jnp.broadcast_to(cache.prefix_valid[:, None, :], (b, p, s))
         mask = jnp.concatenate([source, causal], axis=2)[:, None]  # [B, 1, P, S + P]
-        y, cache = self.decode_cached(y, mask, cache, Slots(s, step=False))
+        keys = jnp.concatenate([jnp.broadcast_to(jnp.arange(s), (b, s)), positions], axis=1)
+        positions = Positions(positions, keys)  # the source's slots, then the block's
+        y, cache = self.decode_cached(y, positions, mask, cache, Slots(s, step=False))
         return self.logits(y).astype(jnp.float32), cache
 
     def decode_step(
@@ -197,17 +204,27 @@ class DecoderOnlyTransformer(TranslationModel):
         steps = cache.layers[0].k.shape[-1] - s
         positions = (cache.prefix_len + index)[:, None]  # [B, 1]
         y = self.embed_tokens(tokens[:, None], positions, None)  # [B, 1, D]
-        step_valid = jnp.broadcast_to(jnp.arange(steps) <= index, (tokens.shape[0], steps))
-        mask = jnp.concatenate([cache.prefix_valid, step_valid], axis=1)[:, None]  # [B, 1, S+L]
-        y, cache = self.decode_cached(y, mask, cache, Slots(s + index, step=True))
+        b = tokens.shape[0]
+        step_valid = jnp.broadcast_to(jnp.arange(steps) <= index, (b, steps))
+        mask = jnp.concatenate([cache.prefix_valid, step_valid], axis=1)  # [B, S + L]
+        keys = jnp.concatenate(
+            [
+                jnp.broadcast_to(jnp.arange(s), (b, s)),  # the source's slots
+                cache.prefix_len[:, None] + jnp.arange(steps),  # the steps'
+            ],
+            axis=1,
+        )  # [B, S + L]
+        y, cache = self.decode_cached(
+            y, Positions(positions, keys), mask[:, None, None], cache, Slots(s + index, step=True)
+        )
         return self.logits(y[:, 0]).astype(jnp.float32), cache
 
-    def decode_cached(self, y, mask, cache: PrefixCache, slots: Slots):
-        """Embedded tokens y [B, T, D] through every layer with its cache -> output [B, T, D]
-        (the final LayerNorm included) and the updated cache."""
+    def decode_cached(self, y, positions: Positions, mask, cache: PrefixCache, slots: Slots):
+        """Embedded tokens y [B, T, D] at `positions` through every layer with its cache ->
+        output [B, T, D] (the final norm included) and the updated cache."""
         layers = []
         for layer, kv in zip(self.decoder, cache.layers):
-            y, kv = layer(y, mask, None, cache=kv, slots=slots)
+            y, kv = layer(y, positions, mask, None, cache=kv, slots=slots)
             layers.append(kv)
         y = y if self.decoder_norm is None else self.decoder_norm(y)
         return y, cache._replace(layers=layers)

@@ -45,8 +45,18 @@ def resolve_model_dtype(config: ModelConfig) -> Any:
 def resolve_model_attention(config: ModelConfig, facts: DeviceFacts | None = None) -> str:
     """The kernel ("xla" or "cudnn") that `config.attention` means on this device.
 
-    Raises ValueError when the config asks for cuDNN where it cannot run.
+    Raises ValueError when the config asks for cuDNN where it cannot run. A relative
+    position bias (`model.positions=relative`) runs on XLA's kernel: its gradient per batch
+    row has not been run through cuDNN's fused kernel here, so "auto" picks XLA and "cudnn"
+    is refused in one line.
     """
+    if config.positions == "relative":
+        if config.attention == "cudnn":
+            raise ValueError(
+                "model.attention=cudnn: a relative position bias (model.positions=relative) "
+                "runs on XLA's attention; use auto or xla"
+            )
+        return "xla"
     return resolve_attention(
         check_choice(config.attention, AttentionKernel, "model.attention"),
         resolve_model_dtype(config),

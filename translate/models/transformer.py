@@ -1,12 +1,14 @@
 """The Transformer of Vaswani et al. 2017, "Attention Is All You Need", in Flax NNX.
 
 This file assembles the encoder-decoder (Sec. 3.1) and its KV cache for decoding; the blocks it
-is built of (attention, feed-forward, positions, the encoder and decoder layers) are in
-translate/models/layers.py, and translate/models/factory.py builds the configured model.
+is built of are in translate/models/: attention.py (Sec. 3.2), positions.py (Sec. 3.5 and its
+variants), layers.py (the feed-forward network, norms and the encoder and decoder layers),
+precision.py and dropout.py; factory.py builds the configured model.
 
 Shape letters used in comments and einsum strings:
   B batch rows, S source length, T target length, D d_model, H heads, K head dim (D / H),
-  F d_ff, V vocabulary size, L cache length.
+  G key and value heads (H unless `model.num_kv_heads`), F d_ff, V vocabulary size,
+  L cache length.
 
 Batches may be packed: several sentences share a row. `segments` (int, 0 = padding) says which
 sentence each token belongs to and `positions` its index inside that sentence; attention never
@@ -41,6 +43,10 @@ Options that depart further, each off unless a config sets it:
     `model.activation_dropout_rate` (on the feed-forward's inner ReLU): tensor2tensor's two
     extra dropouts; the paper uses neither.
   - `model.dropout_bits="hash"`: dropout's bits from a counter hash instead of threefry.
+  - Today's blocks (docs/variants.md): `model.positions` rotary or relative (a T5 bias) in
+    place of Sec. 3.5's sinusoids, `model.normalization="rmsnorm"`, `model.feed_forward`
+    GELU, SwiGLU or GeGLU in place of Sec. 3.3's ReLU, `model.num_kv_heads` below
+    `num_heads` (grouped-query attention), and `model.use_bias=False`.
   - `model.architecture="decoder_only"` (models/decoder_only.py) replaces the encoder-decoder.
   - Training (translate/training/optim.py): `train.lr_decay` linear or cosine in place of the
     paper's inverse square root, `train.weight_decay` (AdamW), `train.optimizer="muon"`, and a
@@ -57,23 +63,12 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from translate.config import DropoutBits, ModelConfig, check_choice
-from translate.models.layers import (
-    KV,
-    DecoderLayer,
-    EncoderLayer,
-    LayerCache,
-    MultiHeadAttention,
-    Slots,
-    attention_mask,
-    compute_dtype,
-    dropout,
-    fold,
-    is_pre_norm,
-    layer_norm,
-    product_dtype,
-    sinusoidal_positions,
-)
+from translate.config import DropoutBits, ModelConfig, PositionScheme, check_choice
+from translate.models.attention import KV, MultiHeadAttention, Slots, attention_mask, num_kv_heads
+from translate.models.dropout import dropout, fold
+from translate.models.layers import DecoderLayer, EncoderLayer, LayerCache, is_pre_norm, make_norm
+from translate.models.positions import Positions, sinusoidal_positions
+from translate.models.precision import compute_dtype, product_dtype
 
 if TYPE_CHECKING:  # for annotations only: the data pipeline feeds the model, not the reverse
     from translate.data.batching import Batch
@@ -94,6 +89,11 @@ class TranslationModel(nnx.Module):
     def __init__(self, config: ModelConfig, vocab_size: int, rngs: nnx.Rngs, dtype: Any = None):
         # Plain numbers, not the config object: the graph definition must stay hashable.
         self.d_model, self.num_heads = config.d_model, config.num_heads
+        self.num_kv_heads = num_kv_heads(config)
+        scheme = check_choice(config.positions, PositionScheme, "model.positions")
+        # Sec. 3.5's sinusoids are added to the embeddings; rotary and relative positions act
+        # inside self-attention instead (positions.py).
+        self.adds_positions = scheme == "sinusoidal"
         self.dropout_rate = config.dropout_rate
         self.dropout_bits = check_choice(config.dropout_bits, DropoutBits, "model.dropout_bits")
         self.dtype = compute_dtype(config) if dtype is None else jnp.dtype(dtype)
@@ -114,7 +114,8 @@ class TranslationModel(nnx.Module):
         # 9.6 ms of the base model's 61 ms step on an H100.
         table = self.embed.embedding[...]  # [V, D] float32
         x = jnp.take(table, tokens, axis=0).astype(self.dtype) * math.sqrt(self.d_model)
-        x = x + sinusoidal_positions(positions, self.d_model).astype(self.dtype)
+        if self.adds_positions:
+            x = x + sinusoidal_positions(positions, self.d_model).astype(self.dtype)
         return dropout(x, self.dropout_rate, key, self.dropout_bits)  # Sec. 5.4
 
     @staticmethod
@@ -181,8 +182,8 @@ class Transformer(TranslationModel):
         # Pre-LayerNorm only: each stack's output is normalised once more (post-LayerNorm's
         # last sub-layer already ends in a LayerNorm).
         pre_norm = is_pre_norm(config)
-        self.encoder_norm = layer_norm(config, self.dtype, rngs) if pre_norm else None
-        self.decoder_norm = layer_norm(config, self.dtype, rngs) if pre_norm else None
+        self.encoder_norm = make_norm(config, self.dtype, rngs) if pre_norm else None
+        self.decoder_norm = make_norm(config, self.dtype, rngs) if pre_norm else None
 
     @classmethod
     def forward_flops(
@@ -190,27 +191,17 @@ class Transformer(TranslationModel):
     ) -> float:
         """Forward FLOPs of sentence pairs with source and target lengths `src`, `tgt` (float
         arrays), counted as translate/models/flops.py says."""
-        n, d, f = config.num_layers, float(config.d_model), float(config.d_ff)
-        src_tokens, tgt_tokens = src.sum(), tgt.sum()
-        # Encoder (Sec. 3.1): Q, K, V, O projections [D, D] and the feed-forward [D, F], [F, D];
-        # attention scores QK^T and the weighted sum of V each cost 2 * s * s * D per sentence.
-        encoder = n * (src_tokens * (8 * d * d + 4 * d * f) + 4 * d * (src * src).sum())
-        # Decoder: self-attention Q, K, V, O, cross-attention Q and O on target tokens, cross K
-        # and V on source tokens, the feed-forward, and the two attentions.
-        decoder = n * (
-            tgt_tokens * (12 * d * d + 4 * d * f)
-            + src_tokens * 4 * d * d
-            + 4 * d * (tgt * tgt).sum()
-            + 4 * d * (tgt * src).sum()
-        )
+        encoder = config.num_layers * EncoderLayer.flops(config, src)
+        decoder = config.num_layers * DecoderLayer.flops(config, src, tgt)
         return float(encoder + decoder + cls.projection_flops(config, vocab_size, tgt))
 
     def encode(self, src, src_segments, src_positions, *, dropout_key=None) -> jax.Array:
         """Source tokens [B, S] -> memory [B, S, D]."""
         x = self.embed_tokens(src, src_positions, fold(dropout_key, 0))
         mask = attention_mask(src_segments, src_segments, causal=False)  # [B, 1, S, S]
+        positions = Positions(src_positions, src_positions)
         for i, layer in enumerate(self.encoder):
-            x, _ = layer(x, mask, fold(dropout_key, 1 + i))
+            x, _ = layer(x, positions, mask, fold(dropout_key, 1 + i))
         return x if self.encoder_norm is None else self.encoder_norm(x)
 
     def decode(
@@ -221,8 +212,9 @@ class Transformer(TranslationModel):
         y = self.embed_tokens(tgt_in, tgt_positions, fold(key, 0))
         self_mask = attention_mask(tgt_segments, tgt_segments, causal=True)  # [B, 1, T, T]
         cross_mask = attention_mask(tgt_segments, src_segments, causal=False)  # [B, 1, T, S]
+        positions = Positions(tgt_positions, tgt_positions)
         for i, layer in enumerate(self.decoder):
-            y, _ = layer(y, memory, self_mask, cross_mask, fold(key, 1 + i))
+            y, _ = layer(y, positions, memory, self_mask, cross_mask, fold(key, 1 + i))
         return y if self.decoder_norm is None else self.decoder_norm(y)
 
     def hidden(self, batch: Batch, *, dropout_key=None) -> jax.Array:
@@ -255,16 +247,16 @@ class Transformer(TranslationModel):
     def init_cache(self, memory: jax.Array, src_segments: jax.Array, max_len: int) -> Cache:
         """Projects the memory once per layer; allocates empty self-attention keys and values.
 
-        Keys are kept transposed, [B, H, K, L], and values as [B, H, L, K]
-        (MultiHeadAttention.attend_cached); the encoder side has S in place of L.
+        Keys are kept transposed, [B, G, K, L], and values as [B, G, L, K] (attention.KV);
+        the encoder side has S in place of L.
         """
-        b, h = memory.shape[0], self.num_heads
-        k = self.d_model // h
+        b, g = memory.shape[0], self.num_kv_heads
+        k = self.d_model // self.num_heads
         cache = []
         for layer in self.decoder:
-            cross_kv = KV(*layer.cross_attention.project_kv_cached(memory))
-            empty_k = jnp.zeros((b, h, k, max_len), self.dtype)
-            empty_v = jnp.zeros((b, h, max_len, k), self.dtype)
+            cross_kv = layer.cross_attention.project_memory(memory)
+            empty_k = jnp.zeros((b, g, k, max_len), self.dtype)
+            empty_v = jnp.zeros((b, g, max_len, k), self.dtype)
             cache.append(LayerCache(KV(empty_k, empty_v), cross_kv, src_segments > 0))
         return cache
 
@@ -281,8 +273,8 @@ class Transformer(TranslationModel):
         return [
             c._replace(
                 self_kv=KV(
-                    jnp.pad(c.self_kv.k, ((0, 0), (0, 0), (0, 0), (0, grow))),  # [B, H, K, max_len]
-                    jnp.pad(c.self_kv.v, ((0, 0), (0, 0), (0, grow), (0, 0))),  # [B, H, max_len, K]
+                    jnp.pad(c.self_kv.k, ((0, 0), (0, 0), (0, 0), (0, grow))),  # [B, G, K, max_len]
+                    jnp.pad(c.self_kv.v, ((0, 0), (0, 0), (0, grow), (0, 0))),  # [B, G, max_len, K]
                 )
             )
             for c in cache
@@ -305,27 +297,34 @@ class Transformer(TranslationModel):
         the keys of the positions up to its own, and the encoder's through the cache.
         """
         b, p = tokens.shape
-        y = self.embed_tokens(tokens, jnp.broadcast_to(jnp.arange(p), (b, p)), None)  # [B, P, D]
+        positions = jnp.broadcast_to(jnp.arange(p), (b, p))  # [B, P]
+        y = self.embed_tokens(tokens, positions, None)  # [B, P, D]
         causal = jnp.tril(jnp.ones((p, p), bool))[None, None]  # [1, 1, P, P]
         cross_mask = cache[0].src_valid[:, None, None, :]  # [B, 1, 1, S]
-        y, cache = self.decode_cached(y, causal, cross_mask, cache, Slots(0, step=False))
+        positions = Positions(positions, jnp.arange(p)[None])  # keys in slots 0..P-1
+        y, cache = self.decode_cached(y, positions, causal, cross_mask, cache, Slots(0, step=False))
         return self.logits(y).astype(jnp.float32), cache
 
     def decode_step(
         self, tokens: jax.Array, index: jax.Array, cache: Cache
     ) -> tuple[jax.Array, Cache]:
         """One step of cached decoding: tokens [B] at position `index` -> logits [B, V], cache."""
-        y = self.embed_tokens(tokens[:, None], jnp.full((tokens.shape[0], 1), index), None)
-        self_mask = (jnp.arange(cache[0].self_kv.k.shape[-1]) <= index)[None, None, :]  # [1, 1, L]
-        cross_mask = cache[0].src_valid[:, None, :]  # [B, 1, S]
-        y, cache = self.decode_cached(y, self_mask, cross_mask, cache, Slots(index, step=True))
+        positions = jnp.full((tokens.shape[0], 1), index)  # [B, 1]
+        y = self.embed_tokens(tokens[:, None], positions, None)
+        slots = jnp.arange(cache[0].self_kv.k.shape[-1])  # [L]: slot i holds position i
+        self_mask = (slots <= index)[None, None, None, :]  # [1, 1, 1, L]
+        cross_mask = cache[0].src_valid[:, None, None, :]  # [B, 1, 1, S]
+        positions = Positions(positions, slots[None])
+        y, cache = self.decode_cached(
+            y, positions, self_mask, cross_mask, cache, Slots(index, step=True)
+        )
         return self.logits(y[:, 0]).astype(jnp.float32), cache
 
-    def decode_cached(self, y, self_mask, cross_mask, cache: Cache, slots: Slots):
-        """Embedded targets y [B, T, D] through every decoder layer with its cache -> output
-        [B, T, D] (the final LayerNorm included) and the updated cache."""
+    def decode_cached(self, y, positions, self_mask, cross_mask, cache: Cache, slots: Slots):
+        """Embedded targets y [B, T, D] at `positions` through every decoder layer with its
+        cache -> output [B, T, D] (the final norm included) and the updated cache."""
         new_cache = []
         for layer, c in zip(self.decoder, cache):
-            y, c = layer(y, None, self_mask, cross_mask, cache=c, slots=slots)
+            y, c = layer(y, positions, None, self_mask, cross_mask, cache=c, slots=slots)
             new_cache.append(c)
         return (y if self.decoder_norm is None else self.decoder_norm(y)), new_cache
