@@ -31,6 +31,7 @@ from flax import nnx
 from translate import atomic, provenance
 from translate.config import Config
 from translate.engines import ctranslate2, huggingface
+from translate.engines.shared import NUM_POSITIONS
 from translate.trained import load_ensemble, parameters_read
 from translate.workdir import (
     EXPORT_MARKER,
@@ -66,6 +67,15 @@ def check_request(config: Config, workdir: str, output: str, fmt: str, quantizat
     reason = FORMATS[fmt].unsupported_reason(config.model)
     if reason:
         raise ValueError(f"--format={fmt} cannot export --workdir={workdir}: {reason}")
+    # Sources of data.max_len pieces (and EOS) must find their positions in the exported table:
+    # past it CTranslate2 cut them silently or raised, and transformers raised IndexError.
+    if config.data.max_len > NUM_POSITIONS:
+        raise ValueError(
+            f"--workdir={workdir}: data.max_len={config.data.max_len} is more than the "
+            f"{NUM_POSITIONS} positions an export embeds (CTranslate2's position table, "
+            "transformers' max_position_embeddings); train with data.max_len <= "
+            f"{NUM_POSITIONS} to export"
+        )
 
 
 def check_output(output: str | os.PathLike, workdir: str | os.PathLike) -> None:
