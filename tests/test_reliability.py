@@ -772,3 +772,18 @@ def test_a_full_disk_while_keeping_the_first_best_checkpoint_is_one_line(
     best = Workdir(Workdir(tmp_path).best)
     assert message.startswith(f"could not write the checkpoint of step 3 in {best.checkpoints}")
     assert "\n" not in message
+
+
+@pytest.mark.parametrize("given", ["--output=-", None])
+def test_two_outputs_on_standard_output_name_it_as_standard_output(given, tmp_path):
+    """`--output=-` (or no --output) with `--alignment=-`: both named as standard output, never
+    `--output` "left out" when it was given as -."""
+    from translate import streams
+
+    flags = {"output": "-" if given else "", "input": ""}
+    streams.dash_is_standard(flags)
+    with pytest.raises(ValueError) as error:
+        streams.check_output_files({"--output": flags["output"], "--alignment": "-"}, {}, [])
+    message = str(error.value)
+    assert "left out" not in message
+    assert message.startswith("--output (standard output) and --alignment=- would both write")

@@ -266,7 +266,8 @@ def check_output_files(
             check_output_file(path, flag, inputs, workdirs)
     check_distinct_outputs(outputs)
     standard = [
-        f"{flag}=-" if path else f"{flag} (left out)"
+        # An empty flag is `--output` left out or given as "-" (`dash_is_standard`).
+        f"{flag}=-" if path else f"{flag} (standard output)"
         for flag, path in outputs.items()
         if path == STANDARD_OUTPUT or (flag == stdout_flag and not path)
     ]
