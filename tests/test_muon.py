@@ -43,6 +43,17 @@ def test_muon_moves_the_kernels_and_leaves_the_embedding_biases_and_norms_to_ada
         assert on == ("kernel" in name), name  # the embedding, biases and LayerNorms: Adam
 
 
+def test_muon_leaves_a_relative_position_bias_table_to_adam():
+    config = tiny_config()
+    config.model.positions = "relative"
+    params, _ = make_steps(config, 64, sharding.make_mesh()).init(jax.random.key(0))
+    flat = jax.tree_util.tree_flatten_with_path(muon_params(params))[0]
+    names = {jax.tree_util.keystr(path): on for path, on in flat}
+    assert any("table" in name for name in names)
+    for name, on in names.items():
+        assert on == ("kernel" in name), name
+
+
 def test_muons_first_step_is_an_orthogonal_matrix_at_adamws_rate_and_adam_elsewhere():
     # The trainer's own step from the same parameters and batch, once with Adam and once with
     # Muon (no weight decay): every parameter Adam keeps moves as in the Adam run exactly; each

@@ -126,10 +126,12 @@ def scale_by_muon(momentum: float = MUON_MOMENTUM) -> optax.GradientTransformati
 
 def muon_params(params):
     """Which parameters Muon moves: every linear layer's kernel (two dimensions), not the
-    embedding (shared with the softmax, a lookup table whose rows move apart)."""
+    embedding (shared with the softmax, a lookup table whose rows move apart) nor a relative
+    position bias's table (models/positions.py: a lookup table too)."""
 
     def label(path, p):
-        return p.ndim == 2 and not any(getattr(k, "key", None) == "embedding" for k in path)
+        tables = ("embedding", "table")
+        return p.ndim == 2 and not any(getattr(k, "key", None) in tables for k in path)
 
     return jax.tree_util.tree_map_with_path(label, params)
 
