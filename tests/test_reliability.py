@@ -787,3 +787,46 @@ def test_two_outputs_on_standard_output_name_it_as_standard_output(given, tmp_pa
     message = str(error.value)
     assert "left out" not in message
     assert message.startswith("--output (standard output) and --alignment=- would both write")
+
+
+# A command that streams to standard output: through `Outputs` as translate-text and
+# translate-score write, or a line printed at a time as translate-sample does.
+STREAMING_COMMAND = """
+import sys
+from translate import cli
+from translate.streams import Outputs
+
+def write_through_outputs(argv):
+    with Outputs({"--output": ""}) as out:
+        for n in range(20_000):
+            out.write("--output", f"line {n}\\n")
+        out.commit()
+
+def print_lines(argv):
+    for n in range(20_000):
+        print(f"line {n}", flush=True)
+
+main = {"outputs": write_through_outputs, "print": print_lines}[sys.argv[1]]
+cli.run(main, teardown=sys.argv[2] == "teardown")
+"""
+
+
+@pytest.mark.parametrize(
+    "writer, teardown", [("outputs", "no-teardown"), ("outputs", "teardown"), ("print", "teardown")]
+)
+def test_a_gone_reader_of_standard_output_ends_the_command_quietly_as_sigpipe(writer, teardown):
+    """`translate-text ... | head -1`: the reader takes its line and goes; the command ends
+    with the status of a process ended by SIGPIPE, nothing on stderr."""
+    command = subprocess.Popen(
+        [sys.executable, "-c", STREAMING_COMMAND, writer, teardown],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+    first = command.stdout.readline()
+    command.stdout.close()  # more lines than a pipe holds are still to be written
+    errors = command.stderr.read()
+    assert command.wait(timeout=120) == 128 + signal.SIGPIPE, errors
+    assert errors == ""
+    assert first == "line 0\n"

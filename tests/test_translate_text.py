@@ -781,3 +781,32 @@ def test_closed_or_broken_standard_streams_give_one_line_and_lose_no_output(work
                     stderr=writer)  # fmt: skip
     os.close(writer)
     assert gone.returncode == 0 and target.read_text(encoding="utf-8").count("\n") == 1
+
+
+@pytest.mark.slow  # a fresh command each: 10-20 s on 2 cores
+@pytest.mark.parametrize("module", ["translate.translate_text", "translate.score"])
+def test_a_gone_reader_of_standard_output_ends_the_command_as_sigpipe_would(
+    workdir, tmp_path, module
+):
+    """`... | head -1` once the reader has gone: no "Broken pipe" line, no traceback, the
+    status of a process that SIGPIPE ended."""
+    source = tmp_path / "in.txt"
+    source.write_text("the cat sleeps .\n", encoding="utf-8")
+    inputs = [f"--input={source}"]
+    if module == "translate.score":
+        inputs = [f"--src={source}", f"--tgt={source}"]
+    reader, writer = os.pipe()
+    os.close(reader)
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", module, f"--workdir={workdir}", *inputs],
+            stdout=writer,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
+            timeout=300,
+        )
+    finally:
+        os.close(writer)
+    assert done.returncode == 128 + signal.SIGPIPE, done.stderr
+    assert "Broken pipe" not in done.stderr and "Traceback" not in done.stderr

@@ -12,10 +12,12 @@ from __future__ import annotations
 import atexit
 import contextlib
 import dataclasses
+import errno
 import io
 import logging
 import os
 import pathlib
+import select
 import signal
 import sys
 import tempfile
@@ -228,7 +230,8 @@ def run(
     main: Callable[[list[str]], Any], argv: Sequence[str] | None = None, teardown: bool = True
 ) -> None:
     """Calls `main(argv)` and exits: 0, main's own int status, 2 with one line on a user's
-    mistake, or 128 + the signal with one line on SIGINT or SIGTERM (after main's cleanup).
+    mistake, 128 + the signal with one line on SIGINT or SIGTERM (after main's cleanup), or
+    128 + SIGPIPE with nothing said when standard output's reader has gone (`| head -1`).
     Anything else propagates with its traceback.
 
     Args:
@@ -257,11 +260,17 @@ def run(
     try:
         status = main(list(sys.argv[1:] if argv is None else argv))
     except (SystemExit, RuntimeError, AssertionError, *USER_ERRORS) as error:
-        message = user_error_message(error)
-        if message is None:
-            raise
-        sys.stderr.write(f"{program}: error: {message}\n")
-        sys.exit(2)
+        if standard_output_gone(error):
+            # As a Unix tool that SIGPIPE ends: the reader has what it took, and nothing else
+            # was left to write (an output file of the command is kept as it was).
+            write_standard_output_to_null()
+            status = 128 + signal.SIGPIPE
+        else:
+            message = user_error_message(error)
+            if message is None:
+                raise
+            sys.stderr.write(f"{program}: error: {message}\n")
+            sys.exit(2)
     except (KeyboardInterrupt, Terminated) as stopped:
         signum = stop_signal_of(stopped)
         sys.stderr.write(f"{program}: stopped by {signum.name}\n")
@@ -274,6 +283,35 @@ def run(
     if not teardown:
         finish(program, status)
     sys.exit(status)
+
+
+def standard_output_gone(error: BaseException) -> bool:
+    """Whether `error` is a write to standard output whose reader has gone (`| head -1`).
+
+    Python ignores SIGPIPE, so such a write raises EPIPE where a C tool would be ended by the
+    signal; `Outputs` names the stream "<stdout>", a print names none. Standard output is
+    asked as well, so that a pipe the command opened itself (an --output FIFO) is not taken
+    for it.
+    """
+    if not isinstance(error, OSError) or error.errno != errno.EPIPE:
+        return False
+    if error.filename not in (None, "<stdout>"):
+        return False
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & select.POLLERR for _, events in poller.poll(0))
+    except (AttributeError, OSError, ValueError, io.UnsupportedOperation):
+        return False
+
+
+def write_standard_output_to_null() -> None:
+    """Points standard output's descriptor at /dev/null, so that what its buffer still holds
+    is dropped at the exit's flush rather than failing there a second time."""
+    with contextlib.suppress(OSError, ValueError, io.UnsupportedOperation):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
 
 
 def finish(program: str, status: int) -> NoReturn:

@@ -105,7 +105,8 @@ def main(argv: Sequence[str]) -> None:
         max_extra_len=max_extra_len,
     )  # [1, N, L], likeliest first
     for row in np.asarray(tokens)[0]:
-        print(tokenizer.decode(row))
+        # Flushed here, so that a reader gone (`| head -1`) is met while `cli.run` watches.
+        print(tokenizer.decode(row), flush=True)
 
 
 def console_main() -> None:
