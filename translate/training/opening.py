@@ -74,11 +74,11 @@ def check_config(config: Config, workdir: Workdir, force: bool) -> None:
     """Refuses to reuse a workdir trained with a different model or data vocabulary.
 
     With `force`, everything an earlier run generated in the workdir (its own names,
-    `Workdir.generated`) is moved into `previous_run/` instead, and deleted only once the new
-    run's data has loaded (`settle_previous_run`): bad new data puts the old run back. The
-    user's files beside them stay; a file of the user's in best/, which goes whole, refuses
-    `force` before anything is moved. On several hosts sharing the workdir, process 0 alone
-    moves and writes.
+    `Workdir.generated`) and evaluations/ are moved into `previous_run/` instead; once the new
+    run's data has loaded the run is deleted and evaluations/ put back (`settle_previous_run`),
+    and bad new data puts all back. The user's other files beside them stay; a file of the
+    user's in best/, which goes whole, refuses `force` before anything is moved. On several
+    hosts sharing the workdir, process 0 alone moves and writes.
     """
     check_compute_dtype(config)
     primary = jax.process_index() == 0
@@ -97,7 +97,10 @@ def check_config(config: Config, workdir: Workdir, force: bool) -> None:
                 "writes there (config.json, vocab.model, checkpoints/) and --force deletes it "
                 "whole, so move it out of best/ first; nothing was changed"
             )
-        generated = [t for t in workdir.generated() if t.exists() or t.is_symlink()]
+        # evaluations/ goes aside with the run, so that bad new data puts back all as it was,
+        # and comes back once the new run's data has loaded (`settle_previous_run`).
+        aside = workdir.generated() + [workdir.evaluations]
+        generated = [t for t in aside if t.exists() or t.is_symlink()]
         if generated:
             workdir.previous_run.mkdir(parents=True)
         for target in generated:
@@ -349,7 +352,8 @@ def recover_previous_run(workdir: Workdir) -> str | None:
 def settle_previous_run(workdir: Workdir, keep: bool) -> None:
     """Deletes the run that `--force` set aside, or with `keep` puts it back (process 0).
 
-    Putting it back first removes what the new run had generated in its place.
+    Putting it back first removes what the new run had generated in its place. Deleting it
+    first puts evaluations/ back: translate-evaluate's reports are the user's, never deleted.
     """
     if jax.process_index() != 0 or not workdir.previous_run.is_dir():
         return
@@ -363,6 +367,9 @@ def settle_previous_run(workdir: Workdir, keep: bool) -> None:
             old.rename(new)
         workdir.previous_run.rmdir()
     else:
+        kept = workdir.previous_run / workdir.evaluations.name
+        if kept.is_dir() and not workdir.evaluations.exists():  # the user's: never deleted
+            kept.rename(workdir.evaluations)
         log.info("--force: %s", deleted_earlier_run(workdir))
         # One rename commits the deletion: a run killed during rmtree leaves a directory that
         # the next start deletes, never a half-deleted run that it would put back.
