@@ -810,3 +810,25 @@ def test_a_gone_reader_of_standard_output_ends_the_command_as_sigpipe_would(
         os.close(writer)
     assert done.returncode == 128 + signal.SIGPIPE, done.stderr
     assert "Broken pipe" not in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_prefix_outside_the_vocabulary_is_named_on_stderr_by_its_file_and_line(
+    workdir, tmp_path, capsys
+):
+    """A --prefix line's characters outside the vocabulary are forced as <unk>, as tokenized;
+    stderr says so in translate-sample's words, naming the prefix file and the line."""
+    prefix = tmp_path / "prefix.txt"
+    prefix.write_text("the\n\nthe Ω\n", encoding="utf-8")
+    out = run(
+        tmp_path,
+        ["the cat sleeps .", "a man reads .", "the dog ."],
+        f"--workdir={workdir}",
+        "--beam_size=1",
+        f"--prefix={prefix}",
+    )
+    assert len(out) == 3 and out[2].startswith("the  ⁇ ")  # SentencePiece spaces its "⁇"
+    errors = [line for line in capsys.readouterr().err.splitlines() if "outside" in line]
+    assert errors == [
+        f"warning: --prefix={prefix} line 3 has characters outside the vocabulary: they are "
+        "forced as <unk> and printed as ⁇"
+    ]

@@ -13,7 +13,6 @@ translation model, --source gives the sentence whose translation is sampled (sta
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
 
 from translate import startup
@@ -25,9 +24,10 @@ import numpy as np
 from translate import cli, compilation
 from translate.cli import Flag, parse_flags
 from translate.config import MAX_EXTRA_LEN
-from translate.data.tokenizer import EOS_ID, UNK_ID
+from translate.data.tokenizer import EOS_ID
 from translate.decoding.search import sample_search
 from translate.decoding.settings import check_values
+from translate.streams import say, unknown_characters_warning
 from translate.trained import load_ensemble
 
 _imports_done()
@@ -82,13 +82,8 @@ def main(argv: Sequence[str]) -> None:
         )
     source = tokenizer.encode([flags["source"]])[0] + [EOS_ID]
     prompt = tokenizer.encode([flags["prompt"]])[0]
-    if UNK_ID in prompt:
-        # Forced as tokenized: a run of characters outside the vocabulary is one <unk> piece.
-        print(
-            f"warning: --prompt={flags['prompt']!r} has characters outside the vocabulary: "
-            "they are forced as <unk> and printed as ⁇",
-            file=sys.stderr,
-        )
+    if warning := unknown_characters_warning(prompt, f"--prompt={flags['prompt']!r}"):
+        say(warning)
     # The search lets an output run to (source pieces) + max_extra_len pieces before EOS; the
     # prompt is forced as the output's first pieces and counts among them.
     max_extra_len = len(prompt) + flags["max_new_tokens"] - (len(source) - 1)

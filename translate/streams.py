@@ -22,6 +22,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import BinaryIO
 
 from translate.atomic import AtomicFile, remove_stale
+from translate.data.tokenizer import UNK_ID
 from translate.workdir import check_output_path
 
 # Bytes asked of the operating system per read.
@@ -171,6 +172,21 @@ def say(text: str) -> None:
     with contextlib.suppress(OSError, ValueError):
         sys.stderr.write(text)
         sys.stderr.flush()
+
+
+def unknown_characters_warning(ids: Sequence[int], where: str) -> str | None:
+    """The stderr line for a text forced as it is tokenized (`--prompt`, a `--prefix` line),
+    named by `where`, when its pieces `ids` hold <unk>; None when they do not.
+
+    A run of characters outside the vocabulary is one <unk> piece, which the output then shows
+    as SentencePiece writes it, "⁇": the line says so rather than let the text change unseen.
+    """
+    if UNK_ID not in ids:
+        return None
+    return (
+        f"warning: {where} has characters outside the vocabulary: they are forced as <unk> and "
+        "printed as ⁇\n"
+    )
 
 
 def count_lines(path: str | os.PathLike) -> int | None:

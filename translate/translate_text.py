@@ -77,6 +77,7 @@ from translate.streams import (
     dash_is_standard,
     read_chunks,
     say,
+    unknown_characters_warning,
 )
 from translate.workdir import Workdir, read_config
 
@@ -106,7 +107,8 @@ UNSET = {
     "parallel_batches": 0,
     "beam_stop": "",
 }
-# Lines longer than data.max_len named on stderr, at most; then one line says there are more.
+# Lines longer than data.max_len (and --prefix lines with characters outside the vocabulary)
+# named on stderr, at most; then one line says there are more.
 MAX_TRUNCATION_WARNINGS = 5
 FLAGS = {
     "workdir": Flag([], "Required. A training workdir; repeat it for an ensemble."),
@@ -230,6 +232,27 @@ def warn_of_long_lines(
             say("warning: more lines are longer than data.max_len; not named\n")
 
 
+def warn_of_unknown_prefixes(
+    tokenizer, prefixes: list[str] | None, first: int, name: str, said: list[int], progress
+) -> None:
+    """Names on stderr the --prefix lines whose characters outside the vocabulary are forced
+    as <unk> (translate-sample's warning for its --prompt), the first few of them."""
+    for i, prefix in enumerate(prefixes or []):
+        if not prefix.strip():  # no prefix (`sentences.prefix_array`)
+            continue
+        where = f"--prefix={name} line {first + i + 1}"
+        warning = unknown_characters_warning(tokenizer.encode([prefix])[0], where)
+        if warning is None:
+            continue
+        said.append(first + i + 1)
+        if progress is not None:
+            progress.end_line()
+        if len(said) <= MAX_TRUNCATION_WARNINGS:
+            say(warning)
+        elif len(said) == MAX_TRUNCATION_WARNINGS + 1:
+            say(f"warning: more --prefix={name} lines have such characters; not named\n")
+
+
 def main(argv: Sequence[str]) -> None:
     flags, _ = parse_flags(list(argv), FLAGS, doc=__doc__, sections=())
     dash_is_standard(flags)
@@ -281,10 +304,13 @@ def main(argv: Sequence[str]) -> None:
         with Outputs(outputs) as out:
             if flags["output"]:
                 progress = Progress(count_lines(flags["input"]) if flags["input"] else None)
-            first, truncated = 0, []
+            first, truncated, unknown = 0, [], []
             for chunk in read_chunks(source, flags["input"] or "<stdin>", LINES_PER_CHUNK):
                 warn_of_long_lines(tokenizer, chunk, first, max_len, truncated, progress)
                 chunk_prefixes = take_prefixes(prefixes, len(chunk), first, flags["prefix"])
+                warn_of_unknown_prefixes(
+                    tokenizer, chunk_prefixes, first, flags["prefix"], unknown, progress
+                )
                 results = models.translate(
                     chunk,
                     settings,
