@@ -76,6 +76,22 @@ def check_request(config: Config, workdir: str, output: str, fmt: str, quantizat
             "transformers' max_position_embeddings); train with data.max_len <= "
             f"{NUM_POSITIONS} to export"
         )
+    # A decoder-only model reads `x EOS BOS y` as one sequence (models/decoder_only.py): with
+    # each side at most data.max_len tokens, EOS included, its positions run to 2 * max_len - 1,
+    # and a table of added (sinusoidal) positions must hold them all. Rotary and relative
+    # positions are CTranslate2's own computation, with no table to outgrow.
+    pair = 2 * config.data.max_len
+    if (
+        config.model.architecture == "decoder_only"
+        and config.model.positions == "sinusoidal"
+        and pair > NUM_POSITIONS
+    ):
+        raise ValueError(
+            f"--workdir={workdir}: data.max_len={config.data.max_len} needs {pair} positions "
+            "for a decoder-only model's source and target together, more than the "
+            f"{NUM_POSITIONS} of the exported sinusoidal position table; train with "
+            f"data.max_len <= {NUM_POSITIONS // 2}, or rotary or relative positions, to export"
+        )
 
 
 def check_output(output: str | os.PathLike, workdir: str | os.PathLike) -> None:
