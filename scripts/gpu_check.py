@@ -9,11 +9,13 @@
 
 - tests: `pytest -m gpu` (120 s a test with pytest-timeout); each outcome from OUT/tests.xml.
 - bench: scripts/benchmark.py, configs/base.py and configs/big.py at the paper's batch (25,000
-  target token slots) in bfloat16 on the WMT sample; `--profile` adds OUT/profile_NAME.json
-  (the time per op of 5 more steps); `--bench_flags` replace the phase's flags of the same name
-  ("--steps_per_call=5", "--packed=false", "--config.train.loss_keep=logits_bf16",
-  "--vocab=SPM_MODEL"); XLA's and JAX's knobs go in the environment, which the children inherit
-  (XLA_FLAGS=--xla_gpu_enable_command_buffer= turns CUDA graphs off; JAX_DEFAULT_PRNG_IMPL=rbg).
+  target token slots) in bfloat16 on the WMT sample, and each of today's blocks against the base
+  step (`BLOCK_VARIANTS`; `--block_variants=false` skips them); `--profile` adds
+  OUT/profile_NAME.json (the time per op of 5 more steps); `--bench_flags` replace the phase's
+  flags of the same name ("--steps_per_call=5", "--packed=false",
+  "--config.train.loss_keep=logits_bf16", "--vocab=SPM_MODEL"); XLA's and JAX's knobs go in the
+  environment, which the children inherit (XLA_FLAGS=--xla_gpu_enable_command_buffer= turns CUDA
+  graphs off; JAX_DEFAULT_PRNG_IMPL=rbg).
 - decode: beam 4 and greedy over 3,000 lines of the WMT sample, an untrained configs/base.py (a
   worst case: outputs run to the length limit) or --decode_workdir's model.
 - multi30k: `bash scripts/multi30k_gpu_ensemble.sh WORK/multi30k` from an empty compilation
@@ -66,6 +68,16 @@ FETCH = """\
   translate-data wmt_sample --dir=data/wmt_sample  or pass --data=DIR"""
 # --smoke: 1 + 1 layers of width 32, a 500-piece vocabulary (the WMT sample has 253
 # characters), short rows; Multi30k for 6 steps, its val and test sets cut to 40 sentences.
+# Today's blocks (docs/variants.md), each timed against the base step by the bench phase in one
+# process (scripts/benchmark.py --variant): a gated network at 2/3 of d_ff, a multiple of 8.
+BLOCK_VARIANTS = [
+    "model.positions=rotary",
+    "model.positions=relative",
+    "model.normalization=rmsnorm",
+    "model.feed_forward=swiglu model.d_ff=1368",
+    "model.num_kv_heads=2",
+    "model.use_bias=false",
+]
 SMOKE_MODEL = "num_layers=1 d_model=32 num_heads=4 d_ff=64".split()
 SMOKE_MODEL = [f"--config.model.{f}" for f in SMOKE_MODEL] + ["--config.data.vocab_size=500"]
 SMOKE_MODEL += ["--config.data.max_len=32", "--config.data.row_len=32"]
@@ -101,6 +113,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     add("--budget_s", type=float, default=540.0, help="seconds per phase")
     add("--smoke", action="store_true", help="tiny shapes: exercise, not measure")
     add("--bench_steps", type=int, default=30, help="bench: timed steps")
+    add(
+        "--block_variants",
+        type=lambda v: v.lower() in ("1", "true", "yes"),
+        default=True,
+        help="bench: time today's blocks against the base step (BLOCK_VARIANTS)",
+    )
     add("--bench_flags", default="", help="bench: more flags for scripts/benchmark.py")
     add("--profile", action="store_true", help="bench: trace 5 more steps of each model")
     add("--decode_workdir", default="", help="decode: a trained workdir")
@@ -241,6 +259,11 @@ def phase_bench(args, out: pathlib.Path, deadline: float) -> dict:
         shutil.rmtree(trace, ignore_errors=True)
         flags = [f"--config=configs/{name}.py", f"--src={wmt}/train.en", f"--tgt={wmt}/train.de"]
         flags += [f"--json={json_path}"] + ([f"--profile={trace}"] if args.profile else [])
+        if name == "base" and args.block_variants:
+            # The smoke model's d_ff is 64: its gated width is 40.
+            width = ("d_ff=1368", "d_ff=40") if args.smoke else ("", "")
+            flags += [f"--variant={v.replace(*width)}" for v in BLOCK_VARIANTS]
+            flags += ["--variant_rounds=3"]
         cmd = [
             sys.executable,
             "-m",

@@ -72,8 +72,9 @@ IMPLEMENTS = {
     "norm_position": Decision(("post", "pre"), "Marian (post) and Pegasus (pre) only"),
     "architecture": Decision(
         ("encoder_decoder",),
-        "transformers has no model class for the decoder-only layout (sinusoidal positions "
-        "over `source </s> <s> target`); export it with --format=ctranslate2",
+        "transformers has no model class for the decoder-only layout (positions over "
+        "`source </s> <s> target`); export a causal one with --format=ctranslate2 (a prefix LM, "
+        "model.prefix_attention=bidirectional, has no engine to export to)",
     ),
     # Read by the decoder-only architecture alone, which this export refuses above.
     "prefix_attention": Decision(None, "decoder-only models only"),
