@@ -521,12 +521,19 @@ def test_huggingface_weights_are_as_readable_as_the_config(workdir, tmp_path):
     assert modes["model.safetensors"] == modes["config.json"], modes  # not the owner's alone
 
 
-@pytest.fixture(scope="module", params=["post", "pre"])
-def huggingface_export(request, workdirs):
-    """(workdir, loaded transformers model with our LayerNorm epsilon) of each norm position."""
+@pytest.fixture(scope="module", params=["post", "pre", "post-gelu", "pre-gelu"])
+def huggingface_export(request, workdirs, vocab, tmp_path_factory):
+    """(workdir, loaded transformers model with our LayerNorm epsilon) of each norm position,
+    with the paper's ReLU and with a GELU (`model.feed_forward=gelu`)."""
     pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
-    workdir = workdirs("encoder_decoder", request.param)
+    norm, _, activation = request.param.partition("-")
+    if activation:
+        root = tmp_path_factory.mktemp(request.param)
+        fields = {"feed_forward": activation}
+        workdir = make_workdir(root / "run", vocab, "encoder_decoder", norm, fields=fields)
+    else:
+        workdir = workdirs("encoder_decoder", norm)
     exporter.export(str(workdir), str(workdir.parent / "hf"), "huggingface")
     model, info = transformers.AutoModelForSeq2SeqLM.from_pretrained(
         str(workdir.parent / "hf"), output_loading_info=True
