@@ -8,6 +8,7 @@ from translate.data.batching import (
     Batch,
     BatchLayout,
     DataPosition,
+    Mixture,
     decode_width,
     iterate_batches,
     make_batch,
@@ -69,6 +70,49 @@ def test_iteration_resumes_from_a_saved_position():
     resumed = iterate_batches(corpus, layout, 0, start=first[11][1])
     for (expected, _), (got, _) in zip(first[12:], resumed):
         np.testing.assert_array_equal(expected.src, got.src)
+
+
+def test_a_mixture_draws_each_corpus_by_its_weight_every_epoch():
+    corpus = random_corpus(n=500)
+    mixture = Mixture(sizes=(300, 200), weights=(2.0, 0.25))
+    layout = BatchLayout.from_config(32 * 8, 32, 1, 1)
+    halves = []
+    for epoch in range(3):
+        drawn = np.array(
+            [
+                i
+                for batch in plan_epoch(corpus, layout, 0, epoch, mixture)
+                for row in batch
+                for i in row
+            ]
+        )
+        first, second = drawn[drawn < 300], drawn[drawn >= 300]
+        np.testing.assert_array_equal(np.bincount(first, minlength=300), 2)  # each twice
+        assert len(second) == 50 and len(set(second.tolist())) == 50  # a quarter, once each
+        halves.append(set(second.tolist()))
+    assert halves[0] != halves[1], "each epoch draws another share"
+
+
+def test_one_corpus_at_weight_1_plans_the_epochs_of_the_corpus_alone():
+    corpus = random_corpus()
+    layout = BatchLayout.from_config(32 * 8, 32, 1, 1)
+    mixture = Mixture(sizes=(len(corpus),), weights=(1.0,))
+    for seed, epoch in ((0, 0), (0, 1), (5, 3)):
+        expected = plan_epoch(corpus, layout, seed, epoch)
+        assert plan_epoch(corpus, layout, seed, epoch, mixture) == expected
+
+
+def test_iteration_over_a_mixture_resumes_from_a_saved_position():
+    corpus = random_corpus()
+    layout = BatchLayout.from_config(32 * 4, 32, 1, 1)
+    mixture = Mixture(sizes=(100, 200), weights=(1.5, 0.5))
+    stream = iterate_batches(corpus, layout, 0, DataPosition(), mixture=mixture)
+    first = [next(stream) for _ in range(60)]  # crosses an epoch boundary
+    assert first[40][1].epoch == 1 and first[40][1].index > 0
+    resumed = iterate_batches(corpus, layout, 0, start=first[40][1], mixture=mixture)
+    for (expected, _), (got, _) in zip(first[41:], resumed):
+        for x, y in zip(expected, got):
+            np.testing.assert_array_equal(x, y)
 
 
 def test_source_batches_cover_every_sentence_sorted_by_length(tokenizer):

@@ -35,6 +35,28 @@ def unreadable(indices):
     raise AssertionError("the cached tokens should have been reused")
 
 
+def test_concatenated_corpora_hold_each_corpus_pairs_in_order():
+    a = corpus.TokenizedCorpus.from_lists([[5, 6], [7]], [[8], [9, 10]])
+    b = corpus.TokenizedCorpus.from_lists([[11, 12, 13]], [[14]])
+    joined = corpus.concatenate([a, b])
+    assert len(joined) == 3
+    pairs = [(joined.src(i).tolist(), joined.tgt(i).tolist()) for i in range(3)]
+    assert pairs == [([5, 6], [8]), ([7], [9, 10]), ([11, 12, 13], [14])]
+
+
+def test_a_source_prefix_opens_every_source_and_keys_the_cache(tokenizer, tmp_path):
+    src, tgt = pairs_text(50)
+    text = ParallelText.from_lists(src, tgt, "a")
+    plain, _ = tokenize_once(text, tokenizer, 64, tmp_path / "plain")
+    tagged, _ = tokenize_once(text, tokenizer, 64, tmp_path / "tagged", src_prefix=[4])
+    for i in range(len(plain)):
+        assert tagged.src(i).tolist() == [4] + plain.src(i).tolist()
+        assert tagged.tgt(i).tolist() == plain.tgt(i).tolist()
+    # The same directory without the prefix is rebuilt, not read back with it.
+    again, _ = tokenize_once(text, tokenizer, 64, tmp_path / "tagged")
+    np.testing.assert_array_equal(again.src_tokens, plain.src_tokens)
+
+
 def test_token_cache_is_reused_on_a_second_load(tokenizer, tmp_path):
     src, tgt = pairs_text()
     first, _ = tokenize_once(ParallelText.from_lists(src, tgt, "a"), tokenizer, 64, tmp_path)

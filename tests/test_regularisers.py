@@ -217,6 +217,23 @@ def test_bpe_dropout_at_alpha_0_is_sentencepieces_encoding(tokenizer, tmp_path):
         assert unknown > 0
 
 
+def test_a_tag_opening_the_sources_stays_through_sampled_segmentations(tmp_path):
+    from translate.data.corpus import TokenizedCorpus
+    from translate.data.tokenizer import train_tokenizer
+
+    pairs = sentences(200, seed=11)
+    texts = [s for pair in pairs for s in pair]
+    vocab = train_tokenizer(texts, 300, tmp_path / "vocab.model", reserved=["<BT>"])
+    tag = vocab.processor.piece_to_id("<BT>")
+    src, tgt = vocab.encode([p[0] for p in pairs]), vocab.encode([p[1] for p in pairs])
+    corpus = TokenizedCorpus.from_lists([[tag] + s for s in src], tgt)
+    sampled = SampledEpochs(corpus, vocab, alphas=(0.5, 0.0), max_len=1000, seed=0)(0)
+    assert all(sampled.src(i)[0] == tag for i in range(len(sampled)))
+    assert all(tag not in sampled.src(i)[1:].tolist() for i in range(len(sampled)))
+    decoded = [vocab.decode(sampled.src(i)) for i in range(len(sampled))]
+    assert decoded == [p[0] for p in pairs]
+
+
 SAMPLE_IN_A_SUBPROCESS = """
 import json, sys
 sys.path.insert(0, {tests!r})

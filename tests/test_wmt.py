@@ -222,3 +222,20 @@ def test_wmt14_batch_holds_25k_tokens_per_side_on_one_gpu_or_eight(name):
     one = BatchLayout.from_config(d.tokens_per_batch, d.row_len, 8, num_devices=1)
     assert eight.rows * eight.num_micro == one.rows * one.num_micro == 96
     assert 24_000 <= 96 * d.row_len <= 25_000
+
+
+def test_a_tfds_split_and_parallel_files_train_together(fake_wmt14, tmp_path):
+    from translate.config import TrainCorpus
+
+    config = tfds_config(fake_wmt14)
+    (tmp_path / "bt.en").write_text(lines("bt", "en", 12))
+    (tmp_path / "bt.de").write_text(lines("bt", "de", 12))
+    config.data.dir = str(tmp_path)
+    config.data.train_corpora = (
+        TrainCorpus(tfds_split="train"),
+        TrainCorpus(prefix="bt", weight=2.0, tag="<BT>"),
+    )
+    data = load_data(config.validate(), data_files(Workdir(tmp_path / "work")))
+    assert data.mixture.sizes == (60, 12) and data.mixture.counts() == [60, 24]
+    tag = data.tokenizer.processor.piece_to_id("<BT>")
+    assert [data.train.src(i)[0] == tag for i in range(72)] == [False] * 60 + [True] * 12

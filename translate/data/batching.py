@@ -3,9 +3,10 @@
 A batch has a fixed shape [A, R, row_len] (A accumulation micro-batches of R rows), so the
 train step compiles once. Sentence pairs are sorted by length and packed next-fit into rows, so
 each row holds sentences of similar length and padding stays small (the paper's batching by
-approximate length, Sec. 5.1). Which pairs form which batch is a pure function of
-(seed, epoch); the data position saved in checkpoints is (epoch, batch index). Decoding's
-source batches are padded to a few widths, so the searches compile a handful of times.
+approximate length, Sec. 5.1). Several training corpora are drawn each epoch by their weights
+(`Mixture`). Which pairs form which batch is a pure function of (seed, epoch); the data position
+saved in checkpoints is (epoch, batch index). Decoding's source batches are padded to a few
+widths, so the searches compile a handful of times.
 """
 
 from __future__ import annotations
@@ -90,14 +91,60 @@ def pack_rows(corpus: TokenizedCorpus, order: np.ndarray, row_len: int) -> list[
     return rows
 
 
+# Set apart the streams of a mixture's draws from those of the plan and of BPE-dropout.
+MIXTURE_STREAM = 2**20
+
+
+@dataclasses.dataclass(frozen=True)
+class Mixture:
+    """Several training corpora, one after another in one `TokenizedCorpus`, each drawn by an
+    upsampling factor every epoch.
+
+    Corpus i's `sizes[i]` pairs follow those of the corpora before it. An epoch holds
+    max(1, round(weights[i] * sizes[i])) of its pairs: each pair floor(weight) times, and a
+    share of them, drawn without replacement from (seed, epoch, i), once more. One corpus at
+    weight 1 is every pair once, in order: the epoch of the corpus alone.
+    """
+
+    sizes: tuple[int, ...]
+    weights: tuple[float, ...]
+
+    def counts(self) -> list[int]:
+        """The pairs of each corpus in an epoch."""
+        return [max(1, round(w * n)) for n, w in zip(self.sizes, self.weights)]
+
+    def pairs(self, seed: int, epoch: int) -> np.ndarray:
+        """[P] the epoch's pairs: indices into the corpora's concatenation, corpus after corpus."""
+        parts, start = [], 0
+        for i, (n, count) in enumerate(zip(self.sizes, self.counts())):
+            whole, rest = divmod(count, n)
+            parts += [np.arange(start, start + n)] * whole
+            if rest:
+                rng = np.random.default_rng([seed, epoch, MIXTURE_STREAM, i])
+                parts.append(start + np.sort(rng.choice(n, rest, replace=False)))
+            start += n
+        return np.concatenate(parts)
+
+
 def plan_epoch(
-    corpus: TokenizedCorpus, layout: BatchLayout, seed: int, epoch: int
+    corpus: TokenizedCorpus,
+    layout: BatchLayout,
+    seed: int,
+    epoch: int,
+    mixture: Mixture | None = None,
 ) -> list[list[list[int]]]:
-    """The epoch's batches: each a list of rows (R * A of them, padded with empty rows)."""
+    """The epoch's batches: each a list of rows (R * A of them, padded with empty rows).
+
+    Every pair of `corpus` once; with a `mixture`, the pairs it draws for the epoch.
+    """
     rng = np.random.default_rng([seed, epoch])
     lengths = np.maximum(np.diff(corpus.src_offsets), np.diff(corpus.tgt_offsets))
     # Sort by length with random tie-breaks, so equal-length pairs meet in a new order each epoch.
-    order = np.lexsort((rng.random(len(corpus)), lengths))
+    if mixture is None:
+        order = np.lexsort((rng.random(len(corpus)), lengths))
+    else:
+        pairs = mixture.pairs(seed, epoch)
+        order = pairs[np.lexsort((rng.random(len(pairs)), lengths[pairs]))]
     rows = pack_rows(corpus, order, layout.row_len)
     per_batch = layout.rows * layout.num_micro
     batches = [rows[i : i + per_batch] for i in range(0, len(rows), per_batch)]
@@ -206,16 +253,18 @@ def iterate_batches(
     seed: int,
     start: DataPosition,
     row_slice: slice = slice(None),
+    mixture: Mixture | None = None,
 ) -> Iterator[tuple[Batch, DataPosition]]:
     """Yields (batch, position after it) forever, starting at `start`.
 
     `corpus` is the training pairs, or a function of the epoch that returns them (a
-    segmentation sampled anew each epoch: translate/data/bpe_dropout.py).
+    segmentation sampled anew each epoch: translate/data/bpe_dropout.py); `mixture` draws each
+    epoch's pairs from several corpora.
     """
     epoch, index = start.epoch, start.index
     while True:
         corpus_of_epoch = corpus(epoch) if callable(corpus) else corpus
-        plan = plan_epoch(corpus_of_epoch, layout, seed, epoch)
+        plan = plan_epoch(corpus_of_epoch, layout, seed, epoch, mixture)
         for i in range(index, len(plan)):
             after = DataPosition(epoch, i + 1) if i + 1 < len(plan) else DataPosition(epoch + 1)
             yield make_batch(corpus_of_epoch, plan[i], layout, row_slice), after

@@ -72,7 +72,10 @@ class BPEDropout:
     def __init__(self, tokenizer: Tokenizer):
         proc = tokenizer.processor
         self.pieces = [proc.id_to_piece(i) for i in range(proc.get_piece_size())]
-        self.unknown = [bool(proc.is_unknown(i)) for i in range(len(self.pieces))]
+        # Kept whole, as ids: <unk>, and the control pieces a tagged corpus puts in its sources.
+        self.whole = [
+            bool(proc.is_unknown(i) or proc.is_control(i)) for i in range(len(self.pieces))
+        ]
         # Ordinary pieces only: control pieces (<pad>, <s>, </s>) and <unk> never come out of a
         # merge (SentencePiece matches them as whole strings, never as characters' concatenation).
         self.ids: dict[str, int] = {}
@@ -84,13 +87,13 @@ class BPEDropout:
         self._first: dict[str, list[tuple[float, int, int, int]]] = {}
 
     def words(self, ids: Sequence[int]) -> list[str | int]:
-        """A sentence's deterministic pieces as its words' characters (strings) and unknown
-        pieces (their ids, kept as they are)."""
+        """A sentence's deterministic pieces as its words' characters (strings), and unknown and
+        control pieces (a tag) as their ids, kept as they are."""
         out: list[str | int] = []
         word = ""
         for i in ids:
             i = int(i)
-            if self.unknown[i]:
+            if self.whole[i]:
                 if word:
                     out.append(word)
                 out.append(i)

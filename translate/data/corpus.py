@@ -67,6 +67,18 @@ class TokenizedCorpus:
         return self.tgt_tokens[self.tgt_offsets[i] : self.tgt_offsets[i + 1]]
 
 
+def concatenate(corpora: Sequence[TokenizedCorpus]) -> TokenizedCorpus:
+    """The pairs of `corpora` one corpus after another, in memory (several training corpora)."""
+    arrays = []
+    for side in ("src", "tgt"):
+        tokens = [getattr(c, f"{side}_tokens") for c in corpora]
+        offsets = [np.asarray(getattr(c, f"{side}_offsets")) for c in corpora]
+        starts = np.cumsum([0] + [len(t) for t in tokens[:-1]])
+        joined = [offsets[0][:1]] + [o[1:] + start for o, start in zip(offsets, starts)]
+        arrays += [np.concatenate(tokens), np.concatenate(joined).astype(np.int64)]
+    return TokenizedCorpus(*arrays)
+
+
 def fits(src_len: np.ndarray, tgt_len: np.ndarray, max_len: int) -> np.ndarray:
     """Which pairs of these token counts (no EOS) are kept: both sides + EOS <= `max_len`."""
     return (src_len + 1 <= max_len) & (tgt_len + 1 <= max_len)
@@ -95,13 +107,15 @@ def tokenize_once(
     cache_dir: str | os.PathLike,
     num_workers: int | None = None,
     files: Sequence[str | os.PathLike] = (),
+    src_prefix: Sequence[int] = (),
 ) -> tuple[TokenizedCorpus, int]:
     """Tokenizes `text` into `cache_dir` once, then memory-maps the stored tokens.
 
     The cache holds `{src,tgt}.tokens` (flat token ids, uint16 when the vocabulary fits, else
     int32), `{src,tgt}.offsets.npy` (int64, N + 1) and `manifest.json`. The manifest records the
-    vocabulary's sha256, the text's identity and `max_len`; if any differs, the cache is rebuilt.
-    Pairs longer than `max_len` tokens (EOS included) on either side are dropped.
+    vocabulary's sha256, the text's identity, `max_len` and the sources' prefix; if any differs,
+    the cache is rebuilt. Pairs longer than `max_len` tokens (EOS included) on either side are
+    dropped.
 
     Args:
       text: the pairs to tokenize.
@@ -112,6 +126,8 @@ def tokenize_once(
         corpus of a single job).
       files: the files `text` is read from, when it is: their inode and change time are part
         of the cache's key (`file_stamps`).
+      src_prefix: ids put before every source's pieces (a corpus's tag); they count towards
+        `max_len`.
 
     Returns:
       The kept pairs (memory-mapped) and the number dropped.
@@ -125,13 +141,15 @@ def tokenize_once(
     }
     if files:
         expected["files"] = file_stamps(files)
+    # None when there is none: the manifests written before prefixes existed hold no key.
+    expected["src_prefix"] = [int(i) for i in src_prefix] or None
     manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else {}
     if {k: manifest.get(k) for k in expected} != expected:
         # Built beside the old cache and swapped in only when complete, so bad input or a
         # kill mid-way leaves the old cache (or none) but never a mixture.
         cache_dir.parent.mkdir(parents=True, exist_ok=True)
         with atomic.directory(cache_dir) as building:
-            counts = write_token_cache(text, tokenizer, max_len, building, num_workers)
+            counts = write_token_cache(text, tokenizer, max_len, building, num_workers, src_prefix)
             manifest = {**expected, **counts}
             (building / "manifest.json").write_text(json.dumps(manifest, indent=2))
     arrays = []
@@ -168,15 +186,20 @@ def load_processor(model_path: str) -> spm.SentencePieceProcessor:
     return spm.SentencePieceProcessor(model_file=model_path)
 
 
-def encode_job(job: tuple[str, list[str], list[str], str]) -> tuple[np.ndarray, ...]:
-    """(model path, sources, targets, dtype) -> flat tokens and lengths, source then target.
+def encode_job(
+    job: tuple[str, list[str], list[str], str, tuple[int, ...]],
+) -> tuple[np.ndarray, ...]:
+    """(model path, sources, targets, dtype, sources' prefix) -> flat tokens and lengths, source
+    then target.
 
     Runs in a worker process, so turning SentencePiece's lists into arrays is parallel too.
     """
-    model_path, src, tgt, dtype = job
+    model_path, src, tgt, dtype, src_prefix = job
     out = []
-    for texts in (src, tgt):
+    for texts, prefix in ((src, list(src_prefix)), (tgt, [])):
         ids = load_processor(model_path).encode(texts, out_type=int)
+        if prefix:
+            ids = [prefix + sentence for sentence in ids]
         lengths = np.fromiter(map(len, ids), np.int64, len(ids))
         out += [np.fromiter(itertools.chain.from_iterable(ids), dtype, int(lengths.sum())), lengths]
     return tuple(out)
@@ -226,6 +249,7 @@ def write_token_cache(
     max_len: int,
     cache_dir: pathlib.Path,
     num_workers: int | None,
+    src_prefix: Sequence[int] = (),
 ) -> dict:
     """Encodes `text` in jobs over worker processes into the cache files; returns counts.
 
@@ -240,7 +264,7 @@ def write_token_cache(
     def jobs():  # read lazily, while the workers encode the jobs before
         for start in range(0, text.num_pairs, ENCODE_CHUNK):
             src, tgt = text.read(range(start, min(start + ENCODE_CHUNK, text.num_pairs)))
-            yield str(tokenizer.path), src, tgt, dtype_name
+            yield str(tokenizer.path), src, tgt, dtype_name, tuple(src_prefix)
 
     lengths = {"src": [], "tgt": []}
     tokens = {side: cache_dir / f"{side}.tokens" for side in lengths}

@@ -2,10 +2,12 @@
 
 `load_data(config, files)` reads parallel files (translate/data/text.py), the synthetic corpus
 (generated into `files.generated_dir`), a TFDS dataset (translate/data/wmt.py) or one language's
-text (a language model's: pairs with empty sources); trains the shared BPE vocabulary on a
-sample of the training text, or reuses the one at `files.vocab_path`; and tokenizes the training
-pairs once into memory-mapped arrays in `files.tokens_dir` (corpus.tokenize_once). The trainer
-gives the paths of its workdir (translate/workdir.py names them); the data family takes paths.
+text (a language model's: pairs with empty sources), or several training corpora of files and
+TFDS splits (`data.train_corpora`); trains the shared BPE vocabulary on a sample of the training
+text, with the corpora's tags reserved in it, or reuses the one at `files.vocab_path`; and
+tokenizes each training corpus once into memory-mapped arrays in `files.tokens_dir`
+(corpus.tokenize_once), several corpora each in a directory of its own there. The trainer gives
+the paths of its workdir (translate/workdir.py names them); the data family takes paths.
 Batching the pairs is translate/data/batching.py's job.
 """
 
@@ -18,11 +20,13 @@ import os
 import pathlib
 from typing import NamedTuple
 
-from translate.config import Config, DataSource, check_choice
+from translate import atomic
+from translate.config import Config, DataSource, TrainCorpus, check_choice
 from translate.data import synthetic, wmt
-from translate.data.corpus import TokenizedCorpus, tokenize_once, tokenize_parallel
+from translate.data.batching import Mixture
+from translate.data.corpus import TokenizedCorpus, concatenate, tokenize_once, tokenize_parallel
 from translate.data.text import ParallelText, read_lines, read_parallel, sample_sentences
-from translate.data.tokenizer import Tokenizer, train_tokenizer
+from translate.data.tokenizer import Tokenizer, reserved_ids, train_tokenizer
 
 log = logging.getLogger("translate")
 
@@ -40,13 +44,27 @@ class Data:
     """A run's vocabulary, tokenized training and dev pairs, and its dev and test text."""
 
     tokenizer: Tokenizer
-    train: TokenizedCorpus
+    train: TokenizedCorpus  # several training corpora: one after another
     dev: TokenizedCorpus | None
     dev_text: tuple[list[str], list[str]] | None  # (sources, raw references)
     test_text: tuple[list[str], list[str]] | None
     # Whether the pairs are translations, to be scored with BLEU; a language model's text
     # (data.source=monolingual: empty sources) is not.
     translations: bool = True
+    # How each epoch draws from data.train_corpora; None: every pair of `train` once.
+    mixture: Mixture | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainingText:
+    """One training corpus as text: its name in messages, the files it is read from (none for
+    TFDS), and its weight and tag."""
+
+    name: str
+    text: ParallelText
+    files: list[pathlib.Path]
+    weight: float = 1.0
+    tag: str = ""
 
 
 def data_paths(config: Config, files: DataFiles) -> dict[str, tuple[pathlib.Path, ...]]:
@@ -71,24 +89,15 @@ def data_paths(config: Config, files: DataFiles) -> dict[str, tuple[pathlib.Path
         base = pathlib.Path(d.dir)
         if not base.is_dir():
             raise FileNotFoundError(f"--config.data.dir: {base} is not a directory")
-        prefixes = {"train": d.train_prefix, "dev": d.dev_prefix, "test": d.test_prefix}
+        # data.train_corpora replaces the training split (`open_corpora`).
+        train = "" if d.train_corpora else d.train_prefix
+        prefixes = {"train": train, "dev": d.dev_prefix, "test": d.test_prefix}
     # An empty dev or test prefix means that split is not wanted.
     return {
         split: (base / f"{p}.{d.src_lang}", base / f"{p}.{d.tgt_lang}")
         for split, p in prefixes.items()
         if p
     }
-
-
-def text_files(config: Config, files: DataFiles) -> list[pathlib.Path]:
-    """The files the training pairs are read from: both sides' (the language model's one);
-    none for a TFDS dataset."""
-    d = config.data
-    if d.source == "tfds":
-        return []
-    if d.source == "monolingual":
-        return [pathlib.Path(d.dir) / f"{d.train_prefix}.{d.tgt_lang}"]
-    return list(data_paths(config, files)["train"])
 
 
 def check_not_one_file(paths: dict[str, tuple[pathlib.Path, ...]], config: Config) -> None:
@@ -104,10 +113,65 @@ def check_not_one_file(paths: dict[str, tuple[pathlib.Path, ...]], config: Confi
             )
 
 
+def open_corpora(config: Config) -> list[TrainingText]:
+    """The corpora of `data.train_corpora`, each checked to hold pairs, none named twice."""
+    d = config.data
+    texts: list[TrainingText] = []
+    builder = None
+    for i, corpus in enumerate(d.train_corpora, start=1):
+        named = f"corpus {i} of --config.data.train_corpora"
+        if corpus.tfds_split:
+            data_dir = wmt.resolve_data_dir(d.tfds_data_dir)
+            builder = builder or wmt.prepare(d.tfds_name, data_dir)
+            text = wmt.open_split(builder, corpus.tfds_split, d.src_lang, d.tgt_lang, data_dir)
+            name = f"{d.tfds_name} {corpus.tfds_split}"
+            texts.append(TrainingText(name, text, [], corpus.weight, corpus.tag))
+            continue
+        paths = corpus_paths(config, corpus, named)
+        for earlier in texts:
+            if earlier.files and os.path.samefile(earlier.files[0], paths[0]):
+                raise ValueError(
+                    f"{paths[0]}: {named} is {earlier.files[0]} again, a corpus named twice; "
+                    "give a weight to draw a corpus more often"
+                )
+        text = ParallelText.from_files(*paths)
+        if text.num_pairs == 0:
+            raise ValueError(f"{paths[0]}: the training file of {named} holds no sentence")
+        texts.append(TrainingText(corpus.prefix, text, list(paths), corpus.weight, corpus.tag))
+    return texts
+
+
+def corpus_paths(
+    config: Config, corpus: TrainCorpus, named: str
+) -> tuple[pathlib.Path, pathlib.Path]:
+    """A corpus's (source, target) files in data.dir, checked to exist and to be two files."""
+    d = config.data
+    if not d.dir:
+        raise ValueError(f"{named} names files: set --config.data.dir=DIR, their directory")
+    base = pathlib.Path(d.dir)
+    if not base.is_dir():
+        raise FileNotFoundError(f"--config.data.dir: {base} is not a directory")
+    paths = (base / f"{corpus.prefix}.{d.src_lang}", base / f"{corpus.prefix}.{d.tgt_lang}")
+    for path in paths:
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: no such file, named by {named}")
+    if os.path.samefile(*paths):
+        raise ValueError(
+            f"{paths[0]} and {paths[1]} are one file ({named}): a pair would be a sentence and "
+            "itself; give the target language's own file"
+        )
+    return paths
+
+
 def open_text(
     config: Config, files: DataFiles
-) -> tuple[ParallelText, tuple[list[str], list[str]] | None, tuple[list[str], list[str]] | None]:
-    """Training pairs (read on demand) and raw dev and test text from the configured source."""
+) -> tuple[
+    list[TrainingText], tuple[list[str], list[str]] | None, tuple[list[str], list[str]] | None
+]:
+    """Training corpora (read on demand) and raw dev and test text from the configured source.
+
+    One training corpus, or those of `data.train_corpora`.
+    """
     d = config.data
     if d.source == "monolingual":
         base = pathlib.Path(d.dir)
@@ -130,16 +194,19 @@ def open_text(
                     "--config.data.dev_prefix to another, for no dev set)"
                 )
             dev = ([""] * len(lines), lines)
-        return train, dev, None  # a language model has no translations to score
+        # A language model has no translations to score.
+        return [TrainingText(d.train_prefix, train, [train_path])], dev, None
     if d.source == "tfds":
         data_dir = wmt.resolve_data_dir(d.tfds_data_dir)
         builder = wmt.prepare(d.tfds_name, data_dir)
-        train = wmt.open_split(builder, d.tfds_train_split, d.src_lang, d.tgt_lang, data_dir)
         dev, test = (
             wmt.read_split(builder, split, d.src_lang, d.tgt_lang, data_dir) if split else None
             for split in (d.tfds_dev_split, d.tfds_test_split)
         )
-        return train, dev, test
+        if d.train_corpora:
+            return open_corpora(config), dev, test
+        train = wmt.open_split(builder, d.tfds_train_split, d.src_lang, d.tgt_lang, data_dir)
+        return [TrainingText(f"{d.tfds_name} {d.tfds_train_split}", train, [])], dev, test
     paths = data_paths(config, files)
     for split in ("train", "dev", "test"):
         for path in paths.get(split, ()):
@@ -157,10 +224,12 @@ def open_text(
                 f"{paths[split][0]}: the {split} file holds no sentence (set "
                 f"--config.data.{split}_prefix= for no {split} set)"
             )
+    if d.train_corpora:
+        return open_corpora(config), dev, test
     train = ParallelText.from_files(*paths["train"])
     if train.num_pairs == 0:
         raise ValueError(f"{paths['train'][0]}: the training file holds no sentence")
-    return train, dev, test
+    return [TrainingText(d.train_prefix, train, list(paths["train"]))], dev, test
 
 
 def load_data(config: Config, files: DataFiles) -> Data:
@@ -170,10 +239,13 @@ def load_data(config: Config, files: DataFiles) -> Data:
     the training text again nor tokenizes it.
     """
     d = config.data
-    train_text, dev_text, test_text = open_text(config, files)
+    train_texts, dev_text, test_text = open_text(config, files)
+    tags = [t.tag for t in train_texts if t.tag]
     if files.vocab_path.is_file():
         tokenizer = Tokenizer(files.vocab_path)
     else:
+        every = [t.text for t in train_texts]
+        train_text = every[0] if len(every) == 1 else ParallelText.concatenated(every)
         sample = sample_sentences(train_text, d.vocab_sample_size, config.train.seed)
         log.info(
             "training a %d-piece BPE vocabulary on %d sentences sampled from %d pairs",
@@ -182,24 +254,48 @@ def load_data(config: Config, files: DataFiles) -> Data:
             train_text.num_pairs,
         )
         with naming_what_was_written(f"the vocabulary {files.vocab_path}"):
-            tokenizer = train_tokenizer(sample, d.vocab_size, files.vocab_path)
+            tokenizer = train_tokenizer(sample, d.vocab_size, files.vocab_path, reserved=tags)
         del sample
-    with naming_what_was_written(f"the training tokens in {files.tokens_dir}"):
-        train, dropped = tokenize_once(
-            train_text, tokenizer, d.max_len, files.tokens_dir, files=text_files(config, files)
+    tag_ids = dict(zip(tags, reserved_ids(tokenizer, tags)))
+    corpora = []
+    for i, text in enumerate(train_texts, start=1):
+        # One corpus keeps the cache where a run without data.train_corpora keeps it.
+        cache = files.tokens_dir if len(train_texts) == 1 else files.tokens_dir / f"corpus-{i}"
+        atomic.remove_stale(cache, "new")
+        prefix = [tag_ids[text.tag]] if text.tag else []
+        with naming_what_was_written(f"the training tokens in {cache}"):
+            corpus, dropped = tokenize_once(
+                text.text, tokenizer, d.max_len, cache, files=text.files, src_prefix=prefix
+            )
+        if len(corpus) == 0:
+            raise ValueError(
+                f"all {dropped} training pairs of {text.name} are longer than "
+                f"--config.data.max_len={d.max_len} tokens on one side: raise data.max_len "
+                "(and data.row_len)"
+            )
+        corpora.append(corpus)
+        log.info(
+            "train: %s: %d pairs kept, %d longer than data.max_len=%d dropped; vocabulary %d",
+            text.name,
+            len(corpus),
+            dropped,
+            d.max_len,
+            tokenizer.vocab_size,
         )
-    if len(train) == 0:
-        raise ValueError(
-            f"all {dropped} training pairs are longer than --config.data.max_len={d.max_len} "
-            "tokens on one side: raise data.max_len (and data.row_len)"
-        )
-    log.info(
-        "train: %d pairs kept, %d longer than data.max_len=%d dropped; vocabulary %d",
-        len(train),
-        dropped,
-        d.max_len,
-        tokenizer.vocab_size,
-    )
+    train = corpora[0] if len(corpora) == 1 else concatenate(corpora)
+    mixture = None
+    if d.train_corpora:
+        mixture = Mixture(tuple(map(len, corpora)), tuple(t.weight for t in train_texts))
+        total = sum(mixture.counts())
+        for text, count in zip(train_texts, mixture.counts()):
+            log.info(
+                "train: %s: weight %g, tag %r: %d pairs an epoch (%.1f%%)",
+                text.name,
+                text.weight,
+                text.tag,
+                count,
+                100.0 * count / total,
+            )
     dev = None
     if dev_text:
         dev, dropped = tokenize_parallel(tokenizer, *dev_text, d.max_len)
@@ -211,7 +307,7 @@ def load_data(config: Config, files: DataFiles) -> Data:
                 "data.row_len), or shorten the dev set"
             )
     translations = d.source != "monolingual"
-    return Data(tokenizer, train, dev, dev_text, test_text, translations)
+    return Data(tokenizer, train, dev, dev_text, test_text, translations, mixture)
 
 
 def dev_source(config: Config, files: DataFiles) -> str:

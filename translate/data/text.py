@@ -91,6 +91,25 @@ class ParallelText:
         return cls(num_pairs, read, identity)
 
     @classmethod
+    def concatenated(cls, texts: Sequence[ParallelText]) -> ParallelText:
+        """The pairs of `texts` one after another (several training corpora)."""
+        starts = np.cumsum([0] + [t.num_pairs for t in texts])
+
+        def read(indices):
+            indices = np.asarray(indices, np.int64)
+            parts = np.searchsorted(starts, indices, side="right") - 1
+            src, tgt = [""] * len(indices), [""] * len(indices)
+            for part in np.unique(parts).tolist():  # each text read once, in one call
+                where = np.flatnonzero(parts == part).tolist()
+                got = texts[part].read((indices[where] - starts[part]).tolist())
+                for w, s, t in zip(where, *got):
+                    src[w], tgt[w] = s, t
+            return src, tgt
+
+        identity = "+".join(t.identity for t in texts)
+        return cls(int(starts[-1]), read, identity)
+
+    @classmethod
     def monolingual(cls, path: pathlib.Path) -> ParallelText:
         """One language's text as pairs with an empty source, for a language model.
 

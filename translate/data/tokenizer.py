@@ -70,6 +70,7 @@ def train_tokenizer(
     texts: Sequence[str],
     vocab_size: int,
     out_path: str | os.PathLike,
+    reserved: Sequence[str] = (),
 ) -> Tokenizer:
     """Trains a BPE model on every sentence of `texts` (both languages) and saves it.
 
@@ -77,16 +78,74 @@ def train_tokenizer(
     The vocabulary may come out smaller than `vocab_size` on a small corpus (SentencePiece
     stops when no merge is left); the model's vocabulary size is read from the saved file.
     The file is written atomically (translate/atomic.py): either whole or absent.
+
+    `reserved` pieces (the training corpora's tags) take the last ids: the text's pieces are
+    trained with `vocab_size - len(reserved)`, so they are the ones a vocabulary without tags
+    would hold, and the reserved ones are appended as control pieces, which the encoder never
+    makes from text. A reserved piece that the text's pieces already hold is refused, and
+    nothing is written.
     """
     out_path = pathlib.Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     model = io.BytesIO()
     try:
-        train_sentencepiece(texts, vocab_size, model)
+        train_sentencepiece(texts, vocab_size - len(reserved), model)
     except RuntimeError as e:
         raise ValueError(sentencepiece_error(str(e), vocab_size)) from None
-    atomic.write_bytes(out_path, model.getvalue())
+    data = model.getvalue()
+    if reserved:
+        data = with_reserved_pieces(data, reserved, vocab_size)
+    atomic.write_bytes(out_path, data)
     return Tokenizer(out_path)
+
+
+def with_reserved_pieces(model: bytes, reserved: Sequence[str], vocab_size: int) -> bytes:
+    """A serialised SentencePiece model with `reserved` appended as control pieces.
+
+    The model records `vocab_size` as asked for, all pieces included, so that a resumed run
+    checks its data.vocab_size against the same number.
+    """
+    from sentencepiece import sentencepiece_model_pb2
+
+    proto = sentencepiece_model_pb2.ModelProto()
+    proto.ParseFromString(model)
+    pieces = {p.piece for p in proto.pieces}
+    for piece in reserved:
+        if piece in pieces:
+            raise ValueError(
+                f"--config.data.train_corpora: the tag {piece!r} is already a piece of the "
+                "vocabulary trained on this text; choose a tag that no text holds, such as "
+                "<BT> (nothing was written)"
+            )
+        proto.pieces.add(piece=piece, score=0.0, type=proto.SentencePiece.CONTROL)
+    proto.trainer_spec.vocab_size = vocab_size
+    return proto.SerializeToString()
+
+
+def reserved_ids(tokenizer: Tokenizer, reserved: Sequence[str]) -> list[int]:
+    """The ids of `reserved` pieces (tags) in a vocabulary, each a control piece of its own.
+
+    Raises:
+      ValueError: naming the tag and the vocabulary, for a tag that is an ordinary or special
+        piece, or none (a vocabulary trained without it, which cannot take it afterwards).
+    """
+    proc, ids = tokenizer.processor, []
+    for piece in reserved:
+        i = proc.piece_to_id(piece)
+        flag = f"--config.data.train_corpora: the tag {piece!r}"
+        if proc.id_to_piece(i) != piece:
+            raise ValueError(
+                f"{flag} is not a piece of the vocabulary {tokenizer.path}, which was trained "
+                "without it: a tag is reserved when the vocabulary is trained, so a new tag needs "
+                "a new --workdir (or --force)"
+            )
+        if i in (PAD_ID, UNK_ID, BOS_ID, EOS_ID) or not proc.is_control(i):
+            raise ValueError(
+                f"{flag} is already a piece of the vocabulary {tokenizer.path}; choose a tag "
+                "that no text holds, such as <BT>"
+            )
+        ids.append(i)
+    return ids
 
 
 def sentencepiece_error(message: str, vocab_size: int) -> str:

@@ -333,6 +333,7 @@ class Trainer:
             t.seed,
             self.state.position,
             self.run.row_slice,
+            self.data.mixture,
         )
         # Model FLOPs of this host's rows over its devices' published peak.
         peak = published_peak(self.run.facts.kind, jnp.dtype(self.run.dtype).name)
