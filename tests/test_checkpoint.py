@@ -130,10 +130,10 @@ def test_averaging_into_another_runs_workdir_is_refused_and_changes_nothing(run,
     (mine / "notes.txt").write_text("mine")
     before = files_under(tmp_path)
     refusals = [
-        (other, r"holds files of a training run \(metrics.jsonl, tokens\)"),
-        (tmp_path / "link", r"holds files of a training run"),
+        (other, r"is a model's workdir \(checkpoints\), whose files are that run's own"),
+        (tmp_path / "link", r"is a model's workdir \(checkpoints\)"),
         (mine, r"holds files this script does not write \(notes.txt\)"),
-        (Workdir(workdir).checkpoints / "avg", "inside the checkpoints of --workdir"),
+        (Workdir(workdir).checkpoints / "avg", r"inside --workdir=.*'s own files \(checkpoints/\)"),
         (Workdir(workdir).config, "not a directory"),
     ]
     for output, message in refusals:
@@ -146,7 +146,7 @@ def test_averaging_into_another_runs_workdir_is_refused_and_changes_nothing(run,
     shutil.rmtree(Workdir(other).tokens)
     Workdir(other).metrics.unlink()
     before = files_under(tmp_path)
-    with pytest.raises(ValueError, match="checkpoint at step 1 that is not an average"):
+    with pytest.raises(ValueError, match=r"is a model's workdir \(checkpoints\)"):
         script.average_workdir(workdir, other, num=2, output_step=10)
     assert files_under(tmp_path) == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["link", "mine", "other", "run"]

@@ -256,7 +256,7 @@ def test_swapped_vocabulary_stops_training_before_the_workdir_changes(config, tr
     shutil.copy(other, trained / "vocab.model")
     before = {p: p.read_bytes() for p in trained.rglob("*") if p.is_file()}
     config.train.num_train_steps = 9
-    with pytest.raises(ValueError, match="not the vocabulary the checkpoints"):
+    with pytest.raises(ValueError, match="vocab.model was trained with vocab_size=150"):
         trainer.train_and_evaluate(config, trained)
     after = {p: p.read_bytes() for p in trained.rglob("*") if p.is_file()}
     assert after == before, "tokens/ and config.json were left as they were"
