@@ -14,6 +14,7 @@ from conftest import copy_of_tiny_run
 
 from translate import checkpoint, cli, evaluate, sample, score, translate_text
 from translate import export as export_command
+from translate.config import TrainCorpus
 from translate.data import corpus, sources, synthetic
 from translate.training import opening, trainer
 from translate.workdir import Workdir
@@ -375,6 +376,17 @@ def test_a_resume_with_another_seed_is_refused_naming_it(config, trained):
         opening.check_config(config, workdir, force=False)
     message = str(error.value)
     assert f"config.train.seed = {config.train.seed - 1}, now {config.train.seed}" in message
+    assert "\n" not in message and files_of(trained) == before
+
+
+def test_a_resume_with_other_training_corpora_is_refused_naming_them(config, trained):
+    workdir = Workdir(trained)
+    before = files_of(trained)
+    config.data.train_corpora = (TrainCorpus(prefix="train", weight=2.0),)
+    with pytest.raises(ValueError) as error:
+        opening.check_config(config, workdir, force=False)
+    message = str(error.value)
+    assert "config.data.train_corpora = " in message and "weight" in message
     assert "\n" not in message and files_of(trained) == before
 
 

@@ -121,6 +121,8 @@ def check_config(config: Config, workdir: Workdir, force: bool) -> None:
         compared += [("data", "vocab_size"), ("data", "source")]
         # The order of each epoch's pairs, which the saved data position counts in, and dropout.
         compared += [("train", "seed")]
+        # The corpora and their weights: each epoch's draw, which that position counts in too.
+        compared += [("data", "train_corpora")]
         # The direction: a swapped pair would train the run's model to translate backwards.
         compared += [("data", "src_lang"), ("data", "tgt_lang")]
         differ = [
