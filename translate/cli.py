@@ -360,7 +360,10 @@ def format_help(doc: str, known: dict[str, Any], sections: Sequence[str]) -> str
     def entry(name: str, kind: Any, default: Any, text: str) -> list[str]:
         values = choices(kind)
         shown = "{" + ",".join(v or "''" for v in values) + "}" if values else ""
-        head = f"  --{name}=" + (shown or kind.__name__.upper())
+        # A tuple of records (data.train_corpora) is given as a JSON list.
+        listed = kind is tuple or typing.get_origin(kind) is tuple
+        shown = shown or ("JSON_LIST" if listed else kind.__name__.upper())
+        head = f"  --{name}=" + shown
         if isinstance(default, list):
             head += "  (repeatable)"
         elif default is not None:
