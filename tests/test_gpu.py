@@ -78,19 +78,30 @@ def random_segments(rng: np.random.Generator, sentences: np.ndarray, length: int
 @functools.partial(jax.value_and_grad, argnums=(1, 2, 3), has_aux=True)
 def attention_loss(graphdef, state, x, context, mask, cotangent, real):
     """<output, cotangent> over real queries, and the output [B, Tq, D] there."""
-    y = nnx.merge(graphdef, state)(x, context, mask).astype(jnp.float32)
+    y = nnx.merge(graphdef, state)(x, mask, context=context)[0].astype(jnp.float32)
     # Outputs at padded queries are never read by the model, and kernels may differ there.
     y = jnp.where(real[..., None], y, 0.0)
     return jnp.sum(y * cotangent), y
 
 
-def attention_outputs(kernel, dtype, state, inputs) -> dict[str, np.ndarray]:
+def attention_module(config: ModelConfig, dtype, kernel: str, seed: int) -> MultiHeadAttention:
+    """Attention over a context given to it (the keys of the self-attention cases are x)."""
+    return MultiHeadAttention(
+        config, jnp.dtype(dtype), kernel, nnx.Rngs(seed), self_attention=False
+    )
+
+
+def attention_outputs(kernel, dtype, state, inputs, num_kv_heads=0) -> dict[str, np.ndarray]:
     """Output at real queries, and gradients of <output, cotangent> there, by name."""
     config = ModelConfig(
-        d_model=D_MODEL, num_heads=NUM_HEADS, compute_dtype=dtype, attention=kernel
+        d_model=D_MODEL,
+        num_heads=NUM_HEADS,
+        compute_dtype=dtype,
+        attention=kernel,
+        num_kv_heads=num_kv_heads,
     )
     attention = resolve_model_attention(config)
-    graphdef, _ = nnx.split(MultiHeadAttention(config, jnp.dtype(dtype), attention, nnx.Rngs(0)))
+    graphdef, _ = nnx.split(attention_module(config, dtype, attention, 0))
     # Full float32 products for the reference: GPUs default to TF32 (10 bits) for float32.
     with jax.default_matmul_precision("highest" if dtype == "float32" else "default"):
         (_, y), (params, dx, dcontext) = attention_loss(graphdef, state, *inputs)
@@ -102,11 +113,15 @@ def attention_outputs(kernel, dtype, state, inputs) -> dict[str, np.ndarray]:
     return {name: np.asarray(value) for name, value in out.items()}
 
 
-def assert_cudnn_attention_matches_xla(q_segments, k_segments, causal, self_attention, seed):
+def assert_cudnn_attention_matches_xla(
+    q_segments, k_segments, causal, self_attention, seed, num_kv_heads=0
+):
     """cuDNN in bf16 against XLA in bf16 and in float32: one set of parameters, fresh inputs."""
-    config = ModelConfig(d_model=D_MODEL, num_heads=NUM_HEADS, compute_dtype="float32")
+    config = ModelConfig(
+        d_model=D_MODEL, num_heads=NUM_HEADS, compute_dtype="float32", num_kv_heads=num_kv_heads
+    )
     # Parameters are float32 whatever the compute dtype: all three modules get this state.
-    _, state = nnx.split(MultiHeadAttention(config, jnp.float32, "xla", nnx.Rngs(seed)))
+    _, state = nnx.split(attention_module(config, "float32", "xla", seed))
     keys = jax.random.split(jax.random.key(seed), 3)
     tq, tk = q_segments.shape[1], k_segments.shape[1]
     # Unit-variance inputs, as the LayerNorm before every attention gives.
@@ -116,9 +131,9 @@ def assert_cudnn_attention_matches_xla(q_segments, k_segments, causal, self_atte
     state, x, context, cotangent = round_to_bfloat16((state, x, context, cotangent))
     mask = attention_mask(jnp.asarray(q_segments), jnp.asarray(k_segments), causal)
     inputs = (x, context, mask, cotangent, jnp.asarray(q_segments > 0))
-    cudnn = attention_outputs("cudnn", "bfloat16", state, inputs)
-    xla = attention_outputs("xla", "bfloat16", state, inputs)
-    reference = attention_outputs("xla", "float32", state, inputs)
+    cudnn = attention_outputs("cudnn", "bfloat16", state, inputs, num_kv_heads)
+    xla = attention_outputs("xla", "bfloat16", state, inputs, num_kv_heads)
+    reference = attention_outputs("xla", "float32", state, inputs, num_kv_heads)
     for name in cudnn:
         assert relative_error(cudnn[name], xla[name]) < BF16_RTOL, f"{name}: cuDNN vs XLA, bf16"
         assert relative_error(cudnn[name], reference[name]) < BF16_RTOL, f"{name}: vs float32"
@@ -145,6 +160,16 @@ def test_cudnn_attention_matches_xla_with_packed_segments():
     assert_cudnn_attention_matches_xla(src, src, False, True, seed=6)
     assert_cudnn_attention_matches_xla(tgt, tgt, True, True, seed=7)
     assert_cudnn_attention_matches_xla(tgt, src, False, False, seed=8)
+
+
+def test_cudnn_attention_matches_xla_with_grouped_key_and_value_heads():
+    # model.num_kv_heads: fewer key and value heads than query heads, in both kernels.
+    rng = np.random.default_rng(9)
+    sentences = rng.integers(1, 7, BATCH)
+    src, tgt = random_segments(rng, sentences, SRC_LEN), random_segments(rng, sentences, TGT_LEN)
+    for num_kv_heads, seed in ((NUM_HEADS // 2, 10), (1, 11)):
+        assert_cudnn_attention_matches_xla(tgt, tgt, True, True, seed, num_kv_heads)
+        assert_cudnn_attention_matches_xla(tgt, src, False, False, seed + 10, num_kv_heads)
 
 
 # A toy translation, word for word through a fixed dictionary (a permutation of the vocabulary),
