@@ -666,7 +666,14 @@ class Config:
         ]
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """The config as JSON writes it and reads it back: a tuple field (data.train_corpora)
+        as a list, so that a config compares equal to its saved copy."""
+        values = dataclasses.asdict(self)
+        for fields in values.values():
+            for name, value in fields.items():
+                if isinstance(value, tuple):
+                    fields[name] = list(value)
+        return values
 
 
 def split_init_from(text: str) -> tuple[str, int | None]:
