@@ -199,6 +199,7 @@ def test_pyproject_declares_requirements_txt():
         "translate-sample",
         "translate-export",
         "translate-data",
+        "translate-distill",
     }
 
 

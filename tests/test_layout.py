@@ -16,6 +16,7 @@ COMMANDS = {
     "sample",
     "export",
     "translate_data",
+    "distill",
 }
 # The library's families, one folder each (docs/architecture.md's layout).
 FAMILIES = {"models", "data", "decoding", "training", "engines"}
