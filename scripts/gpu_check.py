@@ -1,11 +1,12 @@
-"""The GPU check: five phases, each under its own time budget, each writing OUT/PHASE.json.
+"""The GPU check: six phases, each under its own time budget, each writing OUT/PHASE.json.
 
     python -m scripts.gpu_check --phase=tests --out=OUT      # pytest -m gpu
     python -m scripts.gpu_check --phase=bench --out=OUT      # base and big training steps
     python -m scripts.gpu_check --phase=decode --out=OUT     # beam 4 and greedy speed
     python -m scripts.gpu_check --phase=multi30k --out=OUT   # the GPU recipe, the whole command
     python -m scripts.gpu_check --phase=text --out=OUT       # translate-text cold, then warm
-    python -m scripts.gpu_check --phase=all --out=OUT        # the five, in that order
+    python -m scripts.gpu_check --phase=distill --out=OUT    # teachers to a student
+    python -m scripts.gpu_check --phase=all --out=OUT        # the six, in that order
 
 - tests: `pytest -m gpu` (120 s a test with pytest-timeout); each outcome from OUT/tests.xml.
 - bench: scripts/benchmark.py, configs/base.py and configs/big.py at the paper's batch (25,000
@@ -25,10 +26,14 @@
   with the same --work), cold then warm against a new compilation cache, counting what JAX's
   log says each run traced and compiled: the warm one should compile nothing (the saved
   searches, translate/decoding/saved_searches.py).
+- distill: `translate-distill` from an empty compilation cache: two teachers of
+  configs/multi30k_adamw.py, their ensemble's beam decoding of the training sources, a student of
+  configs/multi30k_student.py, the scores; OUT/distill.json holds the pipeline's report (every
+  stage's time). `--smoke` runs it on the tiny config's synthetic corpus.
 
 A phase out of budget is stopped (SIGTERM, SIGKILL 20 s later; training saves a checkpoint) and
 still writes its JSON, `timed_out: true`. No JAX runs in this process, so one process at a time
-holds the GPU. `--smoke` shrinks every shape: all five in 4 minutes on 2 CPU cores. A bare GPU
+holds the GPU. `--smoke` shrinks every shape: all six in 5 minutes on 2 CPU cores. A bare GPU
 machine needs .whl/ (`bash scripts/fetch_gpu_wheels.sh`) and data/ (`translate-data multi30k
 --dir=data/multi30k`, `translate-data wmt_sample --dir=data/wmt_sample`) made where there is
 network and carried beside the checkout; docs/gpus.md ("The GPU check") says more.
@@ -55,7 +60,7 @@ import xml.etree.ElementTree as ElementTree
 from translate import provenance
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-PHASES = ("tests", "bench", "decode", "multi30k", "text")
+PHASES = ("tests", "bench", "decode", "multi30k", "text", "distill")
 GRACE_S = 20  # seconds a stopped command gets to save and exit; kept inside the budget
 PAPER_BATCH_TOKENS = 25_000  # target token slots a step (the paper's Sec. 5.1)
 INSTALL = """\
@@ -87,6 +92,11 @@ SMOKE_MULTI30K = [f"--config.train.{f}" for f in [*SMOKE_MULTI30K, "checkpoint_e
 SMOKE_MULTI30K += ["--config.model.num_layers=1", "--config.decode.alignment_layer=0"]
 SMOKE_MULTI30K += SMOKE_DECODE
 SMOKE_SENTENCES = 40
+# --smoke's pipeline: the tiny config on its synthetic corpus, taught fast enough that its
+# translations are not empty (tests/test_pipeline.py's teachers).
+SMOKE_DISTILL = {"train.num_train_steps": "120", "train.warmup_steps": "40",
+                 "train.learning_rate_scale": "0.3",
+                 "train.checkpoint_every_steps": "40"}  # fmt: skip
 SPLITS = ("val", "test2016")
 # The devices, from a child: this process never initialises (and holds) the GPU.
 PROBE = """import json, jax; d = jax.devices(); print(json.dumps({"platform": jax.default_backend(),
@@ -153,7 +163,7 @@ def missing_data(phases: list[str], data: pathlib.Path) -> list[pathlib.Path]:
     needed = []
     if "bench" in phases or "decode" in phases:
         needed += [data / "wmt_sample" / f"train.{lang}" for lang in ("en", "de")]
-    if "multi30k" in phases or "text" in phases:
+    if "multi30k" in phases or "text" in phases or "distill" in phases:
         names = [f"{s}.{lang}" for s in ("train", *SPLITS) for lang in ("en", "de")]
         needed += [data / "multi30k" / name for name in names]
     return [path for path in needed if not path.is_file()]
@@ -358,8 +368,40 @@ def phase_text(args, out: pathlib.Path, deadline: float) -> dict:
     return result
 
 
+def config_file(path: pathlib.Path, base: str, overrides: dict[str, str]) -> pathlib.Path:
+    """A config file that is the packaged config `base` with dotted `overrides` over it."""
+    path.write_text(
+        "from translate.config import load_config\n\n\ndef get_config():\n"
+        f"    return load_config({base!r}, {overrides!r})\n"
+    )
+    return path
+
+
+def phase_distill(args, out: pathlib.Path, deadline: float) -> dict:
+    """translate-distill from an empty compilation cache: two teachers of
+    configs/multi30k_adamw.py, their ensemble's decoding of the training sources, and the
+    student of configs/multi30k_student.py, each stage timed by the pipeline's report."""
+    work, cache = args.work / "distill", args.work / "distill_cache"
+    for path in (work, cache):
+        shutil.rmtree(path, ignore_errors=True)  # as on a new machine
+    configs = args.work / "distill_configs"
+    configs.mkdir(parents=True, exist_ok=True)
+    teacher, student = "multi30k_adamw", "multi30k_student"
+    overrides = {"data.dir": str(multi30k_data(args).resolve())}
+    if args.smoke:
+        teacher, student, overrides = "tiny", "tiny", SMOKE_DISTILL
+    cmd = [sys.executable, "-m", "translate.distill", f"--dir={work}", "--num_teachers=2"]
+    cmd += [f"--teacher_config={config_file(configs / 'teacher.py', teacher, overrides)}"]
+    cmd += [f"--student_config={config_file(configs / 'student.py', student, overrides)}"]
+    cmd += [f"--compilation_cache={cache}"]
+    run = run_logged(cmd, out / "distill.log", deadline)
+    report = read_json(work / "report.json")
+    return {"workdir": str(work), "runs": [run], "wall_seconds": run["seconds"],
+            "report": report, "ok": run["returncode"] == 0 and report is not None}  # fmt: skip
+
+
 PHASE_RUNS = {"tests": phase_tests, "bench": phase_bench, "decode": phase_decode,
-              "multi30k": phase_multi30k, "text": phase_text}  # fmt: skip
+              "multi30k": phase_multi30k, "text": phase_text, "distill": phase_distill}  # fmt: skip
 
 
 def print_summary(phase: str, r: dict) -> None:

@@ -50,7 +50,9 @@ def test_a_file_output_is_refused_on_any_file_of_a_run(run):
 
 
 def test_a_directory_output_may_not_go_inside_what_training_reads_back(run):
-    with pytest.raises(ValueError, match=r"is inside --workdir=.*'s own files \(checkpoints/\); give another"):
+    with pytest.raises(
+        ValueError, match=r"is inside --workdir=.*'s own files \(checkpoints/\); give another"
+    ):
         check_output_path(run.checkpoints / "report", "--output", [run.path], directory=True)
     # Beside the run's own (its evaluations, say) a report may go.
     check_output_path(run.evaluations / "mine", "--output", [run.path], directory=True)

@@ -626,6 +626,15 @@ def evaluate(pipe: PipelineDir, plan: Plan, teachers: Sequence[str]) -> dict[str
     return scores
 
 
+def stage_names(plan: Plan) -> list[str]:
+    """The plan's stages, in the order they run."""
+    teachers = [f"teacher-{i}" for i in range(len(plan.teachers))]
+    reverse = ["reverse"] if plan.reverse is not None else []
+    back = [BACK_TRANSLATED] if plan.reverse is not None else []
+    students = [f"student-{i}" for i in range(len(plan.students))]
+    return ["corpus", *teachers, *reverse, DISTILLED, *back, *students, "evaluations"]
+
+
 def run_pipeline(plan: Plan, directory: str) -> dict[str, Any]:
     """Runs every stage not done yet, in order, and writes the report; returns it."""
     pipe = PipelineDir(directory)
@@ -664,7 +673,7 @@ def teacher_record(path: str) -> dict[str, Any]:
 
 def pipeline_report(pipe: PipelineDir, plan: Plan, teachers: Sequence[str]) -> dict[str, Any]:
     stages = Stages(pipe)
-    names = sorted(p.stem for p in pipe.stages.glob("*.json"))
+    names = stage_names(plan)
     records = {name: stages.done(name) for name in names}
     students = plan.students[0].data.train_corpora
     corpora = []
