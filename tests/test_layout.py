@@ -19,7 +19,7 @@ COMMANDS = {
     "distill",
 }
 # The library's families, one folder each (docs/architecture.md's layout).
-FAMILIES = {"models", "data", "decoding", "training", "engines"}
+FAMILIES = {"models", "data", "decoding", "training", "engines", "pipeline"}
 
 
 def module_names(package: pathlib.Path = PACKAGE) -> set[str]:

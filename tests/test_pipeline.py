@@ -1,4 +1,4 @@
-"""translate/training/pipeline.py and its command, translate-distill: teachers to a student.
+"""translate/pipeline/ and its command, translate-distill: teachers to a student.
 
 A tiny pipeline (two teachers, a reverse model, one student; seconds each) runs once for the
 module; the tests stop it in a stage, run it again and compare with that run.
@@ -21,9 +21,11 @@ import pytest
 from translate import cli, distill
 from translate.config import load_config
 from translate.data.tokenizer import Tokenizer
+from translate.pipeline import stages
+from translate.pipeline.directory import PipelineDir
+from translate.pipeline.plan import make_plan
+from translate.pipeline.stages import run_pipeline
 from translate.trained import load_model
-from translate.training import pipeline
-from translate.training.pipeline import PipelineDir, make_plan, run_pipeline
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 
@@ -122,9 +124,9 @@ def test_running_a_finished_pipeline_again_redoes_nothing(finished, teacher_file
     def never(*args, **kwargs):
         raise AssertionError("a finished stage ran again")
 
-    monkeypatch.setattr(pipeline, "train_and_evaluate", never)
-    monkeypatch.setattr(pipeline, "translate_sentences", never)
-    monkeypatch.setattr(pipeline, "translate_and_score", never)
+    monkeypatch.setattr(stages, "train_and_evaluate", never)
+    monkeypatch.setattr(stages, "translate_sentences", never)
+    monkeypatch.setattr(stages, "translate_and_score", never)
     report = run_pipeline(plan_of(finished, teacher_file), str(finished))
     assert report == json.loads((finished / "report.json").read_text())
     after = {p: sha256(p) for p in before}
@@ -144,8 +146,8 @@ def test_a_stop_in_decoding_keeps_the_parts_done_and_gives_the_same_corpus_and_s
         path.unlink()
     shutil.rmtree(pipe.students)
     shutil.rmtree(pipe.evaluations)
-    monkeypatch.setattr(pipeline, "LINES_PER_PART", 100)
-    decode = pipeline.translate_sentences
+    monkeypatch.setattr(stages, "LINES_PER_PART", 100)
+    decode = stages.translate_sentences
     calls = []
 
     def stopped_at_the_third_part(*args, **kwargs):
@@ -154,7 +156,7 @@ def test_a_stop_in_decoding_keeps_the_parts_done_and_gives_the_same_corpus_and_s
             raise KeyboardInterrupt
         return decode(*args, **kwargs)
 
-    monkeypatch.setattr(pipeline, "translate_sentences", stopped_at_the_third_part)
+    monkeypatch.setattr(stages, "translate_sentences", stopped_at_the_third_part)
     plan = plan_of(directory, teacher_file)
     with pytest.raises(KeyboardInterrupt):
         run_pipeline(plan, str(directory))
@@ -164,7 +166,7 @@ def test_a_stop_in_decoding_keeps_the_parts_done_and_gives_the_same_corpus_and_s
     ]
     assert (pipe.stages / "distilled.tries").is_file()
     calls.clear()
-    monkeypatch.setattr(pipeline, "translate_sentences", decode)
+    monkeypatch.setattr(stages, "translate_sentences", decode)
     run_pipeline(plan, str(directory))
     for name in ("distilled.en", "distilled.de"):
         assert sha256(pipe.corpus / name) == sha256(finished / "corpus" / name)

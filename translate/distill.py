@@ -7,7 +7,7 @@ r"""Distil an ensemble of teachers into a student, with back-translation: `trans
 
 (or `python -m translate.distill ...`). PIPE holds the pipeline's state; the same command again
 goes on from where a kill or Ctrl-C stopped it and never redoes a finished stage. The stages
-(translate/training/pipeline.py): copy the teachers' text into PIPE/corpus, train the teachers
+(translate/pipeline/): copy the teachers' text into PIPE/corpus, train the teachers
 (or take trained ones), optionally train a model of the reverse direction, decode every training
 source with the teachers' ensemble (`--config.decode.*` and --nbest say how: beam, n-best,
 sampling), back-translate every training target with the reverse model, train the students on
@@ -30,8 +30,10 @@ _imports_done = startup.interrupts_said_in_one_line()  # Ctrl-C meanwhile: one l
 from translate import cli, compilation
 from translate.cli import Flag, parse_flags
 from translate.config import load_config
+from translate.pipeline.plan import make_plan
+from translate.pipeline.report import report_text
+from translate.pipeline.stages import run_pipeline
 from translate.training.monitor import Interrupted
-from translate.training.pipeline import make_plan, report_text, run_pipeline
 
 _imports_done()
 
