@@ -1,4 +1,5 @@
-"""Loading a config file (translate/config.py `load_config`): what its own code does is named."""
+"""Loading a config file (translate/config/loading.py, `load_config`): what its own code does
+is named."""
 
 import pytest
 

@@ -43,7 +43,7 @@ from translate.workdir import WorkdirBusy
 
 # Exceptions that report a user's mistake when this project's code raises them itself: a bad
 # flag or value, an invalid config, a missing or malformed file (ValueError, OSError: the
-# messages of config.py, data/text.py, workdir.py and the entry points name the flag, file or
+# messages of config/, data/text.py, workdir.py and the entry points name the flag, file or
 # line), a workdir that another run holds (WorkdirBusy). The same types raised inside a
 # library are bugs or surprises and keep their traceback.
 USER_ERRORS = (ValueError, OSError, WorkdirBusy)

@@ -164,7 +164,7 @@ SAMPLING_FLAGS += ("seed", "mbr")
 
 def given_decoding_flags(flags: dict[str, Any], named: set[str] = frozenset()) -> dict[str, Any]:
     """The decoding flags given a value of their own (not left at "unset"), checked by
-    config.py's rules (translate/decoding/settings.py), with --nbest; the sampling flags
+    config/rules.py's rules (translate/decoding/settings.py), with --nbest; the sampling flags
     named or set, checked by theirs.
 
     Raises:

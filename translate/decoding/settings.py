@@ -2,10 +2,10 @@
 
 A `DecodeSettings` is built once per command by `decode_settings`, from a config's `decode`
 section and the values a command's own flags give over it (translate-text's `--beam_size`, ...),
-each checked by config.py's `SEARCH_RULES`. Everything that decodes takes it: the search
+each checked by config/rules.py's `SEARCH_RULES`. Everything that decodes takes it: the search
 (translate/decoding/search.py), the sentence loop (sentences.py), the saved searches
 (saved_searches.py), the reports, the trainer's dev and test decoding and the benchmarks. A new
-decoding option is a field here, its rule in config.py and its use in the search.
+decoding option is a field here, its rule in config/rules.py and its use in the search.
 """
 
 from __future__ import annotations
@@ -52,8 +52,8 @@ SAMPLING_RULES = {
 class DecodeSettings:
     """How to decode: the search's settings, then the sentence loop's (frozen, hashable)."""
 
-    # The search's: config.decode's fields of the same names (config.py says what each means),
-    # with its defaults, the paper's.
+    # The search's: config.decode's fields of the same names (config/sections.py says what each
+    # means), with its defaults, the paper's.
     beam_size: int = DecodeConfig.beam_size
     length_penalty: float = DecodeConfig.length_penalty
     max_extra_len: int = DecodeConfig.max_extra_len
@@ -131,7 +131,8 @@ class DecodeSettings:
 
 
 def check_values(values: Mapping[str, Any], flag: str = "--{name}") -> None:
-    """Refuses a decoding value that cannot decode, by config.py's rules (before anything loads).
+    """Refuses a decoding value that cannot decode, by config/rules.py's rules (before anything
+    loads).
 
     Args:
       values: {field of DecodeConfig: value}; fields without a rule are not checked here.

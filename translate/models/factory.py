@@ -24,7 +24,7 @@ from translate.devices import DeviceFacts, resolve_attention, resolve_dtype
 from translate.models.decoder_only import DecoderOnlyTransformer
 from translate.models.transformer import Transformer, TranslationModel
 
-# `model.architecture` -> the class that builds it (config.py validates the name).
+# `model.architecture` -> the class that builds it (config/rules.py validates the name).
 ARCHITECTURES: dict[str, type[TranslationModel]] = {
     "encoder_decoder": Transformer,
     "decoder_only": DecoderOnlyTransformer,

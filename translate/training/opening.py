@@ -163,7 +163,7 @@ def check_config(config: Config, workdir: Workdir, force: bool) -> None:
 
 
 # What a run may resume with another of: the parameters and the optimizer state are float32
-# whatever these say (translate/config.py), and the data does not depend on them.
+# whatever these say (translate/config/sections.py), and the data does not depend on them.
 PRECISION_FIELDS = ("compute_dtype", "matmul_dtype")
 
 
