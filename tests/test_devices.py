@@ -177,13 +177,13 @@ def test_the_memory_bound_is_within_the_process_address_space_limit():
     script = (
         "import resource\n"
         "import jax\n"
-        "from translate.decoding import sentences\n"
+        "from translate.decoding import memory\n"
         "jax.local_devices()  # the backend's threads mapped before the limit is set\n"
         "mapped = [int(line.split()[1]) * 1024 for line in open('/proc/self/status')\n"
         "          if line.startswith('VmSize:')][0]\n"
         "resource.setrlimit(resource.RLIMIT_AS, (mapped + 2**30, resource.RLIM_INFINITY))\n"
-        "print(sentences.memory_bound())\n"
-        "print(sentences.over_bound(2**40))\n"
+        "print(memory.memory_bound())\n"
+        "print(memory.over_bound(2**40))\n"
     )
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     out = subprocess.run(

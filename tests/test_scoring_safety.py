@@ -12,7 +12,7 @@ from flax import nnx
 from translate import checkpoint, score, translate_text
 from translate.config import ModelConfig
 from translate.data.tokenizer import Tokenizer
-from translate.decoding import forced, saved_searches, sentences
+from translate.decoding import forced, memory, saved_searches
 from translate.devices import HostMemory
 from translate.models.factory import make_model
 from translate.models.transformer import Transformer
@@ -140,7 +140,7 @@ def test_a_pair_or_a_batch_too_large_for_memory_is_refused_before_it_is_allocate
     # A device with 40 MiB free: a batch may take 32 MiB. Scoring a pair of 1,024-piece sides
     # whole takes about 70 MB (each attention's weights are 4 heads of 1,024 x 1,024 floats).
     free = HostMemory(40 << 20, "a test's 40 MiB")
-    monkeypatch.setattr(sentences, "device_memory", lambda: free, raising=False)
+    monkeypatch.setattr(memory, "device_memory", lambda: free, raising=False)
     tiny = runs["tiny"]
     long_en = " ".join(["the old woman gives the child a red apple ."] * 40)
     long_de = " ".join(["die alte Frau gibt dem Kind einen roten Apfel ."] * 40)
@@ -243,7 +243,7 @@ def test_the_scoring_estimate_bounds_xla_memory_analysis_up_to_the_longest_pair_
         return forced.forced_bytes([config.model], vocab, 1, s, t, param_bytes)
 
     widths = sorted({decode_width(n) for n in range(1, 1 << 17, 8)})
-    longest = max(w for w in widths if estimate(w, w) <= sentences.memory_bound())
+    longest = max(w for w in widths if estimate(w, w) <= memory.memory_bound())
     assert longest >= 4096  # long pairs are reached (a machine of a few GB free)
     for s, t in [(256, 256), (longest, longest), (longest, 256), (256, longest)]:
         src, tgt = (jax.ShapeDtypeStruct((1, n), jnp.int32) for n in (s, t))

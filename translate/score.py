@@ -49,7 +49,7 @@ startup.import_jax()  # before anything imports JAX: without etils.epath (transl
 from translate import cli, compilation
 from translate.cli import Flag, parse_flags
 from translate.data.batching import decode_width
-from translate.decoding import forced, sentences
+from translate.decoding import forced, memory
 from translate.streams import (
     Outputs,
     Progress,
@@ -164,7 +164,7 @@ def check_batch_memory(
     batch_size: int, models: Sequence, vocab_size: int, max_len: int, param_bytes: int = 0
 ) -> None:
     """Refuses a --batch_size whose batches of pairs within data.max_len would need more memory
-    than a batch may take (`sentences.memory_bound`, by `forced.forced_bytes`' estimate).
+    than a batch may take (`memory.memory_bound`, by `forced.forced_bytes`' estimate).
 
     Raises:
       ValueError: naming --batch_size, the memory it would need and the most that fits.
@@ -173,13 +173,13 @@ def check_batch_memory(
     rows = min(batch_size, 1 << (LINES_PER_CHUNK - 1).bit_length())
     width = decode_width(max_len)
     per_row = forced.forced_bytes(models, vocab_size, 1, width, width)
-    need, bound = rows * per_row + param_bytes, sentences.memory_bound()
+    need, bound = rows * per_row + param_bytes, memory.memory_bound()
     if need > bound:
         most = max(0, bound - param_bytes) // per_row
         fix = f"give --batch_size={most} or less" if most else "so would --batch_size=1"
         raise ValueError(
             f"--batch_size={batch_size}: a batch of {rows} pairs of up to data.max_len={max_len} "
-            f"pieces a side would need {sentences.over_bound(need)}; {fix}"
+            f"pieces a side would need {memory.over_bound(need)}; {fix}"
         )
 
 

@@ -25,7 +25,7 @@ unset come from the first workdir's config; one that cannot decode (`--beam_size
 `data.max_len` tokens is translated from its first tokens only, and stderr says which line.
 A --batch_size (or the workdir's) whose searches, --parallel_batches at once, would need more
 than 80% of the device's free memory by an estimate of their caches (translate/decoding/
-sentences.py, `search_bytes`) is refused before any line is read, naming the most that fits.
+memory.py, `search_bytes`) is refused before any line is read, naming the most that fits.
 Writing to --output shows progress and sentences/s on stderr.
 
 `--sampling=ancestral|topk|topp|epsilon` samples in place of the beam (`--temperature`, `--top_k`,
@@ -62,7 +62,7 @@ from translate import cli, compilation
 from translate.cli import Flag, parse_flags
 from translate.config import DecodeConfig, field_descriptions
 from translate.data.batching import decode_width
-from translate.decoding import forced, saved_searches, sentences
+from translate.decoding import forced, memory, saved_searches
 from translate.decoding.settings import (
     DecodeSettings,
     check_combination,
@@ -397,7 +397,7 @@ def check_batch_memory(
     models, vocab_size: int, settings: DecodeSettings, max_len: int, given: dict[str, Any]
 ) -> None:
     """Refuses a batch size whose searches, `settings.parallel_batches` at once, would need
-    more memory than a batch may take (`sentences.memory_bound`, by `sentences.search_bytes`'
+    more memory than a batch may take (`memory.memory_bound`, by `memory.search_bytes`'
     estimate for sources of data.max_len tokens), before any line is read.
 
     Raises:
@@ -408,8 +408,8 @@ def check_batch_memory(
     rows = min(settings.batch_size, 1 << (LINES_PER_CHUNK - 1).bit_length())
     width = decode_width(max_len, max_len)
     at_once = settings.parallel_batches
-    per_row = at_once * sentences.search_bytes(models, vocab_size, settings, 1, width)
-    bound = sentences.memory_bound()
+    per_row = at_once * memory.search_bytes(models, vocab_size, settings, 1, width)
+    bound = memory.memory_bound()
     if rows * per_row > bound:
         flag = f"--batch_size={settings.batch_size}"
         if "batch_size" not in given:
@@ -425,7 +425,7 @@ def check_batch_memory(
             )
         raise ValueError(
             f"{flag}: {batches} {rows} lines of up to data.max_len={max_len} tokens would need "
-            f"{sentences.over_bound(rows * per_row)}; {fix}"
+            f"{memory.over_bound(rows * per_row)}; {fix}"
         )
 
 

@@ -22,7 +22,7 @@ than the line holds. Pieces given as ids, without their text, group by those mar
 
 Pairs are scored in length-sorted batches of a few padded shapes, so a file of any size
 compiles a handful of programs; `score_pairs` gives results back in input order. Given the
-models' configs, it keeps each batch within `sentences.memory_bound()` (`forced_bytes`): a batch
+models' configs, it keeps each batch within `memory.memory_bound()` (`forced_bytes`): a batch
 of long pairs is split, and a pair too long to score whole is refused.
 """
 
@@ -39,7 +39,7 @@ import numpy as np
 from translate.config import ModelConfig
 from translate.data.batching import Batch, decode_width
 from translate.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
-from translate.decoding import sentences
+from translate.decoding import memory
 from translate.decoding.search import merge_models
 
 # SentencePiece's mark of a word's start.
@@ -366,7 +366,7 @@ def score_pairs(
       alignment_pieces: links between pieces instead of whitespace words.
       cut_sources: cut sources to `max_len` as the search does (to align its outputs).
       models: the ensemble's model configs, in order: each batch is then kept within
-        `sentences.memory_bound()` by `forced_bytes`' estimate (a batch of long pairs split);
+        `memory.memory_bound()` by `forced_bytes`' estimate (a batch of long pairs split);
         None: batches of `batch_size` whatever their lengths.
       first_pair: the number of pairs before these, for naming one (from 1) in an error.
 
@@ -440,7 +440,7 @@ def memory_check(
     Raises:
       ValueError: naming the first pair (from `first_pair` + 1) that does not.
     """
-    bound = sentences.memory_bound()
+    bound = memory.memory_bound()
     for n, (src, tgt) in enumerate(zip(src_ids, tgt_ids)):
         src_len = min(len(src), cut - 1) if cut else len(src)
         widths = decode_width(src_len + 1), decode_width(len(tgt) + 1)
@@ -448,7 +448,7 @@ def memory_check(
         if need > bound:
             raise ValueError(
                 f"pair {first_pair + n + 1}: {src_len} source and {len(tgt)} target pieces; "
-                f"scoring it whole would need {sentences.over_bound(need)}: shorten it, split "
+                f"scoring it whole would need {memory.over_bound(need)}: shorten it, split "
                 "it or leave it out"
             )
     return lambda rows, s_width, t_width: (
