@@ -6,9 +6,7 @@ import dataclasses
 import os
 import pathlib
 import re
-import sys
 import time
-import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -16,6 +14,8 @@ import jax
 import jax.numpy as jnp
 import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
+
+from translate import startup
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,48 +87,6 @@ def write_error(
     )
 
 
-def is_report_into_a_closed_loop(unraisable: Any) -> bool:
-    """Whether an unraisable exception is a tensorstore write reporting its end to the event
-    loop of a save that has already failed.
-
-    Orbax runs a save's writes in an asyncio loop of its own (`asyncio_utils.run_sync`) and
-    closes that loop as soon as the first write fails (a full disk). The writes still in
-    flight finish later, and each one's callback, called from tensorstore's threads, calls
-    `loop.call_soon_threadsafe` on the closed loop: a RuntimeError that tensorstore can only
-    hand to `sys.unraisablehook`, which prints its traceback, up to hundreds of them. The
-    failure they follow is the save's own error, which the caller reports once
-    (`write_error`).
-    """
-    error = unraisable.exc_value
-    if unraisable.object is not None or not isinstance(error, RuntimeError):
-        return False
-    if str(error) != "Event loop is closed":
-        return False
-    frames = traceback.extract_tb(unraisable.exc_traceback)
-    return any(f.name == "call_soon_threadsafe" and "asyncio" in f.filename for f in frames)
-
-
-class _DropReportsIntoClosedLoops:
-    """A `sys.unraisablehook` that drops `is_report_into_a_closed_loop` and passes every other
-    unraisable exception to the hook it replaced."""
-
-    def __init__(self, previous: Callable[[Any], Any]):
-        self.previous = previous
-
-    def __call__(self, unraisable: Any) -> None:
-        if not is_report_into_a_closed_loop(unraisable):
-            self.previous(unraisable)
-
-
-def drop_reports_into_closed_loops() -> None:
-    """Installs `_DropReportsIntoClosedLoops` over the current `sys.unraisablehook`, unless it
-    is that already; every save and restore calls it, so a hook set since (a command's,
-    pytest's) is kept and wrapped. Process-wide, since the reports come from tensorstore's
-    threads at any moment after a failed save, also once the caller has moved on."""
-    if not isinstance(sys.unraisablehook, _DropReportsIntoClosedLoops):
-        sys.unraisablehook = _DropReportsIntoClosedLoops(sys.unraisablehook)
-
-
 def save(
     manager: ocp.CheckpointManager,
     step: int,
@@ -146,7 +104,7 @@ def save(
     }
     if ema is not None:
         items["ema"] = ocp.args.StandardSave(ema)
-    drop_reports_into_closed_loops()
+    startup.drop_reports_into_closed_loops()
     manager.save(step, args=ocp.args.Composite(**items), force=True)
 
 
@@ -164,7 +122,8 @@ def restore(
     items = {item: ocp.args.StandardRestore(abstract_params), "meta": ocp.args.JsonRestore()}
     if abstract_opt_state is not None:
         items["opt_state"] = ocp.args.StandardRestore(abstract_opt_state)
-    drop_reports_into_closed_loops()  # a read that fails part-way (a damaged step) leaves them too
+    # A read that fails part-way (a damaged step) leaves such reports too.
+    startup.drop_reports_into_closed_loops()
     restored = manager.restore(step, args=ocp.args.Composite(**items))
     opt_state = restored["opt_state"] if abstract_opt_state is not None else None
     return restored[item], opt_state, restored["meta"]
@@ -492,6 +451,6 @@ def save_params(
     items = {"params": ocp.args.StandardSave(params), "meta": ocp.args.JsonSave(meta)}
     if ema is not None:
         items["ema"] = ocp.args.StandardSave(ema)
-    drop_reports_into_closed_loops()
+    startup.drop_reports_into_closed_loops()
     manager.save(step, args=ocp.args.Composite(**items), force=True)
     manager.wait_until_finished()

@@ -16,6 +16,10 @@ the module can be imported again as usual by anyone who needs it (Orbax, for one
 
 A compilation cache that only `etils.epath` can reach (JAX_COMPILATION_CACHE_DIR=gs://...) keeps
 JAX's usual import.
+
+`drop_reports_into_closed_loops()`, which every checkpoint save and restore calls, keeps the
+process's `sys.unraisablehook` from printing hundreds of tracebacks after an Orbax save that
+failed (a full disk): the one hook of a process's own that a library forces on it.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import pathlib
 import signal
 import sys
 import threading
+import traceback
 from collections.abc import Callable
 from typing import Any
 
@@ -68,3 +73,45 @@ def interrupts_said_in_one_line() -> Callable[[], None]:
             signal.signal(signal.SIGINT, previous)
 
     return undo
+
+
+def is_report_into_a_closed_loop(unraisable: Any) -> bool:
+    """Whether an unraisable exception is a tensorstore write reporting its end to the event
+    loop of a save that has already failed.
+
+    Orbax runs a save's writes in an asyncio loop of its own (`asyncio_utils.run_sync`) and
+    closes that loop as soon as the first write fails (a full disk). The writes still in
+    flight finish later, and each one's callback, called from tensorstore's threads, calls
+    `loop.call_soon_threadsafe` on the closed loop: a RuntimeError that tensorstore can only
+    hand to `sys.unraisablehook`, which prints its traceback, up to hundreds of them. The
+    failure they follow is the save's own error, which the caller reports once
+    (`write_error`).
+    """
+    error = unraisable.exc_value
+    if unraisable.object is not None or not isinstance(error, RuntimeError):
+        return False
+    if str(error) != "Event loop is closed":
+        return False
+    frames = traceback.extract_tb(unraisable.exc_traceback)
+    return any(f.name == "call_soon_threadsafe" and "asyncio" in f.filename for f in frames)
+
+
+class _DropReportsIntoClosedLoops:
+    """A `sys.unraisablehook` that drops `is_report_into_a_closed_loop` and passes every other
+    unraisable exception to the hook it replaced."""
+
+    def __init__(self, previous: Callable[[Any], Any]):
+        self.previous = previous
+
+    def __call__(self, unraisable: Any) -> None:
+        if not is_report_into_a_closed_loop(unraisable):
+            self.previous(unraisable)
+
+
+def drop_reports_into_closed_loops() -> None:
+    """Installs `_DropReportsIntoClosedLoops` over the current `sys.unraisablehook`, unless it
+    is that already; every save and restore calls it, so a hook set since (a command's,
+    pytest's) is kept and wrapped. Process-wide, since the reports come from tensorstore's
+    threads at any moment after a failed save, also once the caller has moved on."""
+    if not isinstance(sys.unraisablehook, _DropReportsIntoClosedLoops):
+        sys.unraisablehook = _DropReportsIntoClosedLoops(sys.unraisablehook)
