@@ -165,4 +165,4 @@ def varied_outputs(monkeypatch):
 
     monkeypatch.setattr(trained_module, "load_model", load_untrained)
     # Nor kept as the workdir's saved parameters, which a later command would read.
-    monkeypatch.setattr(compilation.Setup, "find", lambda *args: None)
+    monkeypatch.setattr(compilation.SavedEnsemble, "find", lambda *args: None)

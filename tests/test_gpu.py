@@ -23,7 +23,7 @@ from translate.data.corpus import TokenizedCorpus
 from translate.data.tokenizer import EOS_ID, PAD_ID
 from translate.decoding import saved_searches
 from translate.decoding.search import beam_search, greedy_search
-from translate.decoding.sentences import Searches
+from translate.decoding.sentences import TracedSearches
 from translate.decoding.settings import decode_settings
 from translate.models.attention import MultiHeadAttention, attention_mask
 from translate.models.factory import abstract_model, resolve_model_attention
@@ -310,11 +310,11 @@ def test_a_search_with_cudnn_attention_is_saved_and_read_back(trained, tmp_path)
     graphdefs, params = (abstract_model(config, VOCAB)[0],), (params,)
     settings = decode_settings(config.decode)
     leaves = jax.tree.leaves(params)
-    setup = compilation.Setup(tmp_path / "cache", "a-setup")
+    setup = compilation.SavedEnsemble(tmp_path / "cache", "a-setup")
     setup.save(leaves, [[TRAIN_STEPS]], [])
     made = saved_searches.SavedSearches(setup, leaves, lambda: (graphdefs, params), settings)
     src, _ = held_out_sources(32, 16)
-    expected = jax.device_get(Searches(graphdefs, params, settings)(src))
+    expected = jax.device_get(TracedSearches(graphdefs, params, settings)(src))
     found = jax.device_get(made(src))
     assert made.unsaved == []
     (name,) = [n for n in made.setup.directory.iterdir() if n.name.endswith(compilation.EXPORTED)]

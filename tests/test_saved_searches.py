@@ -16,7 +16,7 @@ from conftest import copy_of_tiny_run
 from translate import compilation
 from translate.data.batching import source_batches
 from translate.decoding import saved_searches
-from translate.decoding.sentences import Searches
+from translate.decoding.sentences import TracedSearches
 from translate.decoding.settings import decode_settings
 from translate.trained import load_ensemble
 
@@ -83,13 +83,13 @@ def test_a_second_command_decodes_from_the_first_ones_programs_without_flax(work
 
 
 def test_the_programs_decode_as_the_search_traced_here(workdir):
-    """`SavedSearches`, compiled here or loaded from a setup, gives `Searches`' outputs."""
+    """`SavedSearches`, compiled here or loaded from a setup, gives `TracedSearches`' outputs."""
     graphdefs, params, tokenizer, config, steps = load_ensemble([workdir])
     settings = decode_settings(config.decode, nbest=2)
     batches = [src for _, src in source_batches(tokenizer, LINES, 2, config.data.max_len)]
-    traced = Searches(graphdefs, params, settings)
+    traced = TracedSearches(graphdefs, params, settings)
     leaves = jax.tree.leaves(params)
-    setup = compilation.Setup(workdir / "unused-cache", "a-setup")
+    setup = compilation.SavedEnsemble(workdir / "unused-cache", "a-setup")
     setup.save(leaves, steps, [])
     made = saved_searches.SavedSearches(setup, leaves, lambda: (graphdefs, params), settings)
 
@@ -113,7 +113,7 @@ def test_a_search_jax_export_cannot_save_runs_unsaved_and_says_so(workdir, monke
     settings = decode_settings(config.decode, nbest=2)
     batches = [src for _, src in source_batches(tokenizer, LINES, 2, config.data.max_len)]
     leaves = jax.tree.leaves(params)
-    setup = compilation.Setup(workdir / "refused-cache", "a-setup")
+    setup = compilation.SavedEnsemble(workdir / "refused-cache", "a-setup")
     setup.save(leaves, steps, [])
 
     def refuse(*args, **kwargs):
@@ -121,7 +121,7 @@ def test_a_search_jax_export_cannot_save_runs_unsaved_and_says_so(workdir, monke
 
     monkeypatch.setattr(jax.export, "export", refuse)
     searches = saved_searches.SavedSearches(setup, leaves, lambda: (graphdefs, params), settings)
-    traced = Searches(graphdefs, params, settings)
+    traced = TracedSearches(graphdefs, params, settings)
     capsys.readouterr()
     for src in batches:
         for a, b in zip(jax.device_get(traced(src)), jax.device_get(searches(src)), strict=True):
@@ -229,7 +229,10 @@ def test_with_the_cache_off_nothing_is_kept(workdir, tmp_path, monkeypatch):
 
 def test_the_least_recently_used_setups_go_past_the_bound(tmp_path, monkeypatch, caplog):
     leaves = [np.zeros(1000, np.float32)]
-    old, new = compilation.Setup(tmp_path, "0" * 32), compilation.Setup(tmp_path, "1" * 32)
+    old, new = (
+        compilation.SavedEnsemble(tmp_path, "0" * 32),
+        compilation.SavedEnsemble(tmp_path, "1" * 32),
+    )
     old.save(leaves, [[1]], [])
     os.utime(old.record, (1, 1))  # used long ago
     monkeypatch.setattr(compilation, "PROGRAMS_MAX_BYTES", 6000)
@@ -289,7 +292,7 @@ def test_a_users_own_searches_folder_is_neither_used_nor_cleaned(tmp_path, caplo
     own.mkdir(parents=True)
     (own / "a.jpg").write_bytes(b"x" * 10_000)
     with caplog.at_level(logging.WARNING):
-        assert compilation.Setup.find(str(cache), [str(tmp_path)], None, 0) is None
+        assert compilation.SavedEnsemble.find(str(cache), [str(tmp_path)], None, 0) is None
     assert "holds files that translate did not write" in caplog.text
     assert (own / "a.jpg").read_bytes() == b"x" * 10_000
 
@@ -309,7 +312,7 @@ def test_a_gpu_decodes_through_jaxs_cache_alone_and_keeps_no_saved_searches(
     other = tmp_path / "other-cache"
     on_gpu = saved_searches.OpenedModels([str(workdir)], None, 0, "auto", str(other))
     assert on_gpu.setup is None
-    assert isinstance(on_gpu.searches(settings), Searches)
+    assert isinstance(on_gpu.searches(settings), TracedSearches)
     assert on_gpu.translate(LINES, settings) == expected
     assert not (other / compilation.SUBDIR).exists()
 
@@ -320,7 +323,10 @@ def test_the_store_deletes_only_what_it_made(tmp_path, monkeypatch):
     stranger = tmp_path / compilation.SUBDIR / "not-a-setup"
     stranger.mkdir()
     (stranger / "big").write_bytes(b"x" * 20_000)
-    old, new = compilation.Setup(tmp_path, "0" * 32), compilation.Setup(tmp_path, "1" * 32)
+    old, new = (
+        compilation.SavedEnsemble(tmp_path, "0" * 32),
+        compilation.SavedEnsemble(tmp_path, "1" * 32),
+    )
     old.save(leaves, [[1]], [])
     os.utime(old.record, (1, 1))
     monkeypatch.setattr(compilation, "PROGRAMS_MAX_BYTES", 6000)
@@ -331,7 +337,7 @@ def test_the_store_deletes_only_what_it_made(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("damage", ["cut short", "other leaves", "empty"])
 def test_damaged_saved_parameters_are_made_again(tmp_path, damage, caplog):
-    setup = compilation.Setup(tmp_path, "2" * 32)
+    setup = compilation.SavedEnsemble(tmp_path, "2" * 32)
     setup.save([np.ones(3, np.float32), np.zeros(2, np.float32)], [[6]], [])
     if damage == "cut short":
         setup.params.write_bytes(setup.params.read_bytes()[:-20])
@@ -351,7 +357,7 @@ def test_a_saved_search_of_another_shape_is_traced_again(workdir):
     graphdefs, params, tokenizer, config, steps = load_ensemble([workdir])
     settings = decode_settings(config.decode)
     leaves = jax.tree.leaves(params)
-    setup = compilation.Setup(workdir / "unused-cache-2", "3" * 32)
+    setup = compilation.SavedEnsemble(workdir / "unused-cache-2", "3" * 32)
     setup.save(leaves, steps, [])
     made = saved_searches.SavedSearches(setup, leaves, lambda: (graphdefs, params), settings)
     small, large = np.zeros((1, 8), np.int32), np.zeros((2, 16), np.int32)
@@ -360,14 +366,14 @@ def test_a_saved_search_of_another_shape_is_traced_again(workdir):
     target = setup.directory / (settings.program_name(large.shape) + compilation.EXPORTED)
     shutil.copyfile(source, target)
     again = saved_searches.SavedSearches(setup, leaves, lambda: (graphdefs, params), settings)
-    expected = Searches(graphdefs, params, settings)(large)
+    expected = TracedSearches(graphdefs, params, settings)(large)
     for a, b in zip(jax.device_get(again(large)), jax.device_get(expected), strict=True):
         np.testing.assert_array_equal(a, b)
 
 
 def test_a_remade_file_does_not_inherit_an_unreadable_mode(tmp_path):
     """An executable made unreadable is remade readable, not with mode 000 on every run."""
-    setup = compilation.Setup(tmp_path, "4" * 32)
+    setup = compilation.SavedEnsemble(tmp_path, "4" * 32)
     path = setup.executables / ("x" + compilation.EXECUTABLE)
     setup.write(path, b"payload")
     path.chmod(0)

@@ -19,9 +19,10 @@ written is not used, and a cache entry that cannot be read or written is compile
 either way the command goes on and says once why.
 
 Beside JAX's cache, under `<cache>/searches/`, the text command keeps what comes before XLA's
-compile: the parameters a command read and the searches it traced, per "setup" (`Setup`: the
-workdirs' files, the checkpoint choice, this package's code and the machine, hashed), and
-their executables. translate/decoding/saved_searches.py says how the searches use this store.
+compile: the parameters a command read and the searches it traced, per "setup" (a
+`SavedEnsemble`: the workdirs' files, the checkpoint choice, this package's code and the
+machine, hashed), and their executables. translate/decoding/saved_searches.py says how the
+searches use this store.
 """
 
 from __future__ import annotations
@@ -160,7 +161,7 @@ def say_entry_errors_once(directory: pathlib.Path) -> None:
 
 SUBDIR = "searches"
 # The file that marks SUBDIR as this store's: a directory of that name without it is the user's,
-# and is neither used nor cleaned (`Setup.find`, `Setup.evict`).
+# and is neither used nor cleaned (`SavedEnsemble.find`, `SavedEnsemble.evict`).
 STORE_MARKER = ".translate-saved-searches"
 # The size all setups are kept under together; the least recently used go first.
 PROGRAMS_MAX_BYTES = 2 * 2**30
@@ -339,8 +340,9 @@ def is_setup_name(name: str) -> bool:
     return len(name) == 32 and all(c in "0123456789abcdef" for c in name)
 
 
-class Setup:
-    """One setup's directory under the cache: its parameters and saved searches."""
+class SavedEnsemble:
+    """An ensemble kept under the cache, one setup's directory: the parameters a command read
+    for these workdirs and this checkpoint choice, and the searches it traced with them."""
 
     def __init__(self, root: str | os.PathLike, name: str):
         self.root = pathlib.Path(root) / SUBDIR
@@ -360,7 +362,7 @@ class Setup:
         average: int,
         params: str = "auto",
         matmul_dtype: str = "",
-    ) -> Setup | None:
+    ) -> SavedEnsemble | None:
         """The setup of these workdirs and choice, or None with the cache off or unusable, or
         on a platform where saved searches are not used (`SAVED_SEARCH_PLATFORMS`)."""
         if cache is None:

@@ -52,7 +52,7 @@ import numpy as np
 from translate.compilation import (
     EXPORTED,
     SEARCH_OPTIONS,
-    Setup,
+    SavedEnsemble,
     cache_hits,
     kept_out_of_jax_cache,
     machine,
@@ -62,7 +62,7 @@ from translate.data.tokenizer import Tokenizer
 from translate.decoding.search import search
 from translate.decoding.sentences import (
     DecodeTimes,
-    Searches,
+    TracedSearches,
     inputs_shape,
     search_inputs,
     translate_sentences,
@@ -108,7 +108,7 @@ class SavedSearches:
 
     def __init__(
         self,
-        setup: Setup | None,
+        setup: SavedEnsemble | None,
         leaves: Sequence[Any],
         load_model: Callable[[], tuple[tuple, tuple]],
         settings: DecodeSettings,
@@ -268,7 +268,7 @@ class OpenedModels:
         matmul_dtype: str = "",
     ):
         self.workdirs, self.choice = list(workdirs), (step, average, params, matmul_dtype)
-        self.setup = Setup.find(cache, self.workdirs, *self.choice)
+        self.setup = SavedEnsemble.find(cache, self.workdirs, *self.choice)
         saved = self.setup.load() if self.setup is not None else None
         self.models: tuple[tuple, tuple] | None = None
         if saved is not None:
@@ -301,7 +301,7 @@ class OpenedModels:
         """The search at `settings`: saved in the setup, or traced here when nothing is kept."""
         if settings not in self._searches:
             if self.setup is None:  # nothing kept: the search traced as evaluation traces it
-                self._searches[settings] = Searches(*self.load_model(), settings)
+                self._searches[settings] = TracedSearches(*self.load_model(), settings)
             else:
                 self._searches[settings] = SavedSearches(
                     self.setup, self.leaves, self.load_model, settings, (self.steps, self.said)

@@ -55,7 +55,7 @@ def inputs_shape(shape: Sequence[int]) -> tuple[int, int, int]:
     return (*shape, 0) if len(shape) == 2 else tuple(shape)
 
 
-class Searches:
+class TracedSearches:
     """`search` at one decoding setting for one ensemble, as `translate_sentences` calls it.
 
     `compile(shape)` makes the program for batches of that shape, (B, S) or (B, S, P) with
@@ -232,7 +232,7 @@ def translate_sentences(
     max_len: int,
     times: DecodeTimes | None = None,
     on_batch: Callable[[int], None] | None = None,
-    searches: Searches | None = None,
+    searches: TracedSearches | None = None,
     prefixes: Sequence[str] | None = None,
     first_line: int = 0,
 ) -> list[list[tuple[float, str]]]:
@@ -249,8 +249,8 @@ def translate_sentences(
       graphdefs, params: an ensemble's tuples (module docstring); None with `searches`.
       times: receives the seconds spent compiling and decoding.
       on_batch: called with the number of sentences done after every batch.
-      searches: runs the search (`Searches` or saved_searches.SavedSearches, made for `settings`);
-        by default `Searches(graphdefs, params, settings)`.
+      searches: runs the search (`TracedSearches` or saved_searches.SavedSearches, made for
+        `settings`); by default `TracedSearches(graphdefs, params, settings)`.
       prefixes: one target prefix per sentence ("": none) its translations start with
         (`prefix_array`).
       first_line: the input line of sentences[0], from 0: sentence i's samples draw from
@@ -266,7 +266,7 @@ def translate_sentences(
         source_batches(tokenizer, [sentences[i] for i in todo], settings.batch_size, max_len)
     )
     if searches is None:
-        searches = Searches(graphdefs, params, settings)
+        searches = TracedSearches(graphdefs, params, settings)
     inputs = []
     for indices, src in batches:
         lines = [first_line + todo[i] if i >= 0 else 0 for i in indices]
