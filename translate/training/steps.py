@@ -7,6 +7,7 @@ over every real target token of the batch, and never applies a non-finite update
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -83,131 +84,130 @@ def make_train_step(
 ):
     """The jitted step: accumulate gradients of summed losses over micro-batches, then update.
 
-    `keep` is the loss's (`losses.projected_cross_entropy`). With `packed` the step takes and
-    returns the parameters and Adam's state as `Packed` (the trainer's): the same program, with
-    less host time per call. With `ema_decay` (and `packed`) it also takes and returns the
-    parameters' moving average, updated as `make_ema_update`'s after the step, in the same
-    call: one program a step instead of two. With `steps_per_call` K > 1 (and `packed`) one call
-    runs K steps in a `lax.scan`, from K batches stacked on a new leading axis
-    (`sharding.put_batches`) and the first step's number, and returns each step's metrics
-    stacked: (params, opt_state, [ema,] batches, first step, key) -> (params, opt_state,
-    [ema,] metrics [K]). One dispatch for K steps, for a step whose host time bounds it.
-    XLA compiles the step inside the loop otherwise than alone: the K steps agree with the
-    single step's to float32 rounding (1.3e-6 after two steps of the tiny config on the CPU),
-    not bit for bit, so a run with it would not repeat a run without it exactly.
+    `keep` is the loss's (`losses.projected_cross_entropy`). One step (`train_step`) and one
+    wrapper of it (`packed_steps`), with the shardings written once:
+    - without `packed`: (params, opt_state, batch, step, key) -> (params, opt_state, metrics);
+    - `packed`: the same with the parameters and Adam's state as `Packed` (the trainer's): the
+      same program, with less host time per call;
+    - `ema_decay` (with `packed`): also takes and returns the parameters' moving average,
+      updated as `make_ema_update`'s after the step, in the same call: one program a step
+      instead of two;
+    - `steps_per_call` K > 1 (with `packed`): one call runs K steps in a `lax.scan`, from K
+      batches stacked on a new leading axis (`sharding.put_batches`) and the first step's
+      number, and returns each step's metrics stacked: (params, opt_state, [ema,] batches,
+      first step, key) -> (params, opt_state, [ema,] metrics [K]). One dispatch for K steps,
+      for a step whose host time bounds it. XLA compiles the step inside the loop otherwise
+      than alone: the K steps agree with the single step's to float32 rounding (1.3e-6 after
+      two steps of the tiny config on the CPU), not bit for bit, so a run with it would not
+      repeat a run without it exactly.
     """
+    if (ema_decay or steps_per_call > 1) and not packed:
+        raise ValueError("the moving average and several steps per call take Packed state")
+    step = functools.partial(train_step, graphdef, optimizer, label_smoothing, keep)
+    states = 2 + (1 if ema_decay else 0)
+    if packed:
+        step = functools.partial(packed_steps, step, ema_decay, steps_per_call)
     replicated = sharding.replicated(mesh)
-
-    def loss_fn(params, micro, key):
-        model = nnx.merge(graphdef, params)
-        y = model.hidden(micro, dropout_key=key)  # [R, T, D]
-        weights = (micro.tgt_segments > 0).astype(jnp.float32)
-        loss_sum, nll_sum, count, correct = projected_cross_entropy(
-            y.astype(model.product_dtype),
-            model.embed.embedding[...],
-            micro.tgt_out,
-            weights,
-            label_smoothing,
-            keep,
-        )
-        return loss_sum, (nll_sum, count, correct)
-
-    def train_step(params, opt_state, batch, step, base_key):
-        key = jax.random.fold_in(base_key, step)
-
-        def accumulate(carry, inputs):
-            grads, sums = carry
-            micro, index = inputs
-            (loss_sum, aux), g = jax.value_and_grad(loss_fn, has_aux=True)(
-                params, micro, jax.random.fold_in(key, index)
-            )
-            grads = jax.tree.map(jnp.add, grads, g)
-            return (grads, sums + jnp.stack([loss_sum, *aux])), None
-
-        zeros = jax.tree.map(jnp.zeros_like, params)
-        num_micro = batch.src.shape[0]
-        (grads, sums), _ = jax.lax.scan(
-            accumulate, (zeros, jnp.zeros(4)), (batch, jnp.arange(num_micro))
-        )
-        loss_sum, nll_sum, count, correct = sums
-        # Mean over every real target token of the whole batch, however it was split.
-        grads = jax.tree.map(lambda g: g / jnp.maximum(count, 1.0), grads)
-        grad_norm = optax.global_norm(grads)
-        updates, new_opt_state = optimizer.update(grads, opt_state, params)
-        # A non-finite loss or gradient never reaches the parameters or Adam's moments: the
-        # step keeps the old state and reports itself, and the host stops or counts it.
-        finite = jnp.isfinite(loss_sum) & jnp.isfinite(grad_norm)
-        params, opt_state = jax.tree.map(
-            lambda new, old: jnp.where(finite, new, old),
-            (optax.apply_updates(params, updates), new_opt_state),
-            (params, opt_state),
-        )
-        metrics = {
-            "loss_sum": loss_sum,
-            "nll_sum": nll_sum,
-            "tokens": count,
-            "correct": correct,
-            "grad_norm": grad_norm,
-            "nonfinite": 1.0 - finite.astype(jnp.float32),
-        }
-        return params, opt_state, metrics
-
-    def packed_step(params: Packed, opt_state: Packed, batch, step, base_key):
-        params, opt_state, metrics = train_step(
-            params.tree(), opt_state.tree(), batch, step, base_key
-        )
-        return Packed.of(params), Packed.of(opt_state), metrics
-
-    def averaged_step(params: Packed, opt_state: Packed, ema: Packed, batch, step, base_key):
-        params, opt_state, metrics = train_step(
-            params.tree(), opt_state.tree(), batch, step, base_key
-        )
-        ema = moving_average(ema_decay, ema.tree(), params, step, metrics["nonfinite"])
-        return Packed.of(params), Packed.of(opt_state), Packed.of(ema), metrics
-
-    def scanned_steps(params: Packed, opt_state: Packed, *rest):
-        *ema, batches, first_step, base_key = rest
-
-        def body(carry, inputs):
-            batch, index = inputs
-            params, opt_state, *ema = carry
-            step = first_step + index
-            params, opt_state, metrics = train_step(params, opt_state, batch, step, base_key)
-            if ema:
-                ema = [moving_average(ema_decay, ema[0], params, step, metrics["nonfinite"])]
-            return (params, opt_state, *ema), metrics
-
-        carry = tuple(x.tree() for x in (params, opt_state, *ema))
-        carry, metrics = jax.lax.scan(body, carry, (batches, jnp.arange(steps_per_call)))
-        return (*(Packed.of(x) for x in carry), metrics)
-
-    batch_sharding = sharding.batch_sharding(mesh)
-    if steps_per_call > 1:
-        if not packed:
-            raise ValueError("several steps per call take Packed state")
-        states = 3 if ema_decay else 2
-        return jax.jit(
-            scanned_steps,
-            in_shardings=(replicated,) * states
-            + (sharding.batch_sharding(mesh, stacked=True), None, replicated),
-            out_shardings=(replicated,) * (states + 1),
-            donate_argnums=tuple(range(states)),
-        )
-    if ema_decay:
-        if not packed:
-            raise ValueError("the step with the moving average takes Packed state")
-        return jax.jit(
-            averaged_step,
-            in_shardings=(replicated, replicated, replicated, batch_sharding, None, replicated),
-            out_shardings=(replicated, replicated, replicated, replicated),
-            donate_argnums=(0, 1, 2),
-        )
+    batches = sharding.batch_sharding(mesh, stacked=steps_per_call > 1)
     return jax.jit(
-        packed_step if packed else train_step,
-        in_shardings=(replicated, replicated, batch_sharding, None, replicated),
-        out_shardings=(replicated, replicated, replicated),
-        donate_argnums=(0, 1),
+        step,
+        in_shardings=(replicated,) * states + (batches, None, replicated),
+        out_shardings=(replicated,) * (states + 1),
+        donate_argnums=tuple(range(states)),
     )
+
+
+def summed_loss(graphdef, label_smoothing: float, keep: str, params, micro, key):
+    """A micro-batch's summed label-smoothed loss, and (nll, tokens, correct) beside it."""
+    model = nnx.merge(graphdef, params)
+    y = model.hidden(micro, dropout_key=key)  # [R, T, D]
+    weights = (micro.tgt_segments > 0).astype(jnp.float32)
+    loss_sum, nll_sum, count, correct = projected_cross_entropy(
+        y.astype(model.product_dtype),
+        model.embed.embedding[...],
+        micro.tgt_out,
+        weights,
+        label_smoothing,
+        keep,
+    )
+    return loss_sum, (nll_sum, count, correct)
+
+
+def train_step(
+    graphdef, optimizer, label_smoothing, keep, params, opt_state, batch, step, base_key
+):
+    """One optimizer step over a batch of micro-batches [M, ...]: (params, opt_state, metrics).
+
+    The gradients of the summed losses are accumulated over the micro-batches and divided by
+    the batch's real target tokens, however it was split.
+    """
+    key = jax.random.fold_in(base_key, step)
+    loss_fn = functools.partial(summed_loss, graphdef, label_smoothing, keep)
+
+    def accumulate(carry, inputs):
+        grads, sums = carry
+        micro, index = inputs
+        (loss_sum, aux), g = jax.value_and_grad(loss_fn, has_aux=True)(
+            params, micro, jax.random.fold_in(key, index)
+        )
+        grads = jax.tree.map(jnp.add, grads, g)
+        return (grads, sums + jnp.stack([loss_sum, *aux])), None
+
+    zeros = jax.tree.map(jnp.zeros_like, params)
+    num_micro = batch.src.shape[0]
+    (grads, sums), _ = jax.lax.scan(
+        accumulate, (zeros, jnp.zeros(4)), (batch, jnp.arange(num_micro))
+    )
+    loss_sum, nll_sum, count, correct = sums
+    # Mean over every real target token of the whole batch, however it was split.
+    grads = jax.tree.map(lambda g: g / jnp.maximum(count, 1.0), grads)
+    grad_norm = optax.global_norm(grads)
+    updates, new_opt_state = optimizer.update(grads, opt_state, params)
+    # A non-finite loss or gradient never reaches the parameters or Adam's moments: the
+    # step keeps the old state and reports itself, and the host stops or counts it.
+    finite = jnp.isfinite(loss_sum) & jnp.isfinite(grad_norm)
+    params, opt_state = jax.tree.map(
+        lambda new, old: jnp.where(finite, new, old),
+        (optax.apply_updates(params, updates), new_opt_state),
+        (params, opt_state),
+    )
+    metrics = {
+        "loss_sum": loss_sum,
+        "nll_sum": nll_sum,
+        "tokens": count,
+        "correct": correct,
+        "grad_norm": grad_norm,
+        "nonfinite": 1.0 - finite.astype(jnp.float32),
+    }
+    return params, opt_state, metrics
+
+
+def packed_steps(step, ema_decay: float, steps_per_call: int, params, opt_state, *rest):
+    """`step` on `Packed` state: one step, or `steps_per_call` of them in a `lax.scan` over
+    stacked batches; with `ema_decay`, the moving average (the state after opt_state) updated
+    after each. (params, opt_state, [ema,] batch(es), first step, key) -> (params, opt_state,
+    [ema,] metrics)."""
+    *ema, batches, first_step, base_key = rest
+    if steps_per_call == 1:
+        params, opt_state, metrics = step(
+            params.tree(), opt_state.tree(), batches, first_step, base_key
+        )
+        nonfinite = metrics["nonfinite"]
+        ema = [moving_average(ema_decay, e.tree(), params, first_step, nonfinite) for e in ema]
+        return (*(Packed.of(x) for x in (params, opt_state, *ema)), metrics)
+
+    def body(carry, inputs):
+        batch, index = inputs
+        params, opt_state, *ema = carry
+        at = first_step + index
+        params, opt_state, metrics = step(params, opt_state, batch, at, base_key)
+        if ema:
+            ema = [moving_average(ema_decay, ema[0], params, at, metrics["nonfinite"])]
+        return (params, opt_state, *ema), metrics
+
+    carry = tuple(x.tree() for x in (params, opt_state, *ema))
+    carry, metrics = jax.lax.scan(body, carry, (batches, jnp.arange(steps_per_call)))
+    return (*(Packed.of(x) for x in carry), metrics)
 
 
 def ema_decay_at(decay: float, step):
