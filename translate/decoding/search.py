@@ -19,6 +19,7 @@ translations (length-sorted batches, n-best lists) that evaluation and the trans
 from __future__ import annotations
 
 import functools
+import math
 from typing import NamedTuple
 
 import jax
@@ -316,6 +317,50 @@ def top_k(x: jax.Array, k: int, block: int = 128) -> jax.Array:
     return values, index
 
 
+class SearchStart(NamedTuple):
+    """Where every search starts (`start_search`): the models, their caches after the source
+    (and any prefixes), the output buffers and the step to search first."""
+
+    models: list  # the ensemble's models (`merge_models`)
+    caches: list  # one per model, B * copies rows
+    limit: jax.Array  # [B] output tokens before EOS, at most
+    max_len: int  # L, the output buffer's length
+    first: int  # the cache's length the loop starts from (0: `_loop`'s first level)
+    t: jax.Array  # [] the first step searched
+    score: jax.Array  # [B] the log-probability of the forced pieces before t (0 without)
+    forced: Forced | None  # the prefixes, or None
+    tokens: jax.Array  # [B, ..., L] PAD, each prefix written in its first slots
+
+
+def start_search(
+    graphdefs, params, src, prefix, shape: tuple[int, ...], max_extra_len, min_level_rows
+) -> SearchStart:
+    """Reads the source (and the target prefixes [B, P], when given) once per model, for
+    outputs of `shape` per sentence ((): greedy's one; (W,): a beam's or N samples)."""
+    models = merge_models(graphdefs, params)
+    batch, copies = src.shape[0], math.prod(shape)
+    if prefix is None or prefix.shape[1] == 0:
+        caches, limit, max_len = _encode_for_decoding(
+            models, src, max_extra_len, copies, min_level_rows
+        )
+        tokens = jnp.full((batch, *shape, max_len), PAD_ID, jnp.int32)
+        score = jnp.zeros((batch,), jnp.float32)
+        return SearchStart(models, caches, limit, max_len, 0, jnp.array(0), score, None, tokens)
+    start = _start_after_prefix(models, src, prefix, max_extra_len, copies, min_level_rows)
+    tokens = _with_prefix(jnp.full((batch, *shape, start.max_len), PAD_ID, jnp.int32), start)
+    return SearchStart(
+        models,
+        start.caches,
+        start.limit,
+        start.max_len,
+        start.first,
+        start.t,
+        start.score,
+        start.forced,
+        tokens,
+    )
+
+
 def _with_prefix(tokens: jax.Array, start: PrefixStart) -> jax.Array:
     """Output buffers [B, ..., L] with each prefix written in their first slots."""
     prefix = start.forced.prefix  # [B, P]
@@ -344,21 +389,22 @@ def greedy_search(
     `batch_levels`'; `prefix` [B, P] (PAD after each), target pieces every output starts with
     (`_start_after_prefix`), the score then counting them too.
     """
-    models = merge_models(graphdefs, params)
-    batch = src.shape[0]
-    first = 0
-    if prefix is None or prefix.shape[1] == 0:
-        cache, limit, max_len = _encode_for_decoding(models, src, max_extra_len, 1, min_level_rows)
-        t, forced = jnp.array(0), None
-        tokens = jnp.full((batch, max_len), PAD_ID, jnp.int32)  # [B, L]
-        last, score = jnp.full((batch,), BOS_ID, jnp.int32), jnp.zeros((batch,), jnp.float32)
+    start = start_search(graphdefs, params, src, prefix, (), max_extra_len, min_level_rows)
+    models, batch = start.models, src.shape[0]
+    if start.forced is None:
+        last = jnp.full((batch,), BOS_ID, jnp.int32)
     else:
-        start = _start_after_prefix(models, src, prefix, max_extra_len, 1, min_level_rows)
-        cache, limit, max_len, first = start.caches, start.limit, start.max_len, start.first
-        t, forced, score = start.t, start.forced, start.score
-        tokens = _with_prefix(jnp.full((batch, max_len), PAD_ID, jnp.int32), start)
-        last = _last_token(tokens, start.t)
-    state = GreedyState(t, tokens, last, score, jnp.zeros((batch,), bool), limit, cache, forced)
+        last = _last_token(start.tokens, start.t)
+    state = GreedyState(
+        start.t,
+        start.tokens,  # [B, L]
+        last,
+        start.score,
+        jnp.zeros((batch,), bool),
+        start.limit,
+        start.caches,
+        start.forced,
+    )
 
     def step(s: GreedyState) -> GreedyState:
         log_probs, cache = _next_log_probs(models, s.last, s.t, s.cache)  # [B, V]
@@ -378,8 +424,62 @@ def greedy_search(
             cache=cache,
         )
 
-    state = _loop(models, lambda s: s.done, step, state, max_len, 1, min_level_rows, first)
+    state = _loop(
+        models, lambda s: s.done, step, state, start.max_len, 1, min_level_rows, start.first
+    )
     return state.tokens, state.score
+
+
+def _beam_done(alpha: float, stop: str, s: BeamState) -> jax.Array:
+    """[B] whether each sentence's search is over (`beam_search`'s `stop`)."""
+    limit = s.limit
+    if stop == "finished":
+        return (s.fin_scores[:, -1] > NEG_INF / 2) | (s.t > limit)  # [B]
+    best_possible = s.live_lp[:, 0] / length_penalty(limit + 1, alpha)  # [B]
+    return (s.fin_scores[:, -1] >= best_possible) | (s.t > limit)
+
+
+def _beam_step(models, width: int, alpha: float, stop: str, s: BeamState) -> BeamState:
+    """One step of `beam_search`: extend the live beams, keep the best finished and live."""
+    t, limit = s.t, s.limit
+    batch = limit.shape[0]
+    last = jnp.where(t == 0, BOS_ID, s.live_tokens[:, :, jnp.maximum(t - 1, 0)])
+    log_probs, cache = _next_log_probs(models, last.reshape(-1), t, s.cache)
+    vocab = log_probs.shape[-1]
+    log_probs = log_probs.reshape(batch, width, vocab)  # [B, W, V]
+    at_limit = (t >= limit)[:, None, None]
+    log_probs = jnp.where(at_limit & (jnp.arange(vocab) != EOS_ID), NEG_INF, log_probs)
+    log_probs = _force_prefix(log_probs, s.forced, t)
+    candidates = (s.live_lp[:, :, None] + log_probs).reshape(batch, width * vocab)
+    cand_lp, cand_idx = top_k(candidates, 2 * width)  # [B, 2W]
+    parent, token = cand_idx // vocab, (cand_idx % vocab).astype(jnp.int32)  # [B, 2W]
+    cand_tokens = jnp.take_along_axis(s.live_tokens, parent[:, :, None], axis=1)
+    cand_tokens = cand_tokens.at[:, :, t].set(token)  # [B, 2W, L]
+    ended = token == EOS_ID
+    # A sentence that is already done accepts no new hypotheses.
+    ended_ok = ended & ~_beam_done(alpha, stop, s)[:, None] & (cand_lp > NEG_INF / 2)
+    if stop == "finished":
+        ended_ok &= jnp.arange(2 * width) < width  # EOS counts among the W best only
+
+    fin_new = jnp.where(ended_ok, cand_lp / length_penalty(t + 1, alpha), NEG_INF)
+    fin_all = jnp.concatenate([s.fin_scores, fin_new], axis=1)  # [B, 3W]
+    fin_scores, fin_pick = jax.lax.top_k(fin_all, width)  # [B, W]
+    fin_pool = jnp.concatenate([s.fin_tokens, cand_tokens], axis=1)  # [B, 3W, L]
+    fin_tokens = jnp.take_along_axis(fin_pool, fin_pick[:, :, None], axis=1)
+
+    live_lp, live_pick = jax.lax.top_k(jnp.where(ended, NEG_INF, cand_lp), width)  # [B, W]
+    live_tokens = jnp.take_along_axis(cand_tokens, live_pick[:, :, None], axis=1)
+    live_parent = jnp.take_along_axis(parent, live_pick, axis=1)  # [B, W]
+    rows = (jnp.arange(batch)[:, None] * width + live_parent).reshape(-1)  # [B * W]
+    cache = [model.reorder_cache(c, rows) for model, c in zip(models, cache)]
+    return s._replace(
+        t=t + 1,
+        live_tokens=live_tokens,
+        live_lp=live_lp,
+        fin_tokens=fin_tokens,
+        fin_scores=fin_scores,
+        cache=cache,
+    )
 
 
 @functools.partial(
@@ -412,84 +512,63 @@ def beam_search(
       tokens [B, W, L] of the finished hypotheses, best first (PAD after EOS), and their
       length-normalised scores [B, W].
     """
-    models = merge_models(graphdefs, params)
     batch, width = src.shape[0], beam_size
+    start = start_search(graphdefs, params, src, prefix, (width,), max_extra_len, min_level_rows)
+    models, max_len = start.models, start.max_len
     # Only beam 0 starts live, so the first step does not pick W copies of one token.
     live_lp = jnp.tile(jnp.array([0.0] + [NEG_INF] * (width - 1), jnp.float32), (batch, 1))
-    live_tokens = jnp.full((batch, width, max_extra_len + src.shape[1] + 1), PAD_ID, jnp.int32)
-    first = 0
-    if prefix is None or prefix.shape[1] == 0:
-        cache, limit, max_len = _encode_for_decoding(
-            models, src, max_extra_len, width, min_level_rows
-        )
-        t, forced = jnp.array(0), None
-    else:
-        start = _start_after_prefix(models, src, prefix, max_extra_len, width, min_level_rows)
-        cache, limit, max_len, first = start.caches, start.limit, start.max_len, start.first
+    if start.forced is not None:
         live_lp = live_lp.at[:, 0].set(start.score)
-        live_tokens = _with_prefix(live_tokens, start)
-        t, forced = start.t, start.forced
     state = BeamState(
-        t,
-        live_tokens,
+        start.t,
+        start.tokens,  # live_tokens [B, W, L]
         live_lp,
         jnp.full((batch, width, max_len), PAD_ID, jnp.int32),  # fin_tokens [B, W, L]
         jnp.full((batch, width), NEG_INF, jnp.float32),  # fin_scores [B, W]
-        limit,
-        cache,
-        forced,
+        start.limit,
+        start.caches,
+        start.forced,
     )
 
-    def is_done(s: BeamState) -> jax.Array:
-        limit = s.limit
-        if stop == "finished":
-            return (s.fin_scores[:, -1] > NEG_INF / 2) | (s.t > limit)  # [B]
-        best_possible = s.live_lp[:, 0] / length_penalty(limit + 1, alpha)  # [B]
-        return (s.fin_scores[:, -1] >= best_possible) | (s.t > limit)
-
-    def step(s: BeamState) -> BeamState:
-        t, limit = s.t, s.limit
-        batch = limit.shape[0]
-        last = jnp.where(t == 0, BOS_ID, s.live_tokens[:, :, jnp.maximum(t - 1, 0)])
-        log_probs, cache = _next_log_probs(models, last.reshape(-1), t, s.cache)
-        vocab = log_probs.shape[-1]
-        log_probs = log_probs.reshape(batch, width, vocab)  # [B, W, V]
-        at_limit = (t >= limit)[:, None, None]
-        log_probs = jnp.where(at_limit & (jnp.arange(vocab) != EOS_ID), NEG_INF, log_probs)
-        log_probs = _force_prefix(log_probs, s.forced, t)
-        candidates = (s.live_lp[:, :, None] + log_probs).reshape(batch, width * vocab)
-        cand_lp, cand_idx = top_k(candidates, 2 * width)  # [B, 2W]
-        parent, token = cand_idx // vocab, (cand_idx % vocab).astype(jnp.int32)  # [B, 2W]
-        cand_tokens = jnp.take_along_axis(s.live_tokens, parent[:, :, None], axis=1)
-        cand_tokens = cand_tokens.at[:, :, t].set(token)  # [B, 2W, L]
-        ended = token == EOS_ID
-        # A sentence that is already done accepts no new hypotheses.
-        ended_ok = ended & ~is_done(s)[:, None] & (cand_lp > NEG_INF / 2)
-        if stop == "finished":
-            ended_ok &= jnp.arange(2 * width) < width  # EOS counts among the W best only
-
-        fin_new = jnp.where(ended_ok, cand_lp / length_penalty(t + 1, alpha), NEG_INF)
-        fin_all = jnp.concatenate([s.fin_scores, fin_new], axis=1)  # [B, 3W]
-        fin_scores, fin_pick = jax.lax.top_k(fin_all, width)  # [B, W]
-        fin_pool = jnp.concatenate([s.fin_tokens, cand_tokens], axis=1)  # [B, 3W, L]
-        fin_tokens = jnp.take_along_axis(fin_pool, fin_pick[:, :, None], axis=1)
-
-        live_lp, live_pick = jax.lax.top_k(jnp.where(ended, NEG_INF, cand_lp), width)  # [B, W]
-        live_tokens = jnp.take_along_axis(cand_tokens, live_pick[:, :, None], axis=1)
-        live_parent = jnp.take_along_axis(parent, live_pick, axis=1)  # [B, W]
-        rows = (jnp.arange(batch)[:, None] * width + live_parent).reshape(-1)  # [B * W]
-        cache = [model.reorder_cache(c, rows) for model, c in zip(models, cache)]
-        return s._replace(
-            t=t + 1,
-            live_tokens=live_tokens,
-            live_lp=live_lp,
-            fin_tokens=fin_tokens,
-            fin_scores=fin_scores,
-            cache=cache,
-        )
-
-    state = _loop(models, is_done, step, state, max_len, width, min_level_rows, first)
+    is_done = functools.partial(_beam_done, alpha, stop)
+    step = functools.partial(_beam_step, models, width, alpha, stop)
+    state = _loop(models, is_done, step, state, max_len, width, min_level_rows, start.first)
     return state.fin_tokens, state.fin_scores
+
+
+def _sample_step(
+    models, width, method, temperature, top_k, top_p, epsilon, s: SampleState
+) -> SampleState:
+    """One step of `sample_search`: each candidate draws its next token from its own key."""
+    t, b = s.t, s.limit.shape[0]
+    log_probs, cache = _next_log_probs(models, s.last.reshape(-1), t, s.cache)
+    vocab = log_probs.shape[-1]
+    log_probs = log_probs.reshape(b, width, vocab)  # [B, N, V]
+    never = jnp.isin(jnp.arange(vocab), jnp.asarray(NEVER_DRAWN))  # [V]
+    log_probs = jnp.where(never, NEG_INF, log_probs)
+    at_limit = (t >= s.limit)[:, None, None]
+    log_probs = jnp.where(at_limit & (jnp.arange(vocab) != EOS_ID), NEG_INF, log_probs)
+    log_probs = _force_prefix(log_probs, s.forced, t)
+    keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(
+        stream_keys(s.stream, width).reshape(-1), t
+    )  # [B * N]
+    uniform = 1.0 - jax.vmap(jax.random.uniform)(keys)  # (0, 1]
+    # The draw divides by the temperature: the masked pieces go to it at -inf, which no
+    # temperature makes drawable (NEG_INF / 1e9 is -1, a likely piece).
+    drawable = jnp.where(log_probs > NEG_INF / 2, log_probs, -jnp.inf)
+    token = draw(
+        drawable.reshape(-1, vocab), uniform, method, temperature, top_k, top_p, epsilon
+    ).reshape(b, width)  # [B, N]
+    token_lp = jnp.take_along_axis(log_probs, token[..., None], axis=-1)[..., 0]
+    written = jnp.where(s.done, PAD_ID, token)
+    return s._replace(
+        t=t + 1,
+        tokens=s.tokens.at[:, :, t].set(written),
+        last=token,
+        score=s.score + jnp.where(s.done, 0.0, token_lp),
+        done=s.done | (token == EOS_ID),
+        cache=cache,
+    )
 
 
 @functools.partial(
@@ -546,72 +625,33 @@ def sample_search(
       log-probability under the model (not the tempered, cut distribution it was drawn from),
       divided by the GNMT length penalty at `alpha`, as beam search's finished hypotheses are.
     """
-    models = merge_models(graphdefs, params)
     batch, width = src.shape[0], num_candidates
-    first = 0
-    if prefix is None or prefix.shape[1] == 0:
-        cache, limit, max_len = _encode_for_decoding(
-            models, src, max_extra_len, width, min_level_rows
-        )
-        t, score, forced = jnp.array(0), jnp.zeros((batch,), jnp.float32), None
-        tokens = jnp.full((batch, width, max_len), PAD_ID, jnp.int32)
-    else:
-        start = _start_after_prefix(models, src, prefix, max_extra_len, width, min_level_rows)
-        cache, limit, max_len, first = start.caches, start.limit, start.max_len, start.first
-        t, score, forced = start.t, start.score, start.forced
-        tokens = _with_prefix(jnp.full((batch, width, max_len), PAD_ID, jnp.int32), start)
+    start = start_search(graphdefs, params, src, prefix, (width,), max_extra_len, min_level_rows)
+    models = start.models
     state = SampleState(
-        t,
-        tokens,
-        _last_token(tokens, t),
-        jnp.broadcast_to(score[:, None], (batch, width)),
+        start.t,
+        start.tokens,  # [B, N, L]
+        _last_token(start.tokens, start.t),
+        jnp.broadcast_to(start.score[:, None], (batch, width)),
         jnp.zeros((batch, width), bool),
         stream,
-        limit,
-        cache,
-        forced,
+        start.limit,
+        start.caches,
+        start.forced,
     )
 
-    def step(s: SampleState) -> SampleState:
-        t, b = s.t, s.limit.shape[0]
-        log_probs, cache = _next_log_probs(models, s.last.reshape(-1), t, s.cache)
-        vocab = log_probs.shape[-1]
-        log_probs = log_probs.reshape(b, width, vocab)  # [B, N, V]
-        never = jnp.isin(jnp.arange(vocab), jnp.asarray(NEVER_DRAWN))  # [V]
-        log_probs = jnp.where(never, NEG_INF, log_probs)
-        at_limit = (t >= s.limit)[:, None, None]
-        log_probs = jnp.where(at_limit & (jnp.arange(vocab) != EOS_ID), NEG_INF, log_probs)
-        log_probs = _force_prefix(log_probs, s.forced, t)
-        keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(
-            stream_keys(s.stream, width).reshape(-1), t
-        )  # [B * N]
-        uniform = 1.0 - jax.vmap(jax.random.uniform)(keys)  # (0, 1]
-        # The draw divides by the temperature: the masked pieces go to it at -inf, which no
-        # temperature makes drawable (NEG_INF / 1e9 is -1, a likely piece).
-        drawable = jnp.where(log_probs > NEG_INF / 2, log_probs, -jnp.inf)
-        token = draw(
-            drawable.reshape(-1, vocab), uniform, method, temperature, top_k, top_p, epsilon
-        ).reshape(b, width)  # [B, N]
-        token_lp = jnp.take_along_axis(log_probs, token[..., None], axis=-1)[..., 0]
-        written = jnp.where(s.done, PAD_ID, token)
-        return s._replace(
-            t=t + 1,
-            tokens=s.tokens.at[:, :, t].set(written),
-            last=token,
-            score=s.score + jnp.where(s.done, 0.0, token_lp),
-            done=s.done | (token == EOS_ID),
-            cache=cache,
-        )
-
+    step = functools.partial(
+        _sample_step, models, width, method, temperature, top_k, top_p, epsilon
+    )
     state = _loop(
         models,
         lambda s: jnp.all(s.done, axis=1),
         step,
         state,
-        max_len,
+        start.max_len,
         width,
         min_level_rows,
-        first,
+        start.first,
     )
     lengths = jnp.sum(state.tokens != PAD_ID, axis=-1)  # [B, N], EOS included
     scores = state.score / length_penalty(lengths, alpha)
