@@ -196,7 +196,7 @@ def test_bfloat16_decoding_forms_attention_scores_and_logits_in_float32():
 @pytest.mark.slow  # 10 s on 2 cores
 def test_bfloat16_beam_search_picks_the_hypotheses_of_a_float32_projected_reference(monkeypatch):
     """The reference multiplies the same bfloat16-rounded operands after casting them to float32."""
-    import translate.models.layers as layers_module
+    import translate.models.attention as attention_module
 
     graphdef, params = make_model("bfloat16")
     src = sources()
@@ -205,16 +205,16 @@ def test_bfloat16_beam_search_picks_the_hypotheses_of_a_float32_projected_refere
     )
     greedy, _ = greedy_search((graphdef,), (params,), src, max_extra_len=6)
 
-    fused_scores = layers_module.attention_scores
+    fused_weigh = attention_module.weigh
 
-    def upcast_scores(subscripts, q, k, mask):
-        return fused_scores(subscripts, q.astype(jnp.float32), k.astype(jnp.float32), mask)
+    def upcast_weigh(q, keys, mask, bias, layout):
+        return fused_weigh(q.astype(jnp.float32), keys.astype(jnp.float32), mask, bias, layout)
 
     def upcast_logits(self, y):
         embedding = self.embed.embedding[...].astype(self.dtype).astype(jnp.float32)
         return jnp.einsum("...d,vd->...v", y.astype(jnp.float32), embedding)
 
-    monkeypatch.setattr(layers_module, "attention_scores", upcast_scores)
+    monkeypatch.setattr(attention_module, "weigh", upcast_weigh)
     monkeypatch.setattr(Transformer, "logits", upcast_logits)
     jax.clear_caches()  # the searches are jitted on the graph definition, which is unchanged
     ref_tokens, ref_scores = beam_search(
