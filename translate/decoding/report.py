@@ -146,19 +146,23 @@ def write_report(
 ) -> None:
     """Writes report.json, report.txt (for a person to read first) and hypotheses.txt.
 
-    report.txt gives the scores with their signatures, how the test set was decoded and how
-    fast, the training-curve pictures found in `plots_dir` (default `out_dir`; drawn by
-    scripts/plot_metrics.py), and a few translations beside their references.
+    report.txt (`report_lines`) gives the scores with their signatures, how the test set was
+    decoded and how fast, the training-curve pictures found in `plots_dir` (default `out_dir`;
+    drawn by scripts/plot_metrics.py), and a few translations beside their references.
     """
     out = Workdir(out_dir)
     plots_dir = out.path if plots_dir is None else pathlib.Path(plots_dir)
     out.path.mkdir(parents=True, exist_ok=True)
     atomic.write_text(out.hypotheses, "".join(h + "\n" for h in hypotheses))
     atomic.write_text(out.report_json, json.dumps(report, indent=2) + "\n")
-    models = report.get("ensemble") or [f"checkpoint step {report['step']}"]
-    steps = report["checkpoint_steps"]
-    if len(steps) > 1:
-        models = [f"mean parameters of the {len(steps)} checkpoints at steps {steps}"]
+    lines = score_lines(report) + comparison_lines(report.get("comparison"))
+    lines += ["", *run_lines(report, plots_dir)]
+    lines += example_lines(sources, references, hypotheses, num_examples)
+    atomic.write_text(out.report_txt, "\n".join(lines) + "\n")
+
+
+def score_lines(report: dict[str, Any]) -> list[str]:
+    """report.txt's scores, each with its signature or recipe."""
     lines = [
         f"sacreBLEU       {report['bleu']:.2f}   {report['signature']}",
         "                (detokenized, against the raw references; report.json key `bleu`)",
@@ -178,9 +182,16 @@ def write_report(
         lines.insert(
             3, f"lowercased      {report['bleu_lowercase']:.2f}   {report['signature_lowercase']}"
         )
-    lines += comparison_lines(report.get("comparison"))
-    lines += [
-        "",
+    return lines
+
+
+def run_lines(report: dict[str, Any], plots_dir: pathlib.Path) -> list[str]:
+    """report.txt's lines on the run: the model, the decoding, its speed, the code, curves."""
+    models = report.get("ensemble") or [f"checkpoint step {report['step']}"]
+    steps = report["checkpoint_steps"]
+    if len(steps) > 1:
+        models = [f"mean parameters of the {len(steps)} checkpoints at steps {steps}"]
+    lines = [
         f"model     {models[0]}",
         *(f"          {m}" for m in models[1:]),
         f"decoding  beam {report['beam_size']}, length penalty {report['length_penalty']}, "
@@ -224,13 +235,19 @@ def write_report(
     plots = [p.name for p in Workdir(plots_dir).metric_plots()]
     if plots:
         lines.append(f"curves    {plots_dir}: {', '.join(plots)}")
-    indices = example_indices(len(sources), num_examples)
-    if indices:
-        lines += ["", "Examples (line: source, reference, hypothesis)"]
+    return lines
+
+
+def example_lines(
+    sources: Sequence[str], references: Sequence[str], hypotheses: Sequence[str], num: int
+) -> list[str]:
+    """report.txt's examples: a few sources beside their references and hypotheses."""
+    indices = example_indices(len(sources), num)
+    lines = ["", "Examples (line: source, reference, hypothesis)"] if indices else []
     for i in indices:
         lines += ["", f"{i + 1:>6}  SRC {sources[i]}", f"        REF {references[i]}"]
         lines += [f"        HYP {hypotheses[i]}"]
-    atomic.write_text(out.report_txt, "\n".join(lines) + "\n")
+    return lines
 
 
 def comparison_lines(comparison: dict[str, Any] | None) -> list[str]:
