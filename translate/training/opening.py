@@ -106,60 +106,71 @@ def check_config(config: Config, workdir: Workdir, force: bool) -> None:
         for target in generated:
             target.rename(workdir.previous_run / target.name)
     elif not force and workdir.config.is_file():
-        # Through the Config, so fields added since the workdir was made take their defaults.
-        saved = read_config(workdir).to_dict()
-        now = config.to_dict()
-        precision = [
-            f"config.model.{name} {saved['model'][name]} -> {now['model'][name]}"
-            for name in PRECISION_FIELDS
-            if saved["model"][name] != now["model"][name]
-        ]
-        for conf in (saved, now):
-            for name in ("attention", *PRECISION_FIELDS):  # the parameters do not depend on them
-                del conf["model"][name]
-        compared = [("model", name) for name in saved["model"]]
-        compared += [("data", "vocab_size"), ("data", "source")]
-        # The order of each epoch's pairs, which the saved data position counts in, and dropout.
-        compared += [("train", "seed")]
-        # The corpora and their weights: each epoch's draw, which that position counts in too.
-        compared += [("data", "train_corpora")]
-        # The direction: a swapped pair would train the run's model to translate backwards.
-        compared += [("data", "src_lang"), ("data", "tgt_lang")]
-        differ = [
-            f"config.{section}.{field} = {saved[section][field]}, now {now[section][field]}"
-            for section, field in compared
-            if saved[section][field] != now[section][field]
-        ]
-        # AdamW keeps another optimizer state than Adam: its value may change, not its use.
-        if bool(saved["train"]["weight_decay"]) != bool(now["train"]["weight_decay"]):
-            differ.append(
-                f"config.train.weight_decay = {saved['train']['weight_decay']}, now "
-                f"{now['train']['weight_decay']} (the optimizer's state differs with it on)"
-            )
-        # Muon keeps a momentum where Adam keeps two moments: another state again.
-        if saved["train"]["optimizer"] != now["train"]["optimizer"]:
-            differ.append(
-                f"config.train.optimizer = {saved['train']['optimizer']}, now "
-                f"{now['train']['optimizer']} (the optimizer's state differs)"
-            )
-        if differ:
-            raise ValueError(
-                f"{workdir.path} was created with {'; '.join(differ)}: use a fresh --workdir, "
-                "or pass --force to set its run aside and start afresh"
-            )
-        if precision:
-            log.info(
-                "%s resumes with %s: its parameters and optimizer state are float32 either way "
-                "and its data the same; the steps from here compute at the new precision",
-                workdir.path,
-                ", ".join(precision),
-            )
+        check_same_model(config, workdir)
     elif not force:
         check_checkpoint_state(config, workdir)
     if not force:
         check_vocabulary_size(config, workdir)
         check_trainable(workdir)
     sharding.sync_processes("workdir checked")  # every host has read config.json before it changes
+
+
+def check_same_model(config: Config, workdir: Workdir) -> None:
+    """Refuses to resume a workdir whose config.json holds another model, vocabulary, data
+    order, corpora, direction or optimizer state than `config`; says which precision fields
+    the run resumes with changed (its parameters are float32 either way).
+
+    Raises:
+      ValueError: naming every field that differs.
+    """
+    # Through the Config, so fields added since the workdir was made take their defaults.
+    saved = read_config(workdir).to_dict()
+    now = config.to_dict()
+    precision = [
+        f"config.model.{name} {saved['model'][name]} -> {now['model'][name]}"
+        for name in PRECISION_FIELDS
+        if saved["model"][name] != now["model"][name]
+    ]
+    for conf in (saved, now):
+        for name in ("attention", *PRECISION_FIELDS):  # the parameters do not depend on them
+            del conf["model"][name]
+    compared = [("model", name) for name in saved["model"]]
+    compared += [("data", "vocab_size"), ("data", "source")]
+    # The order of each epoch's pairs, which the saved data position counts in, and dropout.
+    compared += [("train", "seed")]
+    # The corpora and their weights: each epoch's draw, which that position counts in too.
+    compared += [("data", "train_corpora")]
+    # The direction: a swapped pair would train the run's model to translate backwards.
+    compared += [("data", "src_lang"), ("data", "tgt_lang")]
+    differ = [
+        f"config.{section}.{field} = {saved[section][field]}, now {now[section][field]}"
+        for section, field in compared
+        if saved[section][field] != now[section][field]
+    ]
+    # AdamW keeps another optimizer state than Adam: its value may change, not its use.
+    if bool(saved["train"]["weight_decay"]) != bool(now["train"]["weight_decay"]):
+        differ.append(
+            f"config.train.weight_decay = {saved['train']['weight_decay']}, now "
+            f"{now['train']['weight_decay']} (the optimizer's state differs with it on)"
+        )
+    # Muon keeps a momentum where Adam keeps two moments: another state again.
+    if saved["train"]["optimizer"] != now["train"]["optimizer"]:
+        differ.append(
+            f"config.train.optimizer = {saved['train']['optimizer']}, now "
+            f"{now['train']['optimizer']} (the optimizer's state differs)"
+        )
+    if differ:
+        raise ValueError(
+            f"{workdir.path} was created with {'; '.join(differ)}: use a fresh --workdir, "
+            "or pass --force to set its run aside and start afresh"
+        )
+    if precision:
+        log.info(
+            "%s resumes with %s: its parameters and optimizer state are float32 either way "
+            "and its data the same; the steps from here compute at the new precision",
+            workdir.path,
+            ", ".join(precision),
+        )
 
 
 # What a run may resume with another of: the parameters and the optimizer state are float32
