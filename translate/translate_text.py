@@ -253,11 +253,11 @@ def warn_of_unknown_prefixes(
             say(f"warning: more --prefix={name} lines have such characters; not named\n")
 
 
-def main(argv: Sequence[str]) -> None:
-    flags, _ = parse_flags(list(argv), FLAGS, doc=__doc__, sections=())
-    dash_is_standard(flags)
-    cli.quiet_libraries()
-    given = given_decoding_flags(flags, named_flags(argv))  # refused before anything is loaded
+def check_flags(flags: dict[str, Any], argv: Sequence[str]) -> dict[str, Any]:
+    """Refuses, before anything is loaded, flags that cannot work alone or together, inputs
+    that are missing or directories, outputs a workdir owns; returns the decoding flags given.
+    """
+    given = given_decoding_flags(flags, named_flags(argv))
     # What goes together is checked at the defaults too, before anything loads; again below at
     # the workdir's settings (its beam size).
     check_combination(DecodeSettings(**given, nbest=flags["nbest"]), given, beam_known=False)
@@ -278,6 +278,15 @@ def main(argv: Sequence[str]) -> None:
     outputs = {"--output": flags["output"], "--alignment": flags["alignment"]}
     inputs = {"--input": flags["input"], "--prefix": flags["prefix"]}
     check_output_files(outputs, inputs, flags["workdir"])
+    return given
+
+
+def main(argv: Sequence[str]) -> None:
+    flags, _ = parse_flags(list(argv), FLAGS, doc=__doc__, sections=())
+    dash_is_standard(flags)
+    cli.quiet_libraries()
+    given = check_flags(flags, argv)
+    outputs = {"--output": flags["output"], "--alignment": flags["alignment"]}
     step, average = cli.checkpoint_choice(flags)
     cache = compilation.use_persistent_cache(flags["compilation_cache"])
     models = saved_searches.OpenedModels(
