@@ -23,8 +23,8 @@ import pathlib
 from absl import logging as absl_logging
 
 from translate import atomic, checkpoint, cli
-from translate.cli import Flag, parse_flags
 from translate.config import parse_value
+from translate.flags import Flag, checkpoint_flags, parse_flags
 from translate.trained import load_model, write_params_workdir
 from translate.workdir import Workdir, check_not_owned, check_output_path
 
@@ -150,7 +150,7 @@ FLAGS = {
     "steps": Flag([], "Average these steps instead of the newest --num (repeat it)."),
     "output": Flag("", "The new workdir; default WORKDIR/average_N."),
     "output_step": Flag(-1, "The step to save the average at; -1: the newest averaged."),
-    "params": cli.checkpoint_flags("average")["params"],
+    "params": checkpoint_flags("average")["params"],
 }
 
 

@@ -45,7 +45,6 @@ import numpy as np
 from flax import nnx
 
 from translate import cli, provenance, sharding
-from translate.cli import Flag, parse_flags
 from translate.config import Config, apply_override, load_config
 from translate.data.batching import BatchLayout, make_batch, plan_epoch
 from translate.data.corpus import tokenize_parallel
@@ -57,6 +56,7 @@ from translate.decoding.settings import decode_settings
 from translate.devices import published_peak, resolve_dtype
 from translate.engines import ctranslate2 as export_ctranslate2
 from translate.engines import huggingface as export_huggingface
+from translate.flags import Flag, parse_flags
 from translate.models import flops
 from translate.models.factory import make_model
 from translate.models.precision import product_dtype

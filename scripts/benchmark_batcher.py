@@ -22,13 +22,13 @@ import time
 import numpy as np
 
 from translate import cli, provenance
-from translate.cli import Flag, parse_flags
 from translate.config import load_config
 from translate.data import synthetic
 from translate.data.batching import BatchLayout, make_batch, plan_epoch
 from translate.data.corpus import TokenizedCorpus, tokenize_parallel
 from translate.data.text import read_parallel
 from translate.data.tokenizer import train_tokenizer
+from translate.flags import Flag, parse_flags
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 

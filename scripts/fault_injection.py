@@ -34,7 +34,7 @@ from typing import NamedTuple
 import numpy as np
 
 from translate import cli
-from translate.cli import Flag, parse_flags
+from translate.flags import Flag, parse_flags
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 

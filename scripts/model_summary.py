@@ -15,8 +15,8 @@ import collections
 import jax
 
 from translate import cli
-from translate.cli import Flag, parse_flags
 from translate.config import Config, load_config
+from translate.flags import Flag, parse_flags
 from translate.models.factory import abstract_model
 
 STACKS = ("encoder", "decoder")

@@ -27,11 +27,11 @@ import matplotlib.pyplot as plt
 from flax import nnx
 
 from translate import cli
-from translate.cli import Flag, parse_flags
 from translate.data.batching import Batch, source_batches
 from translate.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from translate.decoding.search import translate_tokens
 from translate.decoding.settings import decode_settings
+from translate.flags import Flag, parse_flags
 from translate.models.positions import sinusoidal_positions
 from translate.trained import load_model
 from translate.workdir import Workdir

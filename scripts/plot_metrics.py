@@ -14,7 +14,7 @@ from __future__ import annotations
 import pathlib
 
 from translate import cli
-from translate.cli import Flag, parse_flags
+from translate.flags import Flag, parse_flags
 from translate.training.plots import draw_training_curves
 from translate.workdir import Workdir
 

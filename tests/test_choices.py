@@ -9,7 +9,6 @@ import jax.numpy as jnp
 import pytest
 from flax import nnx
 
-from translate import cli
 from translate.config import (
     Config,
     ModelConfig,
@@ -19,6 +18,7 @@ from translate.config import (
     choices,
 )
 from translate.data.sources import data_paths
+from translate.flags import format_help
 from translate.models.dropout import dropout
 from translate.models.factory import make_model
 from translate.training.optim import decay_to_zero_schedule, make_optimizer, make_schedule
@@ -48,7 +48,7 @@ def test_validation_refuses_an_unknown_choice_naming_the_values(section, name, v
 
 
 def test_help_lists_the_values_of_every_choice():
-    text = cli.format_help("doc", {}, ("model", "data", "train", "decode"))
+    text = format_help("doc", {}, ("model", "data", "train", "decode"))
     for section, name, values in CHOICE_FIELDS:
         shown = ",".join(v or "''" for v in values)
         assert f"--config.{section}.{name}={{{shown}}}" in text

@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 from translate import cli, config, translate_text, workdir
-from translate.cli import Flag, parse_flags
 from translate.config import field_descriptions, find_config, load_config
+from translate.flags import Flag, parse_flags
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 # Every entry point that reads its flags with parse_flags.

@@ -24,11 +24,11 @@ import logging
 from collections.abc import Sequence
 
 from translate import startup
+from translate.flags import Flag, compilation_cache_flag, parse_flags
 
 _imports_done = startup.interrupts_said_in_one_line()  # Ctrl-C meanwhile: one line
 
 from translate import cli, compilation
-from translate.cli import Flag, parse_flags
 from translate.config import load_config
 from translate.pipeline.plan import make_plan
 from translate.pipeline.report import report_text
@@ -60,7 +60,7 @@ FLAGS = {
     "nbest": Flag(
         0, "Keep this many distinct translations of each source from the ensemble (0: the best)."
     ),
-    **cli.compilation_cache_flag(),
+    **compilation_cache_flag(),
 }
 
 

@@ -35,11 +35,18 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from translate import startup
+from translate.flags import (
+    Flag,
+    checkpoint_choice,
+    checkpoint_flags,
+    compilation_cache_flag,
+    matmul_dtype_flag,
+    parse_flags,
+)
 
 _imports_done = startup.interrupts_said_in_one_line()  # Ctrl-C meanwhile: one line
 
 from translate import cli, compilation
-from translate.cli import Flag, parse_flags
 from translate.config import apply_override
 from translate.data.text import read_lines
 from translate.decoding import metrics
@@ -165,15 +172,15 @@ FLAGS = {
         "Directory for report.json, report.txt and hypotheses.txt; must not hold a "
         "report yet. Default: a new WORKDIR/evaluations/SRC.stepN.",
     ),
-    **cli.checkpoint_flags("decode with"),
+    **checkpoint_flags("decode with"),
     "lowercase": Flag(False, "Add the case-insensitive sacreBLEU beside the cased one."),
     "compare": Flag(
         "",
         "Another system's hypotheses for --src (one line each): paired bootstrap test "
         "of the BLEU difference (sacreBLEU, 1,000 resamples, p < 0.05).",
     ),
-    **cli.matmul_dtype_flag(),
-    **cli.compilation_cache_flag(),
+    **matmul_dtype_flag(),
+    **compilation_cache_flag(),
 }
 
 
@@ -214,7 +221,7 @@ def main(argv: Sequence[str]) -> None:
     if flags["output"]:
         check_output(flags["output"], workdirs)
     cli.quiet_libraries()
-    step, average = cli.checkpoint_choice(flags)
+    step, average = checkpoint_choice(flags)
     compilation.use_persistent_cache(flags["compilation_cache"])
     graphdef, params, tokenizer, config, members = load_ensemble(
         workdirs, step, average, params=flags["params"], matmul_dtype=flags["matmul_dtype"]

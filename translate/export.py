@@ -17,18 +17,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from translate import startup
+from translate.flags import Flag, checkpoint_choice, checkpoint_flags, parse_flags
 
 _imports_done = startup.interrupts_said_in_one_line()  # Ctrl-C meanwhile: one line
 
 from translate import cli
-from translate.cli import Flag, parse_flags
 from translate.engines.writer import export
 
 _imports_done()
 
 FLAGS = {
     "workdir": Flag("", "Required. A training workdir (or one written by average_checkpoints)."),
-    **cli.checkpoint_flags("export"),
+    **checkpoint_flags("export"),
     "format": Flag("", "Required. ctranslate2 or huggingface."),
     "output": Flag("", "Required. The directory to write; an earlier export there is replaced."),
     "quantization": Flag(
@@ -50,7 +50,7 @@ def main(argv: Sequence[str]) -> None:
             )
     if flags["average"] < 0:
         raise SystemExit(f"--average={flags['average']}: must be >= 0 (0: no averaging)")
-    step, average = cli.checkpoint_choice(flags)
+    step, average = checkpoint_choice(flags)
     record = export(
         flags["workdir"],
         flags["output"],

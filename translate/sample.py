@@ -16,13 +16,19 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from translate import startup
+from translate.flags import (
+    Flag,
+    checkpoint_choice,
+    checkpoint_flags,
+    compilation_cache_flag,
+    parse_flags,
+)
 
 _imports_done = startup.interrupts_said_in_one_line()  # Ctrl-C meanwhile: one line
 
 import numpy as np
 
 from translate import cli, compilation
-from translate.cli import Flag, parse_flags
 from translate.config import MAX_EXTRA_LEN
 from translate.data.tokenizer import EOS_ID
 from translate.decoding.search import sample_search
@@ -39,7 +45,7 @@ def main(argv: Sequence[str]) -> None:
         list(argv),
         {
             "workdir": Flag("", "Required. A training workdir (a language model's, usually)."),
-            **cli.checkpoint_flags("sample from"),
+            **checkpoint_flags("sample from"),
             "prompt": Flag("", "The text each sample starts with."),
             "source": Flag(
                 "", "For a translation model: the sentence whose translation is sampled."
@@ -49,7 +55,7 @@ def main(argv: Sequence[str]) -> None:
             "top_k": Flag(0, "Draw from the k most likely pieces only; 0: the whole vocabulary."),
             "max_new_tokens": Flag(50, "The most pieces added after the prompt."),
             "seed": Flag(0, "Seed of the random draws."),
-            **cli.compilation_cache_flag(),
+            **compilation_cache_flag(),
         },
         doc=__doc__,
         sections=(),
@@ -71,7 +77,7 @@ def main(argv: Sequence[str]) -> None:
     ]:
         if not ok:
             raise SystemExit(f"--{name}={flags[name]}: must be {rule}")
-    step, average = cli.checkpoint_choice(flags)
+    step, average = checkpoint_choice(flags)
     compilation.use_persistent_cache(flags["compilation_cache"])
     graphdefs, params, tokenizer, _, _ = load_ensemble(
         [flags["workdir"]], step, average, params=flags["params"]

@@ -42,12 +42,21 @@ from collections.abc import Iterator, Sequence
 from typing import BinaryIO
 
 from translate import startup
+from translate.flags import (
+    Flag,
+    alignment_flags,
+    check_alignment_flags,
+    checkpoint_choice,
+    checkpoint_flags,
+    compilation_cache_flag,
+    matmul_dtype_flag,
+    parse_flags,
+)
 
 _imports_done = startup.interrupts_said_in_one_line()  # Ctrl-C meanwhile: one line
 startup.import_jax()  # before anything imports JAX: without etils.epath (translate/startup.py)
 
 from translate import cli, compilation
-from translate.cli import Flag, parse_flags
 from translate.data.batching import decode_width
 from translate.decoding import forced, memory
 from translate.streams import (
@@ -72,7 +81,7 @@ MAX_LENGTH_WARNINGS = 5
 
 FLAGS = {
     "workdir": Flag([], "Required. A training workdir; repeat it for an ensemble."),
-    **cli.checkpoint_flags("score with"),
+    **checkpoint_flags("score with"),
     "src": Flag("", "The source sentences, one a line (with --tgt)."),
     "tgt": Flag("", "The target sentences to score, aligned with --src."),
     "input": Flag(
@@ -82,10 +91,10 @@ FLAGS = {
     "per_token": Flag(
         "", "Also write each pair's pieces and their log-probabilities as JSON lines."
     ),
-    **cli.alignment_flags(),
+    **alignment_flags(),
     "batch_size": Flag(64, "Pairs scored together."),
-    **cli.matmul_dtype_flag(),
-    **cli.compilation_cache_flag(),
+    **matmul_dtype_flag(),
+    **compilation_cache_flag(),
 }
 
 
@@ -129,7 +138,7 @@ def check_flags(flags) -> None:
             raise ValueError(f"--{flag}={path}: {what}")
     if flags["batch_size"] < 1:
         raise ValueError(f"--batch_size={flags['batch_size']}: must be >= 1")
-    cli.check_alignment_flags(flags)
+    check_alignment_flags(flags)
 
 
 def member_configs(workdirs: Sequence[str]) -> list:
@@ -213,7 +222,7 @@ def main(argv: Sequence[str]) -> None:
     outputs = {f"--{n}": flags[n] for n in ("output", "per_token", "alignment")}
     inputs = {f"--{n}": flags[n] for n in ("src", "tgt", "input")}
     check_output_files(outputs, inputs, flags["workdir"])
-    step, average = cli.checkpoint_choice(flags)
+    step, average = checkpoint_choice(flags)
     configs = member_configs(flags["workdir"])
     layer = None
     if flags["alignment"]:

@@ -12,11 +12,11 @@ from __future__ import annotations
 import logging
 
 from translate import startup
+from translate.flags import Flag, compilation_cache_flag, parse_flags
 
 _imports_done = startup.interrupts_said_in_one_line()  # Ctrl-C meanwhile: one line
 
 from translate import cli, compilation, sharding
-from translate.cli import Flag, parse_flags
 from translate.config import load_config, packaged_config_names
 from translate.training.monitor import Interrupted
 from translate.training.trainer import train_and_evaluate
@@ -62,7 +62,7 @@ def main(argv: list[str]) -> None:
                 "Delete what an earlier run generated in --workdir (checkpoints, tokens, logs) "
                 "and start afresh; without it a workdir of another model is refused.",
             ),
-            **cli.compilation_cache_flag(),
+            **compilation_cache_flag(),
         },
         doc=USAGE,
     )

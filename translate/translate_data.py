@@ -25,8 +25,8 @@ import sys
 from collections.abc import Sequence
 
 from translate import cli
-from translate.cli import Flag, parse_flags
 from translate.data.fetch import DATASETS, fetch
+from translate.flags import Flag, parse_flags
 from translate.workdir import check_output_path
 
 FLAGS = {

@@ -53,13 +53,22 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from translate import startup
+from translate.flags import (
+    Flag,
+    alignment_flags,
+    check_alignment_flags,
+    checkpoint_choice,
+    checkpoint_flags,
+    compilation_cache_flag,
+    matmul_dtype_flag,
+    parse_flags,
+)
 
 _imports_done = startup.interrupts_said_in_one_line()  # Ctrl-C meanwhile: one line
 startup.import_jax()  # before anything imports JAX: without etils.epath (translate/startup.py)
 
 
 from translate import cli, compilation
-from translate.cli import Flag, parse_flags
 from translate.config import DecodeConfig, field_descriptions
 from translate.data.batching import decode_width
 from translate.decoding import forced, memory, saved_searches
@@ -112,7 +121,7 @@ UNSET = {
 MAX_TRUNCATION_WARNINGS = 5
 FLAGS = {
     "workdir": Flag([], "Required. A training workdir; repeat it for an ensemble."),
-    **cli.checkpoint_flags("decode with"),
+    **checkpoint_flags("decode with"),
     "input": Flag("", "The text to translate, one sentence a line; default stdin."),
     "output": Flag(
         "",
@@ -146,9 +155,9 @@ FLAGS = {
     "prefix": Flag(
         "", "A file of target prefixes, one per input line (empty: none): outputs start with it."
     ),
-    **cli.alignment_flags(),
-    **cli.matmul_dtype_flag(),
-    **cli.compilation_cache_flag(),
+    **alignment_flags(),
+    **matmul_dtype_flag(),
+    **compilation_cache_flag(),
 }
 
 
@@ -274,7 +283,7 @@ def check_flags(flags: dict[str, Any], argv: Sequence[str]) -> dict[str, Any]:
                 f"--prefix={flags['prefix']} has {lines[1]} lines and --input={flags['input']} "
                 f"{lines[0]}: give one prefix per input line (an empty line: none)"
             )
-    cli.check_alignment_flags(flags)
+    check_alignment_flags(flags)
     outputs = {"--output": flags["output"], "--alignment": flags["alignment"]}
     inputs = {"--input": flags["input"], "--prefix": flags["prefix"]}
     check_output_files(outputs, inputs, flags["workdir"])
@@ -287,7 +296,7 @@ def main(argv: Sequence[str]) -> None:
     cli.quiet_libraries()
     given = check_flags(flags, argv)
     outputs = {"--output": flags["output"], "--alignment": flags["alignment"]}
-    step, average = cli.checkpoint_choice(flags)
+    step, average = checkpoint_choice(flags)
     cache = compilation.use_persistent_cache(flags["compilation_cache"])
     models = saved_searches.OpenedModels(
         flags["workdir"], step, average, flags["params"], cache, flags["matmul_dtype"]

@@ -21,9 +21,9 @@ import tempfile
 import time
 
 from translate import cli, compilation
-from translate.cli import Flag, parse_flags
 from translate.data.text import read_lines
 from translate.decoding import forced
+from translate.flags import Flag, compilation_cache_flag, matmul_dtype_flag, parse_flags
 from translate.trained import load_ensemble
 
 Links = set[tuple[int, int]]
@@ -94,8 +94,8 @@ FLAGS = {
     "tgt": Flag("", "Required. Its targets (references)."),
     "out": Flag("", "Where agreement.json goes; default WORKDIR/alignment."),
     "batch_size": Flag(64, "Pairs scored together."),
-    **cli.matmul_dtype_flag(),
-    **cli.compilation_cache_flag(),
+    **matmul_dtype_flag(),
+    **compilation_cache_flag(),
 }
 
 

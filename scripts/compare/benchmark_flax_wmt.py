@@ -35,11 +35,11 @@ import numpy as np
 
 from scripts.benchmark import environment, get_tokenizer
 from translate import cli
-from translate.cli import Flag, parse_flags
 from translate.config import load_config
 from translate.data.batching import BatchLayout, make_batch, plan_epoch
 from translate.data.corpus import tokenize_parallel
 from translate.data.text import read_parallel
+from translate.flags import Flag, parse_flags
 
 FLAGS = {
     "flax_wmt": Flag("", "Required. The examples/wmt directory of Flax's source distribution."),

@@ -30,7 +30,6 @@ import jax
 import numpy as np
 
 from translate import cli, compilation
-from translate.cli import Flag, parse_flags
 from translate.data.batching import source_batches
 from translate.data.text import read_lines
 from translate.data.tokenizer import EOS_ID
@@ -39,6 +38,7 @@ from translate.decoding.search import search
 from translate.decoding.settings import decode_settings
 from translate.engines.shared import source_pieces
 from translate.engines.writer import export
+from translate.flags import Flag, checkpoint_flags, compilation_cache_flag, parse_flags
 from translate.trained import load_ensemble
 
 
@@ -143,8 +143,8 @@ FLAGS = {
     "out": Flag("", "Where agreement.json goes; default WORKDIR/scoring."),
     "batch_size": Flag(64, "Pairs scored together (ours and CTranslate2's)."),
     "threads": Flag(2, "CTranslate2's intra_threads."),
-    "params": cli.checkpoint_flags("score with")["params"],
-    **cli.compilation_cache_flag(),
+    "params": checkpoint_flags("score with")["params"],
+    **compilation_cache_flag(),
 }
 
 
