@@ -18,8 +18,9 @@ from translate.decoding.report import translate_and_score
 from translate.decoding.settings import decode_settings
 from translate.trained import load_model
 from translate.training import monitor
+from translate.training.evaluation import final_params
 from translate.training.steps import Packed, make_steps
-from translate.training.trainer import final_params, train_and_evaluate
+from translate.training.trainer import train_and_evaluate
 from translate.workdir import Workdir
 
 
