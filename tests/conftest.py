@@ -15,18 +15,17 @@ worker processes it starts inherit its environment: one cache for all of them, r
 main process when they are done.
 """
 
-import contextlib
 import os
 import pathlib
 import shutil
-import subprocess
 import sys
 import tempfile
 
 import pytest
 from _pytest.mark.expression import Expression
+from helpers import copy_of_tiny_run, tiny_config
 
-from translate.config import Config, load_config
+from translate.config import Config
 
 
 def selects_only_gpu_tests(markexpr: str) -> bool:
@@ -82,11 +81,6 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 
-def tiny_config() -> Config:
-    """configs/tiny.py: a train step in well under a second on CPU."""
-    return load_config(pathlib.Path(__file__).parent.parent / "configs" / "tiny.py")
-
-
 @pytest.fixture
 def config() -> Config:
     return tiny_config()
@@ -103,11 +97,11 @@ def tiny_run(tmp_path_factory):
     return path
 
 
-def copy_of_tiny_run(tiny_run, tmp_path_factory) -> pathlib.Path:
-    """A private copy of the test session's tiny run (its files are all small)."""
-    path = tmp_path_factory.mktemp("trained") / "run"
-    shutil.copytree(tiny_run, path)
-    return path
+@pytest.fixture(scope="module")
+def workdir(tiny_run, tmp_path_factory) -> pathlib.Path:
+    """A tiny model trained for 6 steps (checkpoints at steps 3 and 6, its metrics.jsonl and
+    report): this module's copy of the test session's tiny run, which its tests may change."""
+    return copy_of_tiny_run(tiny_run, tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
@@ -119,26 +113,6 @@ def tokenizer(tmp_path_factory):
     pairs = synthetic.generate_pairs(400, seed=1)
     texts = [s for pair in pairs for s in pair]
     return train_tokenizer(texts, 200, tmp_path_factory.mktemp("vocab") / "vocab.model")
-
-
-@contextlib.contextmanager
-def read_only(path: pathlib.Path):
-    """`path` as a directory in which nothing can be created, whoever runs the test."""
-    if os.geteuid() != 0:
-        path.chmod(0o555)
-        try:
-            yield
-        finally:
-            path.chmod(0o755)
-        return
-    # root writes through permissions; an immutable directory stops even root.
-    chattr = shutil.which("chattr")
-    if chattr is None or subprocess.run([chattr, "+i", str(path)], capture_output=True).returncode:
-        pytest.skip("cannot make a directory read-only for root here (chattr +i)")
-    try:
-        yield
-    finally:
-        subprocess.run([chattr, "-i", str(path)], check=True)
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ import shutil
 import jax
 import numpy as np
 import pytest
-from conftest import read_only
+from helpers import read_only
 
 from translate import atomic, checkpoint, evaluate
 from translate.data import synthetic

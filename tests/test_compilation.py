@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import read_only
+from helpers import read_only
 
 from translate import compilation
 

@@ -13,8 +13,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import tiny_config
 from flax import nnx
+from helpers import tiny_config
 
 from translate import compilation, sharding
 from translate.config import Config, ModelConfig

@@ -182,7 +182,7 @@ def params_of(output: dict[str, np.ndarray]) -> list[np.ndarray]:
 @pytest.fixture(scope="module")
 def steps_run(tmp_path_factory):
     """Two processes, a few steps of the tiny config; returns (config, per-process outputs)."""
-    from conftest import tiny_config
+    from helpers import tiny_config
 
     config = tiny_config()
     config.model.num_layers = 1  # halves compilation, the bulk of this test's time

@@ -3,7 +3,7 @@
 import jax
 import numpy as np
 import pytest
-from conftest import tiny_config
+from helpers import tiny_config
 from test_losses_optim import first_step
 from test_regularisers import resumes_bit_for_bit
 

@@ -8,8 +8,8 @@ import struct
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import copy_of_tiny_run, read_only
 from flax import nnx
+from helpers import read_only
 
 from translate import cli
 from translate.config import ModelConfig
@@ -25,13 +25,6 @@ def png_size(path):
     data = path.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n", f"{path} is not a PNG file"
     return struct.unpack(">II", data[16:24])
-
-
-@pytest.fixture(scope="module")
-def workdir(tiny_run, tmp_path_factory):
-    """A tiny model trained for 6 steps, with its metrics.jsonl and report:
-    this module's copy of the test session's tiny run."""
-    return copy_of_tiny_run(tiny_run, tmp_path_factory)
 
 
 @pytest.mark.slow  # 13 s on 2 cores

@@ -17,7 +17,7 @@ import time
 import jax
 import numpy as np
 import pytest
-from conftest import copy_of_tiny_run, read_only
+from helpers import read_only
 
 from translate import atomic, checkpoint, cli
 from translate.data import sources as data
@@ -121,17 +121,10 @@ def test_many_kills_and_terms_leave_the_run_identical(tmp_path):
     assert done.stdout.strip().endswith("identical: true"), done.stdout + done.stderr[-2000:]
 
 
-@pytest.fixture(scope="module")
-def trained_once(tiny_run, tmp_path_factory):
-    """A finished tiny run with checkpoints at steps 3 and 6, trained once for this module:
-    this module's copy of the test session's tiny run."""
-    return copy_of_tiny_run(tiny_run, tmp_path_factory)
-
-
 @pytest.fixture
-def trained(trained_once, tmp_path):
+def trained(workdir, tmp_path):
     """A private copy of that run, for a test to damage."""
-    shutil.copytree(trained_once, tmp_path, dirs_exist_ok=True)
+    shutil.copytree(workdir, tmp_path, dirs_exist_ok=True)
     return tmp_path
 
 

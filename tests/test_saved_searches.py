@@ -11,7 +11,6 @@ import sys
 import jax
 import numpy as np
 import pytest
-from conftest import copy_of_tiny_run
 
 from translate import compilation
 from translate.data.batching import source_batches
@@ -34,11 +33,6 @@ atexit.register(lambda: sys.stderr.write(
 ))
 translate_text.console_main()
 """
-
-
-@pytest.fixture(scope="module")
-def workdir(tiny_run, tmp_path_factory):
-    return copy_of_tiny_run(tiny_run, tmp_path_factory)
 
 
 def translate(workdir, cache, *flags) -> tuple[str, str]:

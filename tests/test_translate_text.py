@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import copy_of_tiny_run, read_only
+from helpers import read_only
 
 from translate import atomic, cli, evaluate, translate_text
 from translate import trained as trained_module
@@ -42,13 +42,6 @@ LINES = [
     "the cat sleeps .",
     "",
 ]
-
-
-@pytest.fixture(scope="module")
-def workdir(tiny_run, tmp_path_factory):
-    """A tiny model trained for 6 steps, with checkpoints at steps 3 and 6:
-    this module's copy of the test session's tiny run."""
-    return copy_of_tiny_run(tiny_run, tmp_path_factory)
 
 
 def run(tmp_path, lines, *flags, name="out.txt"):

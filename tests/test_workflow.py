@@ -10,7 +10,7 @@ import time
 import jax
 import numpy as np
 import pytest
-from conftest import tiny_config
+from helpers import tiny_config
 
 from translate import checkpoint
 from translate.config import Config

@@ -4,7 +4,7 @@ import dataclasses
 import re
 
 import pytest
-from conftest import tiny_config
+from helpers import tiny_config
 
 from translate.engines import writer
 from translate.engines.shared import NUM_POSITIONS

@@ -181,7 +181,7 @@ def forced_bytes(
     XLA's own memory analysis of the compiled pass (the forced log-probabilities and the
     cross-attention alike) on the CPU stays within this for the tiny, multi30k and base
     models, both architectures, float32 and bfloat16 compute, from pairs of 64 to 24,576
-    pieces a side (tests/test_scoring_safety.py): the weights of the longest sequence are what
+    pieces a side (tests/test_forced.py): the weights of the longest sequence are what
     grows with its square. Counted in the compute dtype's bytes, bfloat16's estimate was half
     the peak (4.9 GB for 9.8 GB).
     """

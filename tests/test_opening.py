@@ -1,4 +1,6 @@
-"""Reading a workdir back, to resume it or to decode with it, fails in one line, losing nothing."""
+"""Opening a run again and reading a workdir back (translate/training/opening.py and
+translate/trained.py): to resume it or to decode with it, a refusal is one line and loses
+nothing."""
 
 import json
 import logging
@@ -10,7 +12,6 @@ import sys
 
 import jax
 import pytest
-from conftest import copy_of_tiny_run
 
 from translate import checkpoint, cli, evaluate, sample, score, translate_text
 from translate import export as export_command
@@ -22,17 +23,11 @@ from translate.workdir import Workdir
 ROOT = pathlib.Path(__file__).parent.parent
 
 
-@pytest.fixture(scope="module")
-def trained_once(tiny_run, tmp_path_factory):
-    """The test session's tiny run (Adam, checkpoints at steps 3 and 6), copied for this module."""
-    return copy_of_tiny_run(tiny_run, tmp_path_factory)
-
-
 @pytest.fixture
-def trained(trained_once, tmp_path):
+def trained(workdir, tmp_path):
     """A private copy of that run, for a test to damage."""
     path = tmp_path / "run"
-    shutil.copytree(trained_once, path)
+    shutil.copytree(workdir, path)
     return path
 
 
@@ -173,7 +168,7 @@ def test_every_command_reading_an_interrupted_force_run_says_to_train_again(tmp_
 
 
 @pytest.fixture(scope="module")
-def evaluated(trained_once, tmp_path_factory):
+def evaluated(workdir, tmp_path_factory):
     """translate-evaluate of the tiny run on 3 sentences, one far longer than its max_len of 32
     tokens, with --matmul_dtype=compute; then again, compared with the first one's
     hypotheses as an editor saves them, behind a UTF-8 byte order mark. (first, second) reports,
@@ -183,7 +178,7 @@ def evaluated(trained_once, tmp_path_factory):
     (path / "test.en").write_text(f"a man sees a dog\n{long}\nthe dog runs\n")
     (path / "test.de").write_text("ein Mann sieht einen Hund\nein Hund\nder Hund rennt\n")
     common = [
-        f"--workdir={trained_once}",
+        f"--workdir={workdir}",
         f"--src={path / 'test.en'}",
         f"--ref={path / 'test.de'}",
         "--config.decode.beam_size=1",

@@ -12,7 +12,7 @@ import threading
 import time
 
 import pytest
-from conftest import copy_of_tiny_run
+from helpers import copy_of_tiny_run
 
 from translate import evaluate, export, score, translate_text
 from translate.workdir import EXPORT_MARKER, Workdir
