@@ -12,12 +12,13 @@ from flax import nnx
 from translate.config import ModelConfig, load_config
 from translate.data.batching import Batch
 from translate.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from translate.decoding import loop
 from translate.decoding import sampling as sampling_module
 from translate.decoding import search as search_module
+from translate.decoding.loop import cache_lengths
 from translate.decoding.search import (
     NEG_INF,
     beam_search,
-    cache_lengths,
     greedy_search,
     length_penalty,
     search,
@@ -297,10 +298,10 @@ def test_fast_search_gives_the_hypotheses_and_scores_of_the_plain_search(name, m
     graphdefs, params = ensembles()[name]
     src = jnp.concatenate([sources(), jnp.array([[18, EOS_ID, 0, 0, 0, 0, 0, 0]])])
     assert cache_lengths(src.shape[1] + 6 + 1, 16, 1) == [15]
-    assert search_module.batch_levels(4, 4, min_rows=1) == [4, 1]
+    assert loop.batch_levels(4, 4, min_rows=1) == [4, 1]
     results = {}
     for first, min_rows in ((4, 1), (10**6, 10**6)):
-        monkeypatch.setattr(search_module, "FIRST_CACHE_LENGTH", first)
+        monkeypatch.setattr(loop, "FIRST_CACHE_LENGTH", first)
         jax.clear_caches()  # the searches are jitted on the graph definitions, which are unchanged
         results[first] = [
             search(
@@ -372,11 +373,11 @@ def test_blockwise_top_k_gives_the_values_and_indices_of_lax_top_k():
 
 
 def test_batch_levels_quarter_the_batch_down_to_the_fewest_rows():
-    assert search_module.batch_levels(64, 4) == [64, 16]  # 16 sentences x 4 beams = 64 rows
-    assert search_module.batch_levels(256, 4) == [256, 64, 16]
-    assert search_module.batch_levels(64, 1) == [64]  # a quarter would be 16 rows
-    assert search_module.batch_levels(60, 4, 1) == [60, 15]
-    assert search_module.batch_levels(3, 4, 1) == [3]
+    assert loop.batch_levels(64, 4) == [64, 16]  # 16 sentences x 4 beams = 64 rows
+    assert loop.batch_levels(256, 4) == [256, 64, 16]
+    assert loop.batch_levels(64, 1) == [64]  # a quarter would be 16 rows
+    assert loop.batch_levels(60, 4, 1) == [60, 15]
+    assert loop.batch_levels(3, 4, 1) == [3]
 
 
 @pytest.mark.parametrize("beam_size", [1, 4])

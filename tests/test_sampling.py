@@ -17,8 +17,7 @@ from translate import sample as sample_command
 from translate import translate_text
 from translate.cli import user_error_message
 from translate.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
-from translate.decoding import mbr
-from translate.decoding import search as search_module
+from translate.decoding import loop, mbr
 from translate.decoding.sampling import NEVER_DRAWN, draw
 from translate.decoding.search import NEG_INF, greedy_search, search
 from translate.decoding.settings import DecodeSettings, check_values
@@ -94,7 +93,7 @@ def test_samples_vary_and_are_ranked_by_their_length_normalised_score():
 def greedy_among_drawable_pieces(graphdef, params, src, max_extra_len):
     """Arg-max decoding one `decode_step` at a time, row by row, over the pieces a sample may
     hold: the outputs [EOS included] that sampling's arg-max (top-k 1) must give."""
-    models = search_module.merge_models((graphdef,), (params,))
+    models = loop.merge_models((graphdef,), (params,))
     found = []
     for row in range(src.shape[0]):
         source = src[row : row + 1]
@@ -105,9 +104,7 @@ def greedy_among_drawable_pieces(graphdef, params, src, max_extra_len):
         ]
         out, last = [], BOS_ID
         while last != EOS_ID:
-            log_probs, caches = search_module._next_log_probs(
-                models, jnp.array([last]), len(out), caches
-            )
+            log_probs, caches = loop.next_log_probs(models, jnp.array([last]), len(out), caches)
             log_probs = np.asarray(log_probs[0]).copy()
             log_probs[list(NEVER_DRAWN)] = -np.inf
             last = EOS_ID if len(out) >= limit else int(np.argmax(log_probs))
@@ -166,7 +163,7 @@ def test_draw_keeps_what_each_method_says():
 def forced_reference(graphdefs, params, src, prefix, max_extra_len):
     """Greedy decoding after each row's prefix, one `decode_step` at a time, row by row:
     (tokens, log-probability of the whole output) per row, the prefix's pieces included."""
-    models = search_module.merge_models(graphdefs, params)
+    models = loop.merge_models(graphdefs, params)
     found = []
     for row in range(src.shape[0]):
         source = src[row : row + 1]
@@ -179,7 +176,7 @@ def forced_reference(graphdefs, params, src, prefix, max_extra_len):
         pieces = [int(p) for p in prefix[row] if p != PAD_ID]
         out, total, last = [], 0.0, BOS_ID
         for t in range(length):
-            log_probs, caches = search_module._next_log_probs(models, jnp.array([last]), t, caches)
+            log_probs, caches = loop.next_log_probs(models, jnp.array([last]), t, caches)
             log_probs = np.asarray(log_probs[0])
             if t < len(pieces):
                 token = pieces[t]
@@ -241,7 +238,7 @@ def test_every_output_starts_with_its_prefix(settings):
         for row, prefix in enumerate(PREFIXES):
             pieces = [int(p) for p in prefix if p]
             for hypothesis, score in zip(tokens[row], scores[row]):
-                if score > search_module.NEG_INF / 2:
+                if score > loop.NEG_INF / 2:
                     assert list(hypothesis[: len(pieces)]) == pieces
                     assert EOS_ID in list(hypothesis[len(pieces) :])
 

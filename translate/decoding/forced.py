@@ -40,7 +40,7 @@ from translate.config import ModelConfig
 from translate.data.batching import Batch, decode_width
 from translate.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 from translate.decoding import memory
-from translate.decoding.search import merge_models
+from translate.decoding.loop import merge_models
 
 # SentencePiece's mark of a word's start.
 WORD_START = "\u2581"

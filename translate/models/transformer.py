@@ -264,8 +264,9 @@ class Transformer(TranslationModel):
     def extend_cache(cache: Cache, max_len: int) -> Cache:
         """The cache with room for `max_len` steps: empty slots appended to the keys and values.
 
-        The search grows the cache as its outputs grow (search.cache_lengths): every step's
-        attention, and beam search's reordering, read the whole cache, written or not.
+        The search grows the cache as its outputs grow (decoding/loop.py, `cache_lengths`):
+        every step's attention, and beam search's reordering, read the whole cache, written or
+        not.
         """
         grow = max_len - cache[0].self_kv.k.shape[-1]
         if grow == 0:
