@@ -125,7 +125,7 @@ def varied_outputs(monkeypatch):
     """
     from flax import nnx
 
-    from translate import compilation
+    from translate import search_store
     from translate import trained as trained_module
     from translate.models.transformer import Transformer
 
@@ -139,4 +139,4 @@ def varied_outputs(monkeypatch):
 
     monkeypatch.setattr(trained_module, "load_model", load_untrained)
     # Nor kept as the workdir's saved parameters, which a later command would read.
-    monkeypatch.setattr(compilation.SavedEnsemble, "find", lambda *args: None)
+    monkeypatch.setattr(search_store.SavedEnsemble, "find", lambda *args: None)

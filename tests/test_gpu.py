@@ -16,7 +16,7 @@ import pytest
 from flax import nnx
 from helpers import tiny_config
 
-from translate import compilation, sharding
+from translate import search_store, sharding
 from translate.config import Config, ModelConfig
 from translate.data.batching import BatchLayout, make_batch, plan_epoch
 from translate.data.corpus import TokenizedCorpus
@@ -303,21 +303,21 @@ def test_a_search_with_cudnn_attention_is_saved_and_read_back(trained, tmp_path)
     default (seen on an H100, 2026-11-28), so the search must be saved with them allowed, and a
     later command must run it from the saved form with no model, as the search traced here.
     (translate-text keeps no saved searches on a GPU since a crash on an H200, 2026-11-28:
-    compilation.SAVED_SEARCH_PLATFORMS; this keeps the saved form right for when it does.)"""
+    search_store.SAVED_SEARCH_PLATFORMS; this keeps the saved form right for when it does.)"""
     config, params, _, _ = trained
     config = with_dtype(config, "bfloat16")
     assert resolve_model_attention(config.model) == "cudnn"
     graphdefs, params = (abstract_model(config, VOCAB)[0],), (params,)
     settings = decode_settings(config.decode)
     leaves = jax.tree.leaves(params)
-    setup = compilation.SavedEnsemble(tmp_path / "cache", "a-setup")
+    setup = search_store.SavedEnsemble(tmp_path / "cache", "a-setup")
     setup.save(leaves, [[TRAIN_STEPS]], [])
     made = saved_searches.SavedSearches(setup, leaves, lambda: (graphdefs, params), settings)
     src, _ = held_out_sources(32, 16)
     expected = jax.device_get(TracedSearches(graphdefs, params, settings)(src))
     found = jax.device_get(made(src))
     assert made.unsaved == []
-    (name,) = [n for n in made.setup.directory.iterdir() if n.name.endswith(compilation.EXPORTED)]
+    (name,) = [n for n in made.setup.directory.iterdir() if n.name.endswith(search_store.EXPORTED)]
     exported, _ = setup.load_search(name.name)
     assert "__cudnn$fmha" in exported.mlir_module()
 

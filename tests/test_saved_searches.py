@@ -12,7 +12,7 @@ import jax
 import numpy as np
 import pytest
 
-from translate import compilation
+from translate import compilation, search_store
 from translate.data.batching import source_batches
 from translate.decoding import saved_searches
 from translate.decoding.sentences import TracedSearches
@@ -54,10 +54,10 @@ def translate(workdir, cache, *flags) -> tuple[str, str]:
 
 def setups(cache) -> list[pathlib.Path]:
     """The setups in `cache` (the folder of shared executables left out)."""
-    root = pathlib.Path(cache) / compilation.SUBDIR
+    root = pathlib.Path(cache) / search_store.SUBDIR
     if not root.is_dir():
         return []
-    return sorted(p for p in root.iterdir() if p.is_dir() and p.name != compilation.EXECUTABLES)
+    return sorted(p for p in root.iterdir() if p.is_dir() and p.name != search_store.EXECUTABLES)
 
 
 def test_a_second_command_decodes_from_the_first_ones_programs_without_flax(workdir, tmp_path):
@@ -67,9 +67,9 @@ def test_a_second_command_decodes_from_the_first_ones_programs_without_flax(work
     (setup,) = setups(cache)
     names = sorted(p.name for p in setup.iterdir())
     assert "params.npz" in names and "setup.json" in names
-    assert any(name.endswith(compilation.EXPORTED) for name in names), names
-    executables = cache / compilation.SUBDIR / compilation.EXECUTABLES
-    assert [p.suffix for p in executables.iterdir()] == [compilation.EXECUTABLE]
+    assert any(name.endswith(search_store.EXPORTED) for name in names), names
+    executables = cache / search_store.SUBDIR / search_store.EXECUTABLES
+    assert [p.suffix for p in executables.iterdir()] == [search_store.EXECUTABLE]
     second, said = translate(workdir, cache)
     assert second == first
     assert said.splitlines()[-1] == "imported: ", said  # neither Flax nor Orbax
@@ -83,7 +83,7 @@ def test_the_programs_decode_as_the_search_traced_here(workdir):
     batches = [src for _, src in source_batches(tokenizer, LINES, 2, config.data.max_len)]
     traced = TracedSearches(graphdefs, params, settings)
     leaves = jax.tree.leaves(params)
-    setup = compilation.SavedEnsemble(workdir / "unused-cache", "a-setup")
+    setup = search_store.SavedEnsemble(workdir / "unused-cache", "a-setup")
     setup.save(leaves, steps, [])
     made = saved_searches.SavedSearches(setup, leaves, lambda: (graphdefs, params), settings)
 
@@ -107,7 +107,7 @@ def test_a_search_jax_export_cannot_save_runs_unsaved_and_says_so(workdir, monke
     settings = decode_settings(config.decode, nbest=2)
     batches = [src for _, src in source_batches(tokenizer, LINES, 2, config.data.max_len)]
     leaves = jax.tree.leaves(params)
-    setup = compilation.SavedEnsemble(workdir / "refused-cache", "a-setup")
+    setup = search_store.SavedEnsemble(workdir / "refused-cache", "a-setup")
     setup.save(leaves, steps, [])
 
     def refuse(*args, **kwargs):
@@ -123,7 +123,7 @@ def test_a_search_jax_export_cannot_save_runs_unsaved_and_says_so(workdir, monke
     said = capsys.readouterr().err
     assert said.count("cannot be kept (Cannot serialize code") == 1, said
     assert len(searches.unsaved) == len({src.shape for src in batches}) >= 1
-    assert not [p for p in setup.directory.iterdir() if p.name.endswith(compilation.EXPORTED)]
+    assert not [p for p in setup.directory.iterdir() if p.name.endswith(search_store.EXPORTED)]
 
 
 def test_the_unchecked_calls_are_jaxs_cudnn_attention_targets():
@@ -138,12 +138,12 @@ def test_the_unchecked_calls_are_jaxs_cudnn_attention_targets():
 def test_a_new_checkpoint_or_another_choice_is_another_setup(workdir, tmp_path):
     run = tmp_path / "run"
     shutil.copytree(workdir, run)
-    name = compilation.setup_name([str(run)], None, 0)
-    assert compilation.setup_name([str(run)], None, 0) == name
-    assert compilation.setup_name([str(run)], 3, 0) != name
-    assert compilation.setup_name([str(run)], None, 2) != name
+    name = search_store.setup_name([str(run)], None, 0)
+    assert search_store.setup_name([str(run)], None, 0) == name
+    assert search_store.setup_name([str(run)], 3, 0) != name
+    assert search_store.setup_name([str(run)], None, 2) != name
     (run / "checkpoints" / "6" / "added").write_text("x")
-    assert compilation.setup_name([str(run)], None, 0) != name
+    assert search_store.setup_name([str(run)], None, 0) != name
 
 
 @pytest.mark.slow  # 22 s on 2 cores: five fresh commands
@@ -153,7 +153,7 @@ def test_a_damaged_search_executable_or_parameters_file_is_made_again_and_said_o
     cache = tmp_path / "cache"
     expected, _ = translate(workdir, cache)
     (setup,) = setups(cache)
-    (search,) = setup.glob("*" + compilation.EXPORTED)
+    (search,) = setup.glob("*" + search_store.EXPORTED)
     search.write_bytes(search.read_bytes()[:-100])  # cut short, as a full disk would
     found, said = translate(workdir, cache)
     assert found == expected
@@ -161,7 +161,7 @@ def test_a_damaged_search_executable_or_parameters_file_is_made_again_and_said_o
     assert "imported: flax" in said  # the model was loaded to trace it again
     found, said = translate(workdir, cache)  # and it was kept whole this time
     assert found == expected and said.splitlines()[-1] == "imported: "
-    (executable,) = (cache / compilation.SUBDIR / compilation.EXECUTABLES).iterdir()
+    (executable,) = (cache / search_store.SUBDIR / search_store.EXECUTABLES).iterdir()
     executable.write_bytes(b"garbage")
     found, said = translate(workdir, cache)
     assert found == expected
@@ -179,12 +179,12 @@ def test_a_lost_executable_is_compiled_and_kept_again_though_jaxs_cache_stays(wo
     (where one could not be kept again, and every later command would lower and read it)."""
     cache = tmp_path / "cache"
     expected, _ = translate(workdir, cache)
-    shutil.rmtree(cache / compilation.SUBDIR)  # the setups and executables; JAX's entries stay
+    shutil.rmtree(cache / search_store.SUBDIR)  # the setups and executables; JAX's entries stay
     found, said = translate(workdir, cache)
     assert found == expected and "imported: flax" in said
-    assert [p.suffix for p in (cache / compilation.SUBDIR / compilation.EXECUTABLES).iterdir()] == [
-        compilation.EXECUTABLE
-    ]
+    assert [
+        p.suffix for p in (cache / search_store.SUBDIR / search_store.EXECUTABLES).iterdir()
+    ] == [search_store.EXECUTABLE]
     found, said = translate(workdir, cache)
     assert found == expected and said.splitlines()[-1] == "imported: "
 
@@ -206,7 +206,7 @@ def test_a_saved_search_is_the_same_from_any_checkout(tmp_path):
         path = tmp_path / where / f"copy_{where}.py"
         path.write_text(padding + source)
         spec = jax.ShapeDtypeStruct((4,), np.float32)
-        with compilation.source_lines_left_out():
+        with search_store.source_lines_left_out():
             payloads.append(bytes(jax.export.export(jax.jit(load(path)))(spec).serialize()))
         # Without it the locations name the file (a function of its own: JAX keeps traces).
         assert str(path) in jax.export.export(jax.jit(load(path)))(spec).mlir_module()
@@ -218,18 +218,18 @@ def test_with_the_cache_off_nothing_is_kept(workdir, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     found, _ = translate(workdir, "off")
     assert found.count("\n") == len(LINES)
-    assert not any(tmp_path.rglob(compilation.SUBDIR))
+    assert not any(tmp_path.rglob(search_store.SUBDIR))
 
 
 def test_the_least_recently_used_setups_go_past_the_bound(tmp_path, monkeypatch, caplog):
     leaves = [np.zeros(1000, np.float32)]
     old, new = (
-        compilation.SavedEnsemble(tmp_path, "0" * 32),
-        compilation.SavedEnsemble(tmp_path, "1" * 32),
+        search_store.SavedEnsemble(tmp_path, "0" * 32),
+        search_store.SavedEnsemble(tmp_path, "1" * 32),
     )
     old.save(leaves, [[1]], [])
     os.utime(old.record, (1, 1))  # used long ago
-    monkeypatch.setattr(compilation, "PROGRAMS_MAX_BYTES", 6000)
+    monkeypatch.setattr(search_store, "PROGRAMS_MAX_BYTES", 6000)
     with caplog.at_level(logging.WARNING):
         new.save(leaves, [[1]], [])
     assert not old.directory.exists()
@@ -245,10 +245,10 @@ def test_a_step_that_is_a_link_is_followed_into_the_setups_name(workdir, tmp_pat
         shutil.copytree(run / "checkpoints" / "6", other / name)
     shutil.rmtree(run / "checkpoints" / "6")
     (run / "checkpoints" / "6").symlink_to(other / "a", target_is_directory=True)
-    name = compilation.setup_name([str(run)], None, 0)
+    name = search_store.setup_name([str(run)], None, 0)
     (run / "checkpoints" / "6").unlink()
     (run / "checkpoints" / "6").symlink_to(other / "b", target_is_directory=True)
-    assert compilation.setup_name([str(run)], None, 0) != name  # the same files, elsewhere
+    assert search_store.setup_name([str(run)], None, 0) != name  # the same files, elsewhere
 
 
 def test_a_file_replaced_in_place_or_chmodded_is_another_setup(workdir, tmp_path):
@@ -257,17 +257,17 @@ def test_a_file_replaced_in_place_or_chmodded_is_another_setup(workdir, tmp_path
     run = tmp_path / "run"
     shutil.copytree(workdir, run)
     file = next(p for p in (run / "checkpoints" / "6").rglob("*") if p.is_file())
-    names = [compilation.setup_name([str(run)], None, 0)]
+    names = [search_store.setup_name([str(run)], None, 0)]
     status = file.stat()
     file.chmod(0)
-    names.append(compilation.setup_name([str(run)], None, 0))
+    names.append(search_store.setup_name([str(run)], None, 0))
     file.chmod(status.st_mode)
-    names.append(compilation.setup_name([str(run)], None, 0))
+    names.append(search_store.setup_name([str(run)], None, 0))
     data = file.read_bytes()
     file.unlink()
     file.write_bytes(data)  # another inode, the same bytes
     os.utime(file, ns=(status.st_atime_ns, status.st_mtime_ns))
-    names.append(compilation.setup_name([str(run)], None, 0))
+    names.append(search_store.setup_name([str(run)], None, 0))
     assert len(set(names)) == len(names)
 
 
@@ -282,11 +282,11 @@ def test_a_fallback_to_an_older_step_is_not_kept_for_the_next_command(workdir, t
 def test_a_users_own_searches_folder_is_neither_used_nor_cleaned(tmp_path, caplog):
     """A cache directory of the user's own holding searches/ keeps its subfolders."""
     cache = tmp_path / "mine"
-    own = cache / compilation.SUBDIR / "holiday-photos"
+    own = cache / search_store.SUBDIR / "holiday-photos"
     own.mkdir(parents=True)
     (own / "a.jpg").write_bytes(b"x" * 10_000)
     with caplog.at_level(logging.WARNING):
-        assert compilation.SavedEnsemble.find(str(cache), [str(tmp_path)], None, 0) is None
+        assert search_store.SavedEnsemble.find(str(cache), [str(tmp_path)], None, 0) is None
     assert "holds files that translate did not write" in caplog.text
     assert (own / "a.jpg").read_bytes() == b"x" * 10_000
 
@@ -294,7 +294,7 @@ def test_a_users_own_searches_folder_is_neither_used_nor_cleaned(tmp_path, caplo
 def test_a_gpu_decodes_through_jaxs_cache_alone_and_keeps_no_saved_searches(
     workdir, tmp_path, monkeypatch
 ):
-    """Saved searches crashed translate-text on an H200 (compilation.SAVED_SEARCH_PLATFORMS):
+    """Saved searches crashed translate-text on an H200 (search_store.SAVED_SEARCH_PLATFORMS):
     off the CPU the text command opens no setup, writes nothing under searches/, and decodes
     with the searches evaluation traces, to the same translations."""
     settings = decode_settings(load_ensemble([str(workdir)]).config.decode)
@@ -308,22 +308,22 @@ def test_a_gpu_decodes_through_jaxs_cache_alone_and_keeps_no_saved_searches(
     assert on_gpu.setup is None
     assert isinstance(on_gpu.searches(settings), TracedSearches)
     assert on_gpu.translate(LINES, settings) == expected
-    assert not (other / compilation.SUBDIR).exists()
+    assert not (other / search_store.SUBDIR).exists()
 
 
 def test_the_store_deletes_only_what_it_made(tmp_path, monkeypatch):
     leaves = [np.zeros(1000, np.float32)]
-    assert compilation.claim_store(tmp_path / compilation.SUBDIR)
-    stranger = tmp_path / compilation.SUBDIR / "not-a-setup"
+    assert search_store.claim_store(tmp_path / search_store.SUBDIR)
+    stranger = tmp_path / search_store.SUBDIR / "not-a-setup"
     stranger.mkdir()
     (stranger / "big").write_bytes(b"x" * 20_000)
     old, new = (
-        compilation.SavedEnsemble(tmp_path, "0" * 32),
-        compilation.SavedEnsemble(tmp_path, "1" * 32),
+        search_store.SavedEnsemble(tmp_path, "0" * 32),
+        search_store.SavedEnsemble(tmp_path, "1" * 32),
     )
     old.save(leaves, [[1]], [])
     os.utime(old.record, (1, 1))
-    monkeypatch.setattr(compilation, "PROGRAMS_MAX_BYTES", 6000)
+    monkeypatch.setattr(search_store, "PROGRAMS_MAX_BYTES", 6000)
     new.save(leaves, [[1]], [])
     assert not old.directory.exists() and new.load() is not None
     assert (stranger / "big").stat().st_size == 20_000
@@ -331,7 +331,7 @@ def test_the_store_deletes_only_what_it_made(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("damage", ["cut short", "other leaves", "empty"])
 def test_damaged_saved_parameters_are_made_again(tmp_path, damage, caplog):
-    setup = compilation.SavedEnsemble(tmp_path, "2" * 32)
+    setup = search_store.SavedEnsemble(tmp_path, "2" * 32)
     setup.save([np.ones(3, np.float32), np.zeros(2, np.float32)], [[6]], [])
     if damage == "cut short":
         setup.params.write_bytes(setup.params.read_bytes()[:-20])
@@ -351,13 +351,13 @@ def test_a_saved_search_of_another_shape_is_traced_again(workdir):
     graphdefs, params, tokenizer, config, steps = load_ensemble([workdir])
     settings = decode_settings(config.decode)
     leaves = jax.tree.leaves(params)
-    setup = compilation.SavedEnsemble(workdir / "unused-cache-2", "3" * 32)
+    setup = search_store.SavedEnsemble(workdir / "unused-cache-2", "3" * 32)
     setup.save(leaves, steps, [])
     made = saved_searches.SavedSearches(setup, leaves, lambda: (graphdefs, params), settings)
     small, large = np.zeros((1, 8), np.int32), np.zeros((2, 16), np.int32)
     made.compile(small.shape)
-    source = setup.directory / (settings.program_name(small.shape) + compilation.EXPORTED)
-    target = setup.directory / (settings.program_name(large.shape) + compilation.EXPORTED)
+    source = setup.directory / (settings.program_name(small.shape) + search_store.EXPORTED)
+    target = setup.directory / (settings.program_name(large.shape) + search_store.EXPORTED)
     shutil.copyfile(source, target)
     again = saved_searches.SavedSearches(setup, leaves, lambda: (graphdefs, params), settings)
     expected = TracedSearches(graphdefs, params, settings)(large)
@@ -367,8 +367,8 @@ def test_a_saved_search_of_another_shape_is_traced_again(workdir):
 
 def test_a_remade_file_does_not_inherit_an_unreadable_mode(tmp_path):
     """An executable made unreadable is remade readable, not with mode 000 on every run."""
-    setup = compilation.SavedEnsemble(tmp_path, "4" * 32)
-    path = setup.executables / ("x" + compilation.EXECUTABLE)
+    setup = search_store.SavedEnsemble(tmp_path, "4" * 32)
+    path = setup.executables / ("x" + search_store.EXECUTABLE)
     setup.write(path, b"payload")
     path.chmod(0)
     setup.write(path, b"payload")

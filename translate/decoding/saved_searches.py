@@ -28,7 +28,7 @@ locations, so its saved form, and the name of its executable (a hash of that for
 machine), are the same for any checkout of the same code.
 
 The store itself (the setups, their names, the executables, the size bound) is
-translate/compilation.py's; this module traces, keeps and runs the searches through it, and
+translate/search_store.py's; this module traces, keeps and runs the searches through it, and
 `open_models` is the warm start, one call. `<cache>` is the compilation cache's directory, and
 the searches go with it: the flag and the
 environment variable that move the cache or turn it off do the same here. The setups are kept
@@ -49,15 +49,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from translate.compilation import (
-    EXPORTED,
-    SEARCH_OPTIONS,
-    SavedEnsemble,
-    cache_hits,
-    kept_out_of_jax_cache,
-    machine,
-    source_lines_left_out,
-)
+from translate.compilation import cache_hits
 from translate.data.tokenizer import Tokenizer
 from translate.decoding.search import search
 from translate.decoding.sentences import (
@@ -68,6 +60,14 @@ from translate.decoding.sentences import (
     translate_sentences,
 )
 from translate.decoding.settings import DecodeSettings
+from translate.search_store import (
+    EXPORTED,
+    SEARCH_OPTIONS,
+    SavedEnsemble,
+    kept_out_of_jax_cache,
+    machine,
+    source_lines_left_out,
+)
 from translate.streams import say
 from translate.trained import load_ensemble
 from translate.workdir import Workdir, read_config
