@@ -4,27 +4,24 @@ The trainer (translate/training/trainer.py, `open_run`) calls these in order: th
 layout (a file in the way), the config against the one the workdir was trained with (or
 `--force`, which sets the earlier run aside in previous_run/ until the new run's data has
 loaded), or against the checkpoints' model and optimizer when config.json is gone, the
-vocabulary against the checkpoints, `train.init_from`, and the learning rate and the text a
-resumed run continues with. Each refusal names the flag or the file and changes nothing.
+vocabulary against the checkpoints, `train.init_from` (training/init_from.py), and the
+learning rate and the text a resumed run continues with. Each refusal names the flag or the
+file and changes nothing.
 """
 
 from __future__ import annotations
 
 import copy
-import dataclasses
-import json
 import logging
 import math
 import pathlib
-import shutil
 import typing
-from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 
 from translate import checkpoint, sharding
-from translate.config import Config, Optimizer, split_init_from
+from translate.config import Config, Optimizer
 from translate.data.tokenizer import Tokenizer
 from translate.models.factory import (
     abstract_model,
@@ -342,78 +339,6 @@ def other_optimizers(config: Config) -> list[Config]:
     return others
 
 
-def recover_previous_run(workdir: Workdir) -> str | None:
-    """Finishes what a `--force` run that was killed left behind (process 0).
-
-    previous_run/ at a run's start means the --force run died before its data had loaded: the
-    earlier run is put back. `.previous_run.deleting/` means it died after: that is deleted.
-
-    Returns:
-      What was put back, for the log, or None.
-    """
-    if jax.process_index() != 0:
-        return None
-    if workdir.discarded_run.exists():
-        shutil.rmtree(workdir.discarded_run)
-    if not workdir.previous_run.is_dir():
-        return None
-    names = sorted(p.name for p in workdir.previous_run.iterdir())
-    settle_previous_run(workdir, keep=True)
-    return ", ".join(names)
-
-
-def settle_previous_run(workdir: Workdir, keep: bool) -> None:
-    """Deletes the run that `--force` set aside, or with `keep` puts it back (process 0).
-
-    Putting it back first removes what the new run had generated in its place. Deleting it
-    first puts evaluations/ back: translate-evaluate's reports are the user's, never deleted.
-    """
-    if jax.process_index() != 0 or not workdir.previous_run.is_dir():
-        return
-    if keep:
-        for old in workdir.previous_run.iterdir():
-            new = workdir.path / old.name
-            if new.is_dir() and not new.is_symlink():
-                shutil.rmtree(new)
-            elif new.exists() or new.is_symlink():
-                new.unlink()
-            old.rename(new)
-        workdir.previous_run.rmdir()
-    else:
-        kept = workdir.previous_run / workdir.evaluations.name
-        if kept.is_dir() and not workdir.evaluations.exists():  # the user's: never deleted
-            kept.rename(workdir.evaluations)
-        log.info("--force: %s", deleted_earlier_run(workdir))
-        # One rename commits the deletion: a run killed during rmtree leaves a directory that
-        # the next start deletes, never a half-deleted run that it would put back.
-        workdir.previous_run.rename(workdir.discarded_run)
-        shutil.rmtree(workdir.discarded_run)
-
-
-def deleted_earlier_run(workdir: Workdir) -> str:
-    """What `--force` deletes of the earlier run set aside in previous_run/, and what it keeps
-    beside it (the user's: translate-evaluate's evaluations by number, the user's files), for
-    the log."""
-    aside = workdir.previous_run
-    names = sorted(p.name + ("/" if p.is_dir() else "") for p in aside.iterdir())
-    line = f"deleted the earlier run in {workdir.path}: {', '.join(names)}"
-    kept = [
-        p
-        for p in sorted(workdir.path.iterdir())
-        if not workdir.owns(p) and not p.name.startswith(".")
-    ]
-    if kept:
-        said = []
-        for p in kept:
-            if p == workdir.evaluations and p.is_dir():
-                n = len(list(p.iterdir()))
-                said.append(f"evaluations/ ({n} evaluation{'' if n == 1 else 's'} of that model)")
-            else:
-                said.append(p.name + ("/" if p.is_dir() else ""))
-        line += f"; kept what is not the run's: {', '.join(said)}"
-    return line
-
-
 def check_vocabulary_unchanged(workdir: Workdir) -> None:
     """Refuses a `vocab.model` that the newest readable checkpoint was not trained with.
 
@@ -430,98 +355,6 @@ def check_vocabulary_unchanged(workdir: Workdir) -> None:
             continue
         checkpoint.check_vocabulary(meta, Tokenizer(workdir.vocab), workdir.path)
         return
-
-
-class InitFrom(NamedTuple):
-    """Another run's checkpoint that a new run starts from (`train.init_from`), checked."""
-
-    workdir: Workdir
-    step: int
-
-
-def check_init_from(config: Config, workdir: Workdir, force: bool = False) -> InitFrom:
-    """Checks `train.init_from` for a run that starts in `workdir`, before anything is written.
-
-    The other workdir must hold a config, a vocabulary and the checkpoint asked for, with
-    parameters of this config's shapes; a vocabulary already in `workdir` must be the same one
-    (unless `force`, which deletes it).
-
-    Raises:
-      FileNotFoundError, ValueError: naming the flag and both workdirs.
-    """
-    path, step = split_init_from(config.train.init_from)
-    source = Workdir(path)
-    flag = f"--config.train.init_from={config.train.init_from}"
-    if source.path.resolve() == workdir.path.resolve():
-        raise ValueError(f"{flag}: that is this run's own --workdir; resuming needs no init_from")
-    if source.is_export():
-        try:
-            origin = json.loads((source.path / EXPORT_MARKER).read_text(encoding="utf-8"))
-            origin = origin.get("workdir") if isinstance(origin, dict) else None
-        except (OSError, ValueError):
-            origin = None
-        raise ValueError(
-            f"{flag}: {source.path} is an export that translate-export wrote ({EXPORT_MARKER}), "
-            "whose weights training does not read: give the training workdir it was exported "
-            "from" + (f" ({origin})" if origin else "")
-        )
-    for needed in (source.config, source.vocab):
-        if not needed.is_file():
-            raise FileNotFoundError(
-                f"{flag}: {needed} is missing; is it a translate.train workdir?"
-            )
-    steps = []
-    if source.checkpoints.is_dir():
-        steps = sorted(checkpoint.make_manager(source.checkpoints, read_only=True).all_steps())
-    if not steps or (step is not None and step not in steps):
-        raise FileNotFoundError(
-            f"{flag}: no checkpoint{'' if step is None else f' at step {step}'} in "
-            f"{source.checkpoints} (steps there: {steps})"
-        )
-    tokenizer = Tokenizer(source.vocab)
-    # Compared by the fingerprint that checkpoints store (Tokenizer.sha256).
-    mine = workdir.vocab
-    if not force and mine.is_file() and Tokenizer(mine).sha256 != tokenizer.sha256:
-        raise ValueError(
-            f"{flag}: {source.vocab} and --workdir={workdir.path}'s {workdir.vocab.name} are "
-            "different vocabularies; a run started from another's parameters reads and writes "
-            "its pieces, so use a fresh --workdir (the vocabulary is copied into it)"
-        )
-    their_config = read_config(source)
-    if config.data.vocab_size != their_config.data.vocab_size:
-        # The run reads and writes the other run's pieces: the size asked for here would be
-        # recorded in config.json, but never used.
-        raise ValueError(
-            f"--config.data.vocab_size={config.data.vocab_size}: {flag} brings its vocabulary "
-            f"({source.vocab}), trained with config.data.vocab_size="
-            f"{their_config.data.vocab_size} ({tokenizer.vocab_size} pieces), which this run "
-            f"reads and writes: give --config.data.vocab_size={their_config.data.vocab_size}"
-        )
-    theirs = their_config.model
-    _, shapes = abstract_model(config, tokenizer.vocab_size)
-    _, their_shapes = abstract_model(their_config, tokenizer.vocab_size)
-    if jax.tree.map(lambda x: x.shape, shapes) != jax.tree.map(lambda x: x.shape, their_shapes):
-        differ = [
-            f"{f.name} {getattr(theirs, f.name)} there, {getattr(config.model, f.name)} here"
-            for f in dataclasses.fields(theirs)
-            if getattr(theirs, f.name) != getattr(config.model, f.name)
-        ]
-        raise ValueError(
-            f"{flag}: its parameters do not fit this config's model (config.model in "
-            f"{source.config}: {'; '.join(differ)})"
-        )
-    return InitFrom(source, steps[-1] if step is None else step)
-
-
-def read_init_params(init: InitFrom, abstract_params, tokenizer: Tokenizer):
-    """The parameters saved at `init.step`, restored into `abstract_params`' shardings."""
-    manager = checkpoint.make_manager(init.workdir.checkpoints, read_only=True)
-    checkpoint.check_vocabulary(
-        checkpoint.read_meta(manager, init.step), tokenizer, init.workdir.path
-    )
-    params, _, _ = checkpoint.restore(manager, init.step, abstract_params)
-    manager.close()
-    return params
 
 
 def data_named(config: Config) -> dict[str, str]:

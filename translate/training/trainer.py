@@ -48,6 +48,7 @@ from translate.training.evaluation import (
     save_best,
     write_test_report,
 )
+from translate.training.init_from import InitFrom, check_init_from, read_init_params
 from translate.training.monitor import (
     DevBleuHistory,
     Interrupted,
@@ -61,17 +62,13 @@ from translate.training.monitor import (
     log_progress,
 )
 from translate.training.opening import (
-    InitFrom,
     check_config,
-    check_init_from,
     check_layout,
     check_vocabulary_unchanged,
-    read_init_params,
-    recover_previous_run,
-    settle_previous_run,
     warn_of_data_change,
     warn_of_schedule_change,
 )
+from translate.training.previous_run import recover_previous_run, settle_previous_run
 from translate.training.steps import Packed, Steps, dev_loss, make_steps
 from translate.workdir import Workdir, copy_vocabulary, lock, write_config
 
