@@ -24,12 +24,12 @@ import logging
 from collections.abc import Sequence
 
 from translate import startup
-from translate.flags import Flag, compilation_cache_flag, parse_flags
 
 _imports_done = startup.interrupts_said_in_one_line()  # Ctrl-C meanwhile: one line
 
 from translate import cli, compilation
 from translate.config import load_config
+from translate.flags import Flag, compilation_cache_flag, parse_flags
 from translate.pipeline.plan import make_plan
 from translate.pipeline.report import report_text
 from translate.pipeline.stages import run_pipeline

@@ -35,14 +35,6 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from translate import startup
-from translate.flags import (
-    Flag,
-    checkpoint_choice,
-    checkpoint_flags,
-    compilation_cache_flag,
-    matmul_dtype_flag,
-    parse_flags,
-)
 
 _imports_done = startup.interrupts_said_in_one_line()  # Ctrl-C meanwhile: one line
 
@@ -52,6 +44,14 @@ from translate.data.text import read_lines
 from translate.decoding import metrics
 from translate.decoding.report import sha256_of_file, translate_and_score, write_report
 from translate.decoding.settings import decode_settings
+from translate.flags import (
+    Flag,
+    checkpoint_choice,
+    checkpoint_flags,
+    compilation_cache_flag,
+    matmul_dtype_flag,
+    parse_flags,
+)
 from translate.trained import load_ensemble, parameters_read
 from translate.workdir import Workdir, check_output_path, evaluations_home
 

@@ -17,12 +17,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from translate import startup
-from translate.flags import Flag, checkpoint_choice, checkpoint_flags, parse_flags
 
 _imports_done = startup.interrupts_said_in_one_line()  # Ctrl-C meanwhile: one line
 
 from translate import cli
 from translate.engines.writer import export
+from translate.flags import Flag, checkpoint_choice, checkpoint_flags, parse_flags
 
 _imports_done()
 

@@ -16,13 +16,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from translate import startup
-from translate.flags import (
-    Flag,
-    checkpoint_choice,
-    checkpoint_flags,
-    compilation_cache_flag,
-    parse_flags,
-)
 
 _imports_done = startup.interrupts_said_in_one_line()  # Ctrl-C meanwhile: one line
 
@@ -33,6 +26,13 @@ from translate.config import MAX_EXTRA_LEN
 from translate.data.tokenizer import EOS_ID
 from translate.decoding.search import sample_search
 from translate.decoding.settings import check_values
+from translate.flags import (
+    Flag,
+    checkpoint_choice,
+    checkpoint_flags,
+    compilation_cache_flag,
+    parse_flags,
+)
 from translate.streams import say, unknown_characters_warning
 from translate.trained import load_ensemble
 

@@ -42,6 +42,13 @@ from collections.abc import Iterator, Sequence
 from typing import BinaryIO
 
 from translate import startup
+
+_imports_done = startup.interrupts_said_in_one_line()  # Ctrl-C meanwhile: one line
+startup.import_jax()  # before anything imports JAX: without etils.epath (translate/startup.py)
+
+from translate import cli, compilation
+from translate.data.batching import decode_width
+from translate.decoding import forced, memory
 from translate.flags import (
     Flag,
     alignment_flags,
@@ -52,13 +59,6 @@ from translate.flags import (
     matmul_dtype_flag,
     parse_flags,
 )
-
-_imports_done = startup.interrupts_said_in_one_line()  # Ctrl-C meanwhile: one line
-startup.import_jax()  # before anything imports JAX: without etils.epath (translate/startup.py)
-
-from translate import cli, compilation
-from translate.data.batching import decode_width
-from translate.decoding import forced, memory
 from translate.streams import (
     Outputs,
     Progress,

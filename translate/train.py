@@ -12,12 +12,12 @@ from __future__ import annotations
 import logging
 
 from translate import startup
-from translate.flags import Flag, compilation_cache_flag, parse_flags
 
 _imports_done = startup.interrupts_said_in_one_line()  # Ctrl-C meanwhile: one line
 
 from translate import cli, compilation, sharding
 from translate.config import load_config, packaged_config_names
+from translate.flags import Flag, compilation_cache_flag, parse_flags
 from translate.training.monitor import Interrupted
 from translate.training.trainer import train_and_evaluate
 

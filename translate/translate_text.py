@@ -53,16 +53,6 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from translate import startup
-from translate.flags import (
-    Flag,
-    alignment_flags,
-    check_alignment_flags,
-    checkpoint_choice,
-    checkpoint_flags,
-    compilation_cache_flag,
-    matmul_dtype_flag,
-    parse_flags,
-)
 
 _imports_done = startup.interrupts_said_in_one_line()  # Ctrl-C meanwhile: one line
 startup.import_jax()  # before anything imports JAX: without etils.epath (translate/startup.py)
@@ -77,6 +67,16 @@ from translate.decoding.settings import (
     check_combination,
     check_values,
     decode_settings,
+)
+from translate.flags import (
+    Flag,
+    alignment_flags,
+    check_alignment_flags,
+    checkpoint_choice,
+    checkpoint_flags,
+    compilation_cache_flag,
+    matmul_dtype_flag,
+    parse_flags,
 )
 from translate.streams import (
     Outputs,
