@@ -7,8 +7,10 @@ teachers' ensemble's translations of the same sources (sequence-level distillati
 
 For `translate-distill` only: `original` and `distilled` are the corpora the pipeline writes in
 its corpus/ directory, and it sets data.dir there. Everything else (model, optimizer, 5,000
-steps, decoding) is configs/multi30k.py's, so the student costs what one teacher costs.
-docs/distillation.md has the measured results.
+steps, decoding) is configs/multi30k.py's, so the student costs what one teacher costs. Its
+scores on Multi30k have not been measured yet: the corpora and weights are a starting point
+(Kim & Rush 2016 train on the distilled pairs; here the real ones are kept beside them), to be
+chosen on val.
 """
 
 import pathlib
