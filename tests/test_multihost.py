@@ -128,7 +128,7 @@ def worker_steps(config, out_dir: pathlib.Path) -> None:
 
 def worker_train_and_evaluate(config, out_dir: pathlib.Path) -> None:
     """The real trainer on a shared workdir; records this process's first batch and final params."""
-    from translate import sharding, train
+    from translate import cli, sharding
     from translate.training import trainer
 
     first_batches, final_params = [], []
@@ -146,7 +146,7 @@ def worker_train_and_evaluate(config, out_dir: pathlib.Path) -> None:
 
     trainer.iterate_batches = recording_batches
     sharding.local_copy = recording_local_copy
-    train.setup_logging()
+    cli.setup_logging()
     trainer.train_and_evaluate(config, out_dir / "workdir")
     np.savez(
         out_dir / f"process_{jax.process_index()}.npz",

@@ -362,6 +362,18 @@ class WriteFailuresSaidOnce(logging.Filter):
         return "os_error_code=" not in text and not failed_write
 
 
+def setup_logging() -> None:
+    """Progress lines on stderr from the `translate` logger only (libraries stay quiet): the
+    log of the commands that train (translate-train, translate-distill)."""
+    log = logging.getLogger("translate")
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", datefmt="%H:%M:%S"))
+    log.handlers[:] = [handler]
+    log.setLevel(logging.INFO)
+    log.propagate = False
+    quiet_libraries()
+
+
 def quiet_libraries() -> None:
     """Keeps Orbax's per-save INFO lines and read-only manager warnings off the console, and
     the tracebacks of its save threads for a failed write (the command says it once)."""

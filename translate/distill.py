@@ -64,20 +64,11 @@ FLAGS = {
 }
 
 
-def setup_logging() -> None:
-    handler = logging.StreamHandler()
-    handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", datefmt="%H:%M:%S"))
-    log.handlers[:] = [handler]
-    log.setLevel(logging.INFO)
-    log.propagate = False
-    cli.quiet_libraries()
-
-
 def main(argv: Sequence[str]) -> None:
     flags, overrides = parse_flags(list(argv), FLAGS, doc=__doc__, sections=("decode",))
     if not flags["dir"]:
         raise ValueError("--dir is required (--help lists every flag)")
-    setup_logging()
+    cli.setup_logging()
     configs = {
         name: load_config(flags[name]) if flags[name] else None
         for name in ("teacher_config", "reverse_config", "student_config")

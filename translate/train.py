@@ -26,16 +26,6 @@ _imports_done()
 log = logging.getLogger("translate")
 
 
-def setup_logging() -> None:
-    """Progress lines on stderr from the `translate` logger only (libraries stay quiet)."""
-    handler = logging.StreamHandler()
-    handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", datefmt="%H:%M:%S"))
-    log.handlers[:] = [handler]
-    log.setLevel(logging.INFO)
-    log.propagate = False
-    cli.quiet_libraries()
-
-
 USAGE = """Train the Transformer and evaluate it on the test set (translate-train).
 
     translate-train --config=NAME_OR_FILE --workdir=DIR [--config.SECTION.FIELD=VALUE ...] \\
@@ -69,7 +59,7 @@ def main(argv: list[str]) -> None:
     for name in ("config", "workdir"):
         if not flags[name]:
             raise ValueError(f"--{name} is required (--help lists every flag)")
-    setup_logging()
+    cli.setup_logging()
     config = load_config(flags["config"], overrides)
     compilation.use_persistent_cache(flags["compilation_cache"])
     sharding.initialize_distributed()
