@@ -109,7 +109,9 @@ def first_difference(saved: Any, wanted: Any, path: str = "") -> str:
         for key in sorted(set(saved) | set(wanted)):
             if saved.get(key) != wanted.get(key):
                 return first_difference(saved.get(key), wanted.get(key), f"{path}{key}.")
-    if isinstance(saved, list) and isinstance(wanted, list) and len(saved) == len(wanted):
+    if isinstance(saved, list) and isinstance(wanted, list):
+        if len(saved) != len(wanted):  # e.g. another --num_students: the count, not the lists
+            return f"{path.rstrip('.')}: {len(saved)} entries, now {len(wanted)}"
         for i, (a, b) in enumerate(zip(saved, wanted)):
             if a != b:
                 return first_difference(a, b, f"{path}{i}.")
