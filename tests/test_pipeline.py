@@ -8,6 +8,7 @@ import hashlib
 import json
 import os
 import pathlib
+import re
 import shutil
 import signal
 import subprocess
@@ -206,7 +207,9 @@ def test_bad_inputs_are_refused_in_one_line_before_anything_is_written(
     refused("pipeline's corpora", student_file=student_with("(TrainCorpus('train'),)"))
     back = student_with("(TrainCorpus('back_translated'),)")
     refused("reverse", reverse=None, student_file=back)
-    refused("--teacher=", teacher_config=None, teacher_workdirs=[str(tmp_path / "missing")])
+    missing = str(tmp_path / "missing")
+    no_such = f"^--teacher={re.escape(missing)}: no such directory$"
+    refused(no_such, teacher_config=None, teacher_workdirs=[missing])
     teachers = [str(PipelineDir(finished).teacher(i).path) for i in (0, 1)]
     refused("twice", teacher_config=None, teacher_workdirs=[teachers[0], teachers[0]])
     student_run = str(PipelineDir(finished).student(0).path)  # its own pieces, with <BT>

@@ -177,6 +177,8 @@ def check_teachers(workdirs: Sequence[str]) -> Config:
     """The first teacher's config, once every teacher is a trained model of one vocabulary, one
     direction and one architecture (an ensemble averages their pieces' probabilities)."""
     for path in workdirs:
+        if not os.path.isdir(path):
+            raise ValueError(f"--teacher={path}: no such directory")
         try:
             open_trained(path)
         except (ValueError, FileNotFoundError) as e:
