@@ -207,6 +207,9 @@ def test_bad_inputs_are_refused_in_one_line_before_anything_is_written(
     refused("pipeline's corpora", student_file=student_with("(TrainCorpus('train'),)"))
     back = student_with("(TrainCorpus('back_translated'),)")
     refused("reverse", reverse=None, student_file=back)
+    # A reverse model whose back-translations no student reads: 20 minutes for nothing.
+    forward_only = student_with("(TrainCorpus('original'), TrainCorpus('distilled'))")
+    refused("^--reverse_config: .* do not name back_translated", student_file=forward_only)
     missing = str(tmp_path / "missing")
     no_such = f"^--teacher={re.escape(missing)}: no such directory$"
     refused(no_such, teacher_config=None, teacher_workdirs=[missing])
@@ -229,6 +232,7 @@ def test_bad_inputs_are_refused_in_one_line_before_anything_is_written(
         "is a piece",
         teacher_config=None,
         teacher_workdirs=teachers,
+        reverse=None,
         student_file=student_with(corpora),
     )
     refused("--num_teachers=0", num_teachers=0)

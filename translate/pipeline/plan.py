@@ -156,6 +156,12 @@ def make_plan(
             "--student_config: data.train_corpora names back_translated, which only a reverse "
             "model makes: give --reverse_config=FILE"
         )
+    if reverse is not None and all(c.prefix != BACK_TRANSLATED for c in base.data.train_corpora):
+        raise ValueError(
+            "--reverse_config: the students' data.train_corpora do not name back_translated, "
+            "so the reverse model would train and decode for nothing: name it in "
+            "--student_config or leave out --reverse_config"
+        )
     students = []
     for i in range(num_students):
         config = pipeline_data(base, data, corpus)
