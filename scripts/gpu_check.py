@@ -27,7 +27,8 @@
   log says each run traced and compiled: the warm one should compile nothing (the saved
   searches, translate/decoding/saved_searches.py).
 - distill: `translate-distill` from an empty compilation cache: two teachers of
-  configs/multi30k_adamw.py, their ensemble's beam decoding of the training sources, a student of
+  configs/multi30k_adamw.py, their ensemble's beam decoding of the training sources, the reverse
+  model of configs/multi30k_reverse.py back-translating the targets, a student of
   configs/multi30k_student.py, the scores; OUT/distill.json holds the pipeline's report (every
   stage's time). `--smoke` runs it on the tiny config's synthetic corpus.
 
@@ -97,6 +98,9 @@ SMOKE_SENTENCES = 40
 SMOKE_DISTILL = {"train.num_train_steps": "120", "train.warmup_steps": "40",
                  "train.learning_rate_scale": "0.3",
                  "train.checkpoint_every_steps": "40"}  # fmt: skip
+# configs/multi30k_student.py's corpora, which the tiny config does not name.
+SMOKE_CORPORA = json.dumps([{"prefix": "original"}, {"prefix": "distilled"},
+                            {"prefix": "back_translated", "tag": "<BT>"}])  # fmt: skip
 SPLITS = ("val", "test2016")
 # The devices, from a child: this process never initialises (and holds) the GPU.
 PROBE = """import json, jax; d = jax.devices(); print(json.dumps({"platform": jax.default_backend(),
@@ -379,20 +383,26 @@ def config_file(path: pathlib.Path, base: str, overrides: dict[str, str]) -> pat
 
 def phase_distill(args, out: pathlib.Path, deadline: float) -> dict:
     """translate-distill from an empty compilation cache: two teachers of
-    configs/multi30k_adamw.py, their ensemble's decoding of the training sources, and the
-    student of configs/multi30k_student.py, each stage timed by the pipeline's report."""
+    configs/multi30k_adamw.py, their ensemble's decoding of the training sources, the reverse
+    model's back-translation of the targets, and the student of configs/multi30k_student.py,
+    each stage timed by the pipeline's report."""
     work, cache = args.work / "distill", args.work / "distill_cache"
     for path in (work, cache):
         shutil.rmtree(path, ignore_errors=True)  # as on a new machine
     configs = args.work / "distill_configs"
     configs.mkdir(parents=True, exist_ok=True)
-    teacher, student = "multi30k_adamw", "multi30k_student"
+    teacher, reverse, student = "multi30k_adamw", "multi30k_reverse", "multi30k_student"
     overrides = {"data.dir": str(multi30k_data(args).resolve())}
+    student_overrides = overrides
     if args.smoke:
-        teacher, student, overrides = "tiny", "tiny", SMOKE_DISTILL
+        teacher, reverse, student, overrides = "tiny", "tiny", "tiny", SMOKE_DISTILL
+        student_overrides = {**SMOKE_DISTILL, "data.source": "files",
+                             "data.train_corpora": SMOKE_CORPORA}  # fmt: skip
     cmd = [sys.executable, "-m", "translate.distill", f"--dir={work}", "--num_teachers=2"]
     cmd += [f"--teacher_config={config_file(configs / 'teacher.py', teacher, overrides)}"]
-    cmd += [f"--student_config={config_file(configs / 'student.py', student, overrides)}"]
+    cmd += [f"--reverse_config={config_file(configs / 'reverse.py', reverse, overrides)}"]
+    student_file = config_file(configs / "student.py", student, student_overrides)
+    cmd += [f"--student_config={student_file}"]
     cmd += [f"--compilation_cache={cache}"]
     run = run_logged(cmd, out / "distill.log", deadline)
     report = read_json(work / "report.json")

@@ -1,7 +1,7 @@
 r"""Distil an ensemble of teachers into a student, with back-translation: `translate-distill`.
 
     translate-distill --dir=PIPE --teacher_config=multi30k --num_teachers=2 \
-        --student_config=configs/multi30k_student.py [--reverse_config=FILE] \
+        --student_config=multi30k_student --reverse_config=multi30k_reverse \
         [--num_students=3] [--nbest=N] [--config.decode.FIELD=VALUE ...]
     translate-distill --dir=PIPE --teacher=RUN_A --teacher=RUN_B --student_config=FILE
 
