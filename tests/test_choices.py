@@ -18,7 +18,9 @@ from translate.config import (
     choices,
 )
 from translate.data.sources import data_paths
+from translate.engines import ctranslate2
 from translate.flags import format_help
+from translate.models import decoder_only, factory, layers, norms, positions, precision
 from translate.models.dropout import dropout
 from translate.models.factory import make_model
 from translate.training.optim import decay_to_zero_schedule, make_optimizer, make_schedule
@@ -109,3 +111,75 @@ def test_every_schedule_and_optimizer_choice_builds(lr_decay, optimizer):
 
 def test_check_choice_returns_a_known_value():
     assert check_choice("pre", typing.Literal["post", "pre"], "model.norm_position") == "pre"
+
+
+# Each model choice and the tables keyed by its values. Every place that acts on a value reads
+# one of these tables (or, for an export, its decision: tests/test_export_decisions.py), so a
+# value added to the choice's Literal alone fails here once for each table that has not decided
+# it, and never falls through a comparison into another value's behaviour.
+CHOICE_TABLES = {
+    "positions": {
+        "models.positions.POSITIONS": positions.POSITIONS,
+        "engines.ctranslate2.POSITIONS": ctranslate2.POSITIONS,
+    },
+    "normalization": {
+        "models.norms.NORMS": norms.NORMS,
+        "engines.ctranslate2.NORMS": ctranslate2.NORMS,
+    },
+    "norm_position": {
+        "models.norms.PRE_NORM": norms.PRE_NORM,
+        "engines.ctranslate2.NORM_POSITIONS": ctranslate2.NORM_POSITIONS,
+    },
+    "feed_forward": {
+        "models.layers.ACTIVATIONS": layers.ACTIVATIONS,
+        "engines.ctranslate2.FEED_FORWARDS": ctranslate2.FEED_FORWARDS,
+    },
+    "architecture": {"models.factory.ARCHITECTURES": factory.ARCHITECTURES},
+    "prefix_attention": {"models.decoder_only.SEES_WHOLE_SOURCE": decoder_only.SEES_WHOLE_SOURCE},
+    "matmul_dtype": {"models.precision.ROUNDED_OPERANDS": precision.ROUNDED_OPERANDS},
+}
+# The model choices that no table holds: the code that acts on them names each value and
+# refuses any other, so a new value fails the test below until that code decides it.
+BRANCHED = {
+    # devices.resolve_dtype and precision.compute_dtype: "auto" or a dtype's own name.
+    "compute_dtype": ("auto", "float32", "bfloat16", "float16"),
+    # devices.resolve_attention and factory.resolve_model_attention.
+    "attention": ("auto", "xla", "cudnn"),
+    # dropout.dropout.
+    "dropout_bits": ("threefry", "hash"),
+}
+MODEL_CHOICES = {name: values for section, name, values in CHOICE_FIELDS if section == "model"}
+
+
+def test_every_model_choice_is_read_from_tables_or_named_where_it_branches():
+    assert sorted(MODEL_CHOICES) == sorted([*CHOICE_TABLES, *BRANCHED])
+
+
+@pytest.mark.parametrize(
+    "field, table",
+    [
+        pytest.param(field, table, id=f"{field}-{name}")
+        for field, tables in CHOICE_TABLES.items()
+        for name, table in tables.items()
+    ],
+)
+def test_each_choice_table_is_keyed_by_the_choice_values(field, table):
+    assert sorted(table) == sorted(MODEL_CHOICES[field]), f"model.{field}"
+
+
+@pytest.mark.parametrize("field", sorted(BRANCHED))
+def test_a_branched_choice_has_the_values_its_code_names(field):
+    assert MODEL_CHOICES[field] == BRANCHED[field]
+
+
+def test_a_kernel_outside_a_position_scheme_s_is_never_chosen(monkeypatch):
+    # The kernel rule reads the scheme's row: "auto" keeps to the kernels a scheme has been
+    # run through, whatever the device offers.
+    monkeypatch.setitem(
+        positions.POSITIONS, "rotary", positions.POSITIONS["rotary"]._replace(kernels=("xla",))
+    )
+    monkeypatch.setattr(factory, "resolve_attention", lambda *args: "cudnn")
+    assert factory.resolve_model_attention(ModelConfig(positions="rotary")) == "xla"
+    assert factory.resolve_model_attention(ModelConfig(positions="sinusoidal")) == "cudnn"
+    with pytest.raises(ValueError, match="model.attention=cudnn: model.positions=rotary"):
+        factory.resolve_model_attention(ModelConfig(positions="rotary", attention="cudnn"))

@@ -1,10 +1,11 @@
 """Exports fail closed: every model field has a decision in each export, and others are refused."""
 
 import dataclasses
+import typing
 
 import pytest
 
-from translate.config import ModelConfig
+from translate.config import ModelConfig, choices
 from translate.engines import ctranslate2, huggingface
 from translate.engines.writer import FORMATS
 
@@ -34,10 +35,51 @@ def test_a_value_outside_a_decision_is_refused_with_its_reason(fmt):
     implements = FORMATS[fmt].IMPLEMENTS
     assert FORMATS[fmt].unsupported_reason(ModelConfig()) is None  # the paper's model
     for name, decision in implements.items():
-        if decision.accepted is None:
+        if not isinstance(decision.accepted, tuple):
             continue
         config = dataclasses.replace(ModelConfig(), **{name: "something else"})
-        assert FORMATS[fmt].unsupported_reason(config) == decision.why, name
+        reason = FORMATS[fmt].unsupported_reason(config)
+        if decision.refused is None:
+            assert reason == decision.why, name
+        else:  # a value the export has not decided is refused by name
+            assert f"model.{name}='something else'" in reason, name
+        for value, why in (decision.refused or {}).items():
+            config = dataclasses.replace(ModelConfig(), **{name: value})
+            if name == "prefix_attention":
+                config = dataclasses.replace(config, architecture="decoder_only")
+            assert FORMATS[fmt].unsupported_reason(config) == why, f"model.{name}={value}"
+
+
+# The model's choices that change no number an export computes: it writes float32 weights (or
+# its quantization's) and runs its own kernels, whichever our model trained with.
+EVERY_VALUE = {"compute_dtype", "matmul_dtype", "attention", "dropout_bits"}
+
+
+@pytest.mark.parametrize(
+    "fmt, field",
+    [
+        (fmt, name)
+        for fmt in sorted(FORMATS)
+        for name, kind in typing.get_type_hints(ModelConfig).items()
+        if choices(kind) and name not in EVERY_VALUE
+    ],
+)
+def test_each_export_decides_every_value_of_a_choice_the_model_computes(fmt, field):
+    # A value added to the choice alone fails here for each export until it computes the value
+    # or says why it refuses it.
+    decision = FORMATS[fmt].IMPLEMENTS[field]
+    values = set(choices(typing.get_type_hints(ModelConfig)[field]))
+    assert decision.refused is not None, f"model.{field}: decided for every value at once"
+    accepted, refused = set(decision.accepted), set(decision.refused)
+    assert not accepted & refused and accepted | refused == values, f"model.{field}"
+
+
+@pytest.mark.parametrize("fmt", sorted(FORMATS))
+def test_the_choices_an_export_takes_whatever_their_value_change_no_computed_number(fmt):
+    implements = FORMATS[fmt].IMPLEMENTS
+    kinds = typing.get_type_hints(ModelConfig)
+    every_value = {name for name, d in implements.items() if d.accepted is None}
+    assert {name for name in every_value if choices(kinds[name])} == EVERY_VALUE
 
 
 def test_the_decoder_only_layout_is_refused_by_transformers_and_kept_by_ctranslate2():

@@ -35,6 +35,7 @@ from translate.engines.shared import (
     SHARED_DECISIONS,
     Decision,
     array,
+    decide,
     groups_by_length,
     refusal,
     source_pieces,
@@ -62,23 +63,52 @@ QUANTIZATIONS = (
 )
 
 
+# Each choice of the model as the options of CTranslate2's Transformer specs that compute it
+# (`stack_options`); the values of each table are the ones this export computes.
+# `model.norm_position` -> `pre_norm`.
+NORM_POSITIONS = {"post": dict(pre_norm=False), "pre": dict(pre_norm=True)}
+# `model.normalization` -> `rms_norm`.
+NORMS = {"layernorm": dict(rms_norm=False), "rmsnorm": dict(rms_norm=True)}
+# `model.feed_forward` -> the name of its activation in `common_spec.Activation`, and whether
+# a linear unit gates it (`ffn_glu`). GELU is the tanh form, as models/layers.py computes it.
+FEED_FORWARDS = {
+    "relu": ("RELU", False),
+    "gelu": ("GELUTanh", False),
+    "swiglu": ("SWISH", True),
+    "geglu": ("GELUTanh", True),
+}
+# `model.positions` -> the options that compute them: sinusoids are stored as our own table
+# (`input_layers`); rotary turns all of a head's channels, in two halves, as positions.rotate;
+# a relative bias is T5's, as positions.RelativeBias.
+POSITIONS = {
+    "sinusoidal": dict(relative_attention_bias=False),
+    "rotary": dict(
+        relative_attention_bias=False,
+        rotary_dim=0,
+        rotary_interleave=False,
+        rotary_base=ROTARY_BASE,
+    ),
+    "relative": dict(relative_attention_bias=True),
+}
+
 # The model settings this export implements (shared.refusal refuses any other, and any field
 # without a decision here).
 IMPLEMENTS = {
     **SHARED_DECISIONS,
-    "norm_position": Decision(("post", "pre"), "CTranslate2 has post- and pre-LayerNorm only"),
-    "architecture": Decision(
-        ("encoder_decoder", "decoder_only"), "CTranslate2 knows these two architectures"
-    ),
-    "prefix_attention": Decision(
+    "norm_position": decide(NORM_POSITIONS, {}),
+    "architecture": decide(("encoder_decoder", "decoder_only"), {}),
+    "prefix_attention": decide(
         ("causal",),
-        "CTranslate2's decoder-only models attend causally, and this model's source tokens "
-        "attend to the whole source (model.prefix_attention=bidirectional)",
+        {
+            "bidirectional": "CTranslate2's decoder-only models attend causally, and this "
+            "model's source tokens attend to the whole source (model.prefix_attention="
+            "bidirectional)"
+        },
     ),
-    # Today's blocks, each an option of CTranslate2's Transformer specs (`make_spec`).
-    "positions": Decision(None, "rotary_dim and relative_attention_bias"),
-    "normalization": Decision(None, "rms_norm"),
-    "feed_forward": Decision(None, "the activation, and ffn_glu"),
+    # Today's blocks, each an option of CTranslate2's Transformer specs (`stack_options`).
+    "positions": decide(POSITIONS, {}),
+    "normalization": decide(NORMS, {}),
+    "feed_forward": decide(FEED_FORWARDS, {}),
     "num_kv_heads": Decision(None, "num_heads_kv"),
     "use_bias": Decision(None, "a bias is optional in every linear layer"),
 }
@@ -177,27 +207,19 @@ def decoder_stack(spec: Any, model: TranslationModel, layers: Any, final_norm: A
 def stack_options(config: ModelConfig) -> dict[str, Any]:
     """The options of CTranslate2's encoder and decoder specs that compute our model's blocks:
     the norm's position and kind, the feed-forward's activation and gate, the key and value
-    heads, and rotary (all of a head's channels, in two halves, as positions.rotate) or
-    relative positions."""
+    heads, and the positions, each read from its table above."""
     from ctranslate2.specs import common_spec
 
-    activation = common_spec.Activation
+    activation, gated = FEED_FORWARDS[config.feed_forward]
     options: dict[str, Any] = dict(
-        pre_norm=config.norm_position == "pre",
-        activation={
-            "relu": activation.RELU,
-            "gelu": activation.GELUTanh,
-            "swiglu": activation.SWISH,
-            "geglu": activation.GELUTanh,
-        }[config.feed_forward],
-        ffn_glu=config.feed_forward in ("swiglu", "geglu"),
-        rms_norm=config.normalization == "rmsnorm",
-        relative_attention_bias=config.positions == "relative",
+        **NORM_POSITIONS[config.norm_position],
+        activation=getattr(common_spec.Activation, activation),
+        ffn_glu=gated,
+        **NORMS[config.normalization],
+        **POSITIONS[config.positions],
     )
     if num_kv_heads(config) != config.num_heads:
         options["num_heads_kv"] = num_kv_heads(config)
-    if config.positions == "rotary":
-        options.update(rotary_dim=0, rotary_interleave=False, rotary_base=ROTARY_BASE)
     return options
 
 

@@ -6,17 +6,17 @@ positions from 0 at the paper's frequencies 10000^(2i/D), Sec. 3.4-3.5):
   - post-LayerNorm (the paper's, Sec. 3.1): Marian (`MarianMTModel`);
   - pre-LayerNorm, with a final LayerNorm on each stack: Pegasus
     (`PegasusForConditionalGeneration`).
-Both lay their position table out as [sines | cosines] where ours interleaves them (layers.
-sinusoidal_positions), and Marian rebuilds its table when it loads. So every model channel is
-renumbered: HF channel j is our channel `channel_order(D)[j]` in every vector the residual
-stream carries (embeddings, LayerNorm parameters, the inputs of the Q, K, V and first
+Both lay their position table out as [sines | cosines] where ours interleaves them
+(positions.sinusoidal_positions), and Marian rebuilds its table when it loads. So every model
+channel is renumbered: HF channel j is our channel `channel_order(D)[j]` in every vector the
+residual stream carries (embeddings, LayerNorm parameters, the inputs of the Q, K, V and first
 feed-forward projections, the outputs of the attention output and second feed-forward
 projections). A sum, a LayerNorm and ReLU do not care how channels are numbered, and heads live
 inside the projections, so the renumbered model computes the same function (exactly in real
 arithmetic; the float32 sums may round differently).
 
 One difference remains: both classes build their LayerNorms with PyTorch's default epsilon,
-1e-5, and take no setting for it; ours is 1e-6 (models/layers.py). `match_layer_norm_epsilon`
+1e-5, and take no setting for it; ours is 1e-6 (models/norms.py). `match_layer_norm_epsilon`
 sets ours on a loaded model; docs/translating.md gives what it changes on Multi30k.
 
 The weights are written as safetensors; `torch` and `transformers` are needed only to run them.
@@ -40,6 +40,7 @@ from translate.engines.shared import (
     SHARED_DECISIONS,
     Decision,
     array,
+    decide,
     groups_by_length,
     refusal,
     source_pieces,
@@ -69,30 +70,41 @@ MAX_LENGTH = 512
 # without a decision here).
 IMPLEMENTS = {
     **SHARED_DECISIONS,
-    "norm_position": Decision(("post", "pre"), "Marian (post) and Pegasus (pre) only"),
-    "architecture": Decision(
+    "norm_position": decide(LAYOUTS, {}),
+    "architecture": decide(
         ("encoder_decoder",),
-        "transformers has no model class for the decoder-only layout (positions over "
-        "`source </s> <s> target`); export a causal one with --format=ctranslate2 (a prefix LM, "
-        "model.prefix_attention=bidirectional, has no engine to export to)",
+        {
+            "decoder_only": "transformers has no model class for the decoder-only layout "
+            "(positions over `source </s> <s> target`); export a causal one with "
+            "--format=ctranslate2 (a prefix LM, model.prefix_attention=bidirectional, has no "
+            "engine to export to)"
+        },
     ),
     # Read by the decoder-only architecture alone, which this export refuses above.
-    "prefix_attention": Decision(None, "decoder-only models only"),
+    "prefix_attention": decide(("causal", "bidirectional"), {}),
     # Marian and Pegasus are the paper's blocks; of today's, they compute the GELU alone.
-    "positions": Decision(
+    "positions": decide(
         ("sinusoidal",),
-        "Marian and Pegasus add sinusoidal positions only (model.positions); export this model "
-        "with --format=ctranslate2",
+        {
+            scheme: f"Marian and Pegasus add sinusoidal positions only (model.positions={scheme}"
+            "); export this model with --format=ctranslate2"
+            for scheme in ("rotary", "relative")
+        },
     ),
-    "normalization": Decision(
+    "normalization": decide(
         ("layernorm",),
-        "Marian and Pegasus normalise with LayerNorm only (model.normalization); export this "
-        "model with --format=ctranslate2",
+        {
+            "rmsnorm": "Marian and Pegasus normalise with LayerNorm only (model.normalization="
+            "rmsnorm); export this model with --format=ctranslate2"
+        },
     ),
-    "feed_forward": Decision(
-        ("relu", "gelu"),
-        "Marian and Pegasus have no gated feed-forward network (model.feed_forward); export "
-        "this model with --format=ctranslate2",
+    "feed_forward": decide(
+        ACTIVATIONS,
+        {
+            gated: "Marian and Pegasus have no gated feed-forward network (model.feed_forward="
+            f"{gated}); export this model with --format=ctranslate2"
+            for gated in ("swiglu", "geglu")
+        },
     ),
     "num_kv_heads": Decision(
         lambda config: num_kv_heads(config) == config.num_heads,

@@ -15,21 +15,35 @@ from translate.data.tokenizer import Tokenizer
 
 
 class Decision(NamedTuple):
-    """What an export does with one model field: the values it implements (None: every value,
-    as for a size it reads off the weights or a setting of training alone; a function of the
-    model's config where the field's meaning depends on another) and why, or the reason it
-    gives for refusing any other value."""
+    """What an export does with one model field.
+
+    `accepted`: the values it implements: None for every value (a size it reads off the
+    weights, a setting of training alone); a function of the model's config where the field's
+    meaning depends on another; else a tuple of the values it computes. `why`: why every value
+    is taken, or the reason a value outside `accepted` is refused. `refused`: for a choice
+    (a Literal field) that changes what the model computes, each other value of the choice
+    with the reason it is refused, so that the export has decided every value (`decide` builds
+    it); a value in neither, added to the choice after the export was written, is refused.
+    """
 
     accepted: tuple | Callable[[ModelConfig], bool] | None
     why: str
+    refused: Mapping[Any, str] | None = None
+
+
+def decide(accepted: Sequence, refused: Mapping[Any, str]) -> Decision:
+    """A choice decided per value: the values the export computes (often the keys of the table
+    that computes them) and each refused value's reason."""
+    return Decision(tuple(accepted), "", dict(refused))
 
 
 def refusal(config: ModelConfig, implements: Mapping[str, Decision]) -> str | None:
     """Why an export refuses this model, or None: it fails closed.
 
     Every field of the model's config must have a decision in `implements`; a field without
-    one (added to the model after the export was written) is refused by name, so that a model
-    the export does not know is never written as one it does.
+    one (added to the model after the export was written) is refused by name, and so is a value
+    of a choice that the export has not decided, so that a model the export does not know is
+    never written as one it does.
     """
     for field in dataclasses.fields(config):
         value = getattr(config, field.name)
@@ -43,7 +57,14 @@ def refusal(config: ModelConfig, implements: Mapping[str, Decision]) -> str | No
         if callable(accepted) and not accepted(config):
             return decision.why
         if isinstance(accepted, tuple) and value not in accepted:
-            return decision.why
+            if decision.refused is None:
+                return decision.why
+            return decision.refused.get(
+                value,
+                f"the export does not know model.{field.name}={value!r}: it computes "
+                + ", ".join(map(repr, accepted))
+                + " (translate/engines/)",
+            )
     return None
 
 

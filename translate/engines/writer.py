@@ -32,6 +32,7 @@ from translate import atomic, provenance
 from translate.config import Config
 from translate.engines import ctranslate2, huggingface
 from translate.engines.shared import NUM_POSITIONS
+from translate.models.positions import position_scheme
 from translate.trained import load_ensemble, parameters_read
 from translate.workdir import (
     EXPORT_MARKER,
@@ -78,12 +79,12 @@ def check_request(config: Config, workdir: str, output: str, fmt: str, quantizat
         )
     # A decoder-only model reads `x EOS BOS y` as one sequence (models/decoder_only.py): with
     # each side at most data.max_len tokens, EOS included, its positions run to 2 * max_len - 1,
-    # and a table of added (sinusoidal) positions must hold them all. Rotary and relative
-    # positions are CTranslate2's own computation, with no table to outgrow.
+    # and a table of added (sinusoidal) positions must hold them all. Positions that act in
+    # attention (rotary, relative) are CTranslate2's own computation, with no table to outgrow.
     pair = 2 * config.data.max_len
     if (
         config.model.architecture == "decoder_only"
-        and config.model.positions == "sinusoidal"
+        and position_scheme(config.model).added
         and pair > NUM_POSITIONS
     ):
         raise ValueError(

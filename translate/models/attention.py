@@ -23,7 +23,7 @@ from flax import nnx
 
 from translate.config import ModelConfig
 from translate.models.dropout import dropout, fold
-from translate.models.positions import Positions, RelativeBias, rotate
+from translate.models.positions import Positions, RelativeBias, position_scheme, rotate
 from translate.models.precision import xavier_linear
 
 
@@ -128,7 +128,7 @@ class MultiHeadAttention(nnx.Module):
         self.num_heads, self.num_kv_heads = config.num_heads, num_kv_heads(config)
         self.is_self = self_attention
         # The kernel of jax.nn.dot_product_attention, "xla" or "cudnn": resolved for the device
-        # once, by translate.factory, so building a model never queries the hardware.
+        # once, by translate/models/factory.py, so building a model never queries the hardware.
         self.implementation = attention
         self.query = xavier_linear(config, d, d, dtype, rngs)
         # No key bias: it adds the same amount to every score of a query, which softmax ignores,
@@ -136,8 +136,10 @@ class MultiHeadAttention(nnx.Module):
         self.key = xavier_linear(config, d, self.num_kv_heads * k, dtype, rngs, use_bias=False)
         self.value = xavier_linear(config, d, self.num_kv_heads * k, dtype, rngs)
         self.out = xavier_linear(config, d, d, dtype, rngs)
-        self.rotary = self_attention and config.positions == "rotary"
-        relative = self_attention and config.positions == "relative"
+        # Positions act in self-attention alone (positions.py).
+        scheme = position_scheme(config)
+        self.rotary = self_attention and scheme.rotates
+        relative = self_attention and scheme.bias
         self.relative = RelativeBias(config.num_heads, d, bidirectional, rngs) if relative else None
         # Dropout on the attention weights in training (`model.attention_dropout_rate`; not in
         # the paper, tensor2tensor's attention_dropout); 0 keeps the fused kernel.

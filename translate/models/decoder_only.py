@@ -38,12 +38,18 @@ from flax import nnx
 from translate.config import ModelConfig, PrefixAttention, check_choice
 from translate.models.attention import KV, Slots
 from translate.models.dropout import fold
-from translate.models.layers import EncoderLayer, is_pre_norm, make_norm
+from translate.models.layers import EncoderLayer
+from translate.models.norms import is_pre_norm, make_norm
 from translate.models.positions import Positions
 from translate.models.transformer import TranslationModel
 
 if TYPE_CHECKING:  # for annotations only: the data pipeline feeds the model, not the reverse
     from translate.data.batching import Batch
+
+
+# `model.prefix_attention` -> whether a source token sees the whole source of its pair (a
+# prefix LM), rather than the source tokens before it.
+SEES_WHOLE_SOURCE: dict[str, bool] = {"causal": False, "bidirectional": True}
 
 
 class PrefixCache(NamedTuple):
@@ -61,7 +67,7 @@ def prefix_lm_mask(
 
     A query sees keys of its own pair (same segment, not padding) at positions up to its own;
     with `bidirectional`, a source (prefix) query also sees every source key of its pair.
-    A padding query sees every key, so that no row is empty (see layers.attention_mask).
+    A padding query sees every key, so that no row is empty (see attention.attention_mask).
     """
     same = segments[:, :, None] == segments[:, None, :]
     visible = positions[:, None, :] <= positions[:, :, None]  # key position <= query position
@@ -78,7 +84,7 @@ class DecoderOnlyTransformer(TranslationModel):
     ):
         super().__init__(config, vocab_size, rngs, dtype)
         prefix = check_choice(config.prefix_attention, PrefixAttention, "model.prefix_attention")
-        self.bidirectional = prefix == "bidirectional"
+        self.bidirectional = SEES_WHOLE_SOURCE[prefix]
         causal = not self.bidirectional
         self.decoder = nnx.List(
             [

@@ -22,6 +22,7 @@ from translate.config import (
 )
 from translate.devices import DeviceFacts, resolve_attention, resolve_dtype
 from translate.models.decoder_only import DecoderOnlyTransformer
+from translate.models.positions import position_scheme
 from translate.models.transformer import Transformer, TranslationModel
 
 # `model.architecture` -> the class that builds it (config/rules.py validates the name).
@@ -45,20 +46,20 @@ def resolve_model_dtype(config: ModelConfig) -> Any:
 def resolve_model_attention(config: ModelConfig, facts: DeviceFacts | None = None) -> str:
     """The kernel ("xla" or "cudnn") that `config.attention` means on this device.
 
-    Raises ValueError when the config asks for cuDNN where it cannot run. A relative
-    position bias (`model.positions=relative`) runs on XLA's kernel: its gradient per batch
-    row has not been run through cuDNN's fused kernel here, so "auto" picks XLA and "cudnn"
-    is refused in one line.
+    Raises ValueError when the config asks for cuDNN where it cannot run. A position scheme
+    runs on the kernels it has been run through (positions.POSITIONS): where cuDNN's is not one
+    of them (a relative bias), "auto" picks XLA and "cudnn" is refused in one line.
     """
-    if config.positions == "relative":
-        if config.attention == "cudnn":
+    kernel = check_choice(config.attention, AttentionKernel, "model.attention")
+    if "cudnn" not in position_scheme(config).kernels:
+        if kernel == "cudnn":
             raise ValueError(
-                "model.attention=cudnn: a relative position bias (model.positions=relative) "
-                "runs on XLA's attention; use auto or xla"
+                f"model.attention=cudnn: model.positions={config.positions} runs on XLA's "
+                "attention; use auto or xla"
             )
         return "xla"
     return resolve_attention(
-        check_choice(config.attention, AttentionKernel, "model.attention"),
+        kernel,
         resolve_model_dtype(config),
         config.d_model // config.num_heads,
         facts,

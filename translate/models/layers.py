@@ -1,5 +1,6 @@
-"""The Transformer's layers (Sec. 3.1-3.3): feed-forward, norms, residual connections, and the
-encoder and decoder layers built of them and of attention (translate/models/attention.py).
+"""The Transformer's layers (Sec. 3.1-3.3): the feed-forward network, residual connections, and
+the encoder and decoder layers built of them, of attention (translate/models/attention.py) and
+of the norms (translate/models/norms.py).
 
 Shape letters as declared in translate/models/transformer.py: B batch rows, S source length,
 T target length, D d_model, H heads, K head dim, F d_ff, L cache length. Masks are boolean,
@@ -17,19 +18,12 @@ import jax
 import numpy as np
 from flax import nnx
 
-from translate.config import (
-    FeedForwardKind,
-    ModelConfig,
-    Normalization,
-    NormPosition,
-    check_choice,
-)
+from translate.config import FeedForwardKind, ModelConfig, check_choice
 from translate.models.attention import KV, MultiHeadAttention, Slots
 from translate.models.dropout import dropout, fold
+from translate.models.norms import Norm, is_pre_norm, make_norm
 from translate.models.positions import Positions
 from translate.models.precision import xavier_linear
-
-Norm = nnx.LayerNorm | nnx.RMSNorm
 
 
 class LayerCache(NamedTuple):
@@ -39,19 +33,6 @@ class LayerCache(NamedTuple):
     self_kv: KV  # [B, G, K, L], [B, G, L, K]
     cross_kv: KV  # [B, G, K, S], [B, G, S, K]
     src_valid: jax.Array  # [B, S] True on real source tokens: the cross-attention's mask
-
-
-def is_pre_norm(config: ModelConfig) -> bool:
-    """Whether each norm sits before its sub-layer (`model.norm_position`)."""
-    return check_choice(config.norm_position, NormPosition, "model.norm_position") == "pre"
-
-
-def make_norm(config: ModelConfig, dtype: Any, rngs: nnx.Rngs) -> Norm:
-    """LayerNorm (the paper's, with a gain and a bias) or RMSNorm (`model.normalization`: a
-    gain alone, no mean taken; Zhang & Sennrich 2019), epsilon 1e-6 either way."""
-    kind = check_choice(config.normalization, Normalization, "model.normalization")
-    norm = nnx.LayerNorm if kind == "layernorm" else nnx.RMSNorm
-    return norm(config.d_model, epsilon=1e-6, dtype=dtype, rngs=rngs)
 
 
 # `model.feed_forward` -> (the activation, whether a linear unit gates it). GELU is the tanh
@@ -112,6 +93,9 @@ class ResidualLayer(nnx.Module):
     rate: float
     bits: str
     pre_norm: bool
+    # Sec. 3.3: every layer's position-wise network, chosen here once; the layers build it and
+    # sum its FLOPs through this name, whichever variant `model.feed_forward` names.
+    feed_forward_class: type[FeedForward] = FeedForward
 
     def normed(self, norm: Norm, x: jax.Array) -> jax.Array:
         """A sub-layer's input: LayerNorm(x) with pre-LayerNorm, x itself with post."""
@@ -142,14 +126,14 @@ class EncoderLayer(ResidualLayer):
             config, dtype, attention, rngs, self_attention=True, bidirectional=not causal
         )
         self.norm1 = make_norm(config, dtype, rngs)
-        self.feed_forward = FeedForward(config, dtype, rngs)
+        self.feed_forward = self.feed_forward_class(config, dtype, rngs)
         self.norm2 = make_norm(config, dtype, rngs)
 
-    @staticmethod
-    def flops(config: ModelConfig, lengths: np.ndarray) -> float:
+    @classmethod
+    def flops(cls, config: ModelConfig, lengths: np.ndarray) -> float:
         """Forward FLOPs over sentences of `lengths` tokens (a float array)."""
         attention = MultiHeadAttention.flops(config, lengths, lengths)
-        return attention + FeedForward.flops(config, lengths)
+        return attention + cls.feed_forward_class.flops(config, lengths)
 
     def __call__(
         self,
@@ -189,16 +173,16 @@ class DecoderLayer(ResidualLayer):
             config, dtype, attention, rngs, self_attention=False
         )
         self.norm2 = make_norm(config, dtype, rngs)
-        self.feed_forward = FeedForward(config, dtype, rngs)
+        self.feed_forward = self.feed_forward_class(config, dtype, rngs)
         self.norm3 = make_norm(config, dtype, rngs)
 
-    @staticmethod
-    def flops(config: ModelConfig, src: np.ndarray, tgt: np.ndarray) -> float:
+    @classmethod
+    def flops(cls, config: ModelConfig, src: np.ndarray, tgt: np.ndarray) -> float:
         """Forward FLOPs over pairs of `src` and `tgt` tokens (float arrays): self-attention
         on the targets, cross-attention of targets over sources, the feed-forward."""
         self_attention = MultiHeadAttention.flops(config, tgt, tgt)
         cross_attention = MultiHeadAttention.flops(config, tgt, src)
-        return self_attention + cross_attention + FeedForward.flops(config, tgt)
+        return self_attention + cross_attention + cls.feed_forward_class.flops(config, tgt)
 
     def __call__(
         self,

@@ -12,7 +12,8 @@
 
 Rotary and relative act inside self-attention (models/attention.py), which gets the queries'
 and keys' positions from the layer (`Positions`); cross-attention takes none, as in T5 and
-T5Gemma: a target token's place is already in its query. Shape letters as in
+T5Gemma: a target token's place is already in its query. What each scheme does is one row of
+`POSITIONS`, which every place that acts on the choice reads. Shape letters as in
 translate/models/transformer.py.
 """
 
@@ -25,12 +26,43 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from translate.config import ModelConfig, PositionScheme, check_choice
+
 # Rotary: channel pair i turns at position p by p * ROTARY_BASE^(-2i/K) (Su et al. 2021, Sec. 3.2).
 ROTARY_BASE = 10000.0
 # Relative: T5's 32 buckets (16 a direction where keys on both sides count), exact up to half
 # of them, logarithmic beyond, all distances past 128 in the last (Raffel et al. 2020).
 RELATIVE_BUCKETS = 32
 RELATIVE_MAX_DISTANCE = 128
+
+
+class Scheme(NamedTuple):
+    """What one value of `model.positions` does to the model.
+
+    `added`: a vector per position is added to the embeddings once (Sec. 3.5). `rotates`:
+    self-attention turns its queries and keys by their positions. `bias`: self-attention adds a
+    learned bias to its scores. `kernels`: the kernels of jax.nn.dot_product_attention the
+    scheme has been run through, "auto" choosing among them (translate/models/factory.py).
+    """
+
+    added: bool
+    rotates: bool
+    bias: bool
+    kernels: tuple[str, ...]
+
+
+# `model.positions` -> what it does. A relative bias runs on XLA's attention alone: its gradient
+# per batch row has not been run through cuDNN's fused kernel.
+POSITIONS: dict[str, Scheme] = {
+    "sinusoidal": Scheme(added=True, rotates=False, bias=False, kernels=("xla", "cudnn")),
+    "rotary": Scheme(added=False, rotates=True, bias=False, kernels=("xla", "cudnn")),
+    "relative": Scheme(added=False, rotates=False, bias=True, kernels=("xla",)),
+}
+
+
+def position_scheme(config: ModelConfig) -> Scheme:
+    """What `config.positions` does; a value outside the choice is refused, naming the field."""
+    return POSITIONS[check_choice(config.positions, PositionScheme, "model.positions")]
 
 
 class Positions(NamedTuple):

@@ -24,12 +24,18 @@ def compute_dtype(config: ModelConfig) -> Any:
     return jnp.dtype("float32" if config.compute_dtype == "auto" else config.compute_dtype)
 
 
+# `model.matmul_dtype` -> the dtype float32 operands of a product are rounded to, or None:
+# the operands keep the compute dtype.
+ROUNDED_OPERANDS: dict[str, Any] = {"compute": None, "bfloat16": jnp.bfloat16}
+
+
 def product_dtype(config: ModelConfig, dtype: Any) -> Any:
     """The operands' dtype of the linear layers' and the projection's products: `dtype`, the
     compute dtype, unless `model.matmul_dtype` rounds float32 operands to bfloat16."""
     matmul = check_choice(config.matmul_dtype, MatmulDtype, "model.matmul_dtype")
-    if matmul == "bfloat16" and jnp.dtype(dtype) == jnp.float32:
-        return jnp.dtype(jnp.bfloat16)
+    rounded = ROUNDED_OPERANDS[matmul]
+    if rounded is not None and jnp.dtype(dtype) == jnp.float32:
+        return jnp.dtype(rounded)
     return jnp.dtype(dtype)
 
 

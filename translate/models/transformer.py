@@ -2,8 +2,9 @@
 
 This file assembles the encoder-decoder (Sec. 3.1) and its KV cache for decoding; the blocks it
 is built of are in translate/models/: attention.py (Sec. 3.2), positions.py (Sec. 3.5 and its
-variants), layers.py (the feed-forward network, norms and the encoder and decoder layers),
-precision.py and dropout.py; factory.py builds the configured model.
+variants), norms.py (LayerNorm and its variant), layers.py (the feed-forward network and the
+encoder and decoder layers), precision.py and dropout.py; factory.py builds the configured
+model.
 
 Shape letters used in comments and einsum strings:
   B batch rows, S source length, T target length, D d_model, H heads, K head dim (D / H),
@@ -22,7 +23,7 @@ the default config:
     the paper does not state either.
   - LayerNorm epsilon is 1e-6; the paper does not state it.
   - Dropout draws 16 random bits per element, so its rate is rounded to a multiple of 2^-16
-    (0.1 becomes 0.100006); see `layers.dropout`.
+    (0.1 becomes 0.100006); see `dropout.dropout`.
   - Label smoothing (Sec. 5.4) spreads eps over the whole vocabulary, the target piece and the
     special pieces included: (1 - eps) NLL + eps * cross-entropy against 1/V
     (training/losses.py). The paper does not say over which pieces.
@@ -63,11 +64,12 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from translate.config import DropoutBits, ModelConfig, PositionScheme, check_choice
+from translate.config import DropoutBits, ModelConfig, check_choice
 from translate.models.attention import KV, MultiHeadAttention, Slots, attention_mask, num_kv_heads
 from translate.models.dropout import dropout, fold
-from translate.models.layers import DecoderLayer, EncoderLayer, LayerCache, is_pre_norm, make_norm
-from translate.models.positions import Positions, sinusoidal_positions
+from translate.models.layers import DecoderLayer, EncoderLayer, LayerCache
+from translate.models.norms import is_pre_norm, make_norm
+from translate.models.positions import Positions, position_scheme, sinusoidal_positions
 from translate.models.precision import compute_dtype, product_dtype
 
 if TYPE_CHECKING:  # for annotations only: the data pipeline feeds the model, not the reverse
@@ -90,10 +92,9 @@ class TranslationModel(nnx.Module):
         # Plain numbers, not the config object: the graph definition must stay hashable.
         self.d_model, self.num_heads = config.d_model, config.num_heads
         self.num_kv_heads = num_kv_heads(config)
-        scheme = check_choice(config.positions, PositionScheme, "model.positions")
         # Sec. 3.5's sinusoids are added to the embeddings; rotary and relative positions act
         # inside self-attention instead (positions.py).
-        self.adds_positions = scheme == "sinusoidal"
+        self.adds_positions = position_scheme(config).added
         self.dropout_rate = config.dropout_rate
         self.dropout_bits = check_choice(config.dropout_bits, DropoutBits, "model.dropout_bits")
         self.dtype = compute_dtype(config) if dtype is None else jnp.dtype(dtype)
