@@ -25,7 +25,7 @@ from translate.data.tokenizer import Tokenizer
 from translate.pipeline import stages
 from translate.pipeline.directory import PipelineDir
 from translate.pipeline.plan import make_plan
-from translate.pipeline.stages import run_pipeline
+from translate.pipeline.stages import plan_stages, run_pipeline
 from translate.trained import load_model
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
@@ -65,7 +65,7 @@ def plan_of(directory, teacher_file, **changes):
         "nbest": 0,
     }
     given.update(changes)
-    return make_plan(str(directory), **given)
+    return make_plan(directory=str(directory), **given)
 
 
 @pytest.fixture(scope="module")
@@ -117,6 +117,16 @@ def test_a_pipeline_writes_its_corpora_students_and_a_report_naming_its_inputs(f
         "distilled",
         "back_translated",
     ]
+
+
+def test_the_report_times_every_stage_the_run_recorded_in_the_plans_order(finished, teacher_file):
+    # The run and the report read one list: a stage run outside it would leave a record that
+    # the report leaves out, and a report of its own list would miss a stage added to it.
+    pipe = PipelineDir(finished)
+    names = [stage.name for stage in plan_stages(pipe, plan_of(finished, teacher_file))]
+    report = json.loads(pipe.report_json.read_text())
+    assert list(report["stages"]) == names
+    assert sorted(p.stem for p in pipe.stages.glob("*.json")) == sorted(names)
 
 
 def test_running_a_finished_pipeline_again_redoes_nothing(finished, teacher_file, monkeypatch):

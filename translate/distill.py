@@ -74,15 +74,15 @@ def main(argv: Sequence[str]) -> None:
         for name in ("teacher_config", "reverse_config", "student_config")
     }
     plan = make_plan(
-        flags["dir"],
-        configs["teacher_config"],
-        flags["num_teachers"],
-        flags["teacher"],
-        configs["reverse_config"],
-        configs["student_config"],
-        flags["num_students"],
-        overrides,
-        flags["nbest"],
+        directory=flags["dir"],
+        teacher_config=configs["teacher_config"],
+        num_teachers=flags["num_teachers"],
+        teacher_workdirs=flags["teacher"],
+        reverse=configs["reverse_config"],
+        student=configs["student_config"],
+        num_students=flags["num_students"],
+        decode_overrides=overrides,
+        nbest=flags["nbest"],
     )
     compilation.use_persistent_cache(flags["compilation_cache"])
     try:

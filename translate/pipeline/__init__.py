@@ -2,8 +2,9 @@
 
 `translate-distill` (translate/distill.py) makes a plan (pipeline/plan.py: every input checked
 before anything is written) and runs it (pipeline/stages.py, `run_pipeline(plan, directory)`).
-Its state is one directory (pipeline/directory.py); the stages run in order, each resumes
-where a kill stopped it and none is redone once done:
+Its state is one directory (pipeline/directory.py); the stages, listed once (`plan_stages`) for
+the run and the report, run in order, each resumes where a kill stopped it and none is redone
+once done:
 
     corpus           the teachers' training, dev and test text, written once as files:
                      corpus/original.{src,tgt}, corpus/dev.*, corpus/test.*

@@ -118,8 +118,9 @@ def first_difference(saved: Any, wanted: Any, path: str = "") -> str:
     return f"{path.rstrip('.') or 'the plan'}: {saved}, now {wanted}"
 
 
-class Stages:
-    """The stages' record: which are done, and the seconds each took over all its tries."""
+class StageRecords:
+    """The records of finished stages: which are done, and the seconds each took over all its
+    tries."""
 
     def __init__(self, pipe: PipelineDir):
         self.pipe = pipe

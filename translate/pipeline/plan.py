@@ -33,7 +33,9 @@ class Plan:
       reverse: the reverse model's config (target to source), or None for no back-translation.
       students: one config per student (seeds); data.train_corpora names corpora of CORPORA.
       decode: how the teachers decode the training sources (beam, n-best or samples).
-      data: the text the teachers were trained on: the corpus stage copies it.
+      teacher_config: the config the teachers were trained from (--teacher_config, or the
+        first trained teacher's): its data section is the text the corpus stage copies and
+        its languages name every corpus file.
       data_workdir: the workdir whose data/ holds a generated (synthetic) corpus, if any.
     """
 
@@ -42,7 +44,7 @@ class Plan:
     reverse: Config | None
     students: list[Config]
     decode: DecodeSettings
-    data: Config
+    teacher_config: Config
     data_workdir: str = ""
 
     def identity(self, corpus: pathlib.Path) -> dict[str, Any]:
@@ -61,7 +63,7 @@ class Plan:
             "reverse": None if self.reverse is None else described(self.reverse),
             "students": [described(c) for c in self.students],
             "decode": self.decode.described() | {"nbest": self.decode.nbest},
-            "data": self.data.to_dict()["data"],
+            "data": self.teacher_config.to_dict()["data"],
         }
 
 
@@ -82,11 +84,13 @@ def check_weights(config: Config, flag: str) -> None:
         seen.add(corpus.prefix)
 
 
-def pipeline_data(config: Config, data: Config, corpus: pathlib.Path, reverse=False) -> Config:
+def pipeline_data(
+    config: Config, teacher_config: Config, corpus: pathlib.Path, reverse=False
+) -> Config:
     """`config` reading the pipeline's corpus files: its model, training and decoding kept,
-    its text the teachers' (`data`'s languages, swapped for the reverse model)."""
+    its text the teachers' (`teacher_config`'s languages, swapped for the reverse model)."""
     config = copy.deepcopy(config)
-    d, given = config.data, data.data
+    d, given = config.data, teacher_config.data
     d.source, d.dir, d.train_prefix = "files", str(corpus.resolve()), ORIGINAL
     dev, test = {
         "files": (given.dev_prefix, given.test_prefix),
@@ -101,6 +105,7 @@ def pipeline_data(config: Config, data: Config, corpus: pathlib.Path, reverse=Fa
 
 
 def make_plan(
+    *,
     directory: str,
     teacher_config: Config | None,
     num_teachers: int,
@@ -130,20 +135,20 @@ def make_plan(
     corpus = PipelineDir(directory).corpus
     teachers, data_workdir = [], ""
     if teacher_workdirs:
-        data, data_workdir = check_teachers(teacher_workdirs), teacher_workdirs[0]
+        teacher_config, data_workdir = check_teachers(teacher_workdirs), teacher_workdirs[0]
     else:
-        data = teacher_config.validate()
+        teacher_config.validate()
         for i in range(num_teachers):
-            teacher = pipeline_data(teacher_config, data, corpus)
+            teacher = pipeline_data(teacher_config, teacher_config, corpus)
             teacher.train.seed = teacher_config.train.seed + i
             teachers.append(teacher.validate())
-    if data.data.source == "monolingual":
+    if teacher_config.data.source == "monolingual":
         raise ValueError(
             "the teachers are language models (data.source=monolingual): a "
             "pipeline distils translation models"
         )
-    check_untagged(data)
-    base = student or (teacher_config if teacher_config is not None else data)
+    check_untagged(teacher_config)
+    base = student or teacher_config
     if not base.data.train_corpora:
         base = copy.deepcopy(base)
         named = [TrainCorpus(ORIGINAL), TrainCorpus(DISTILLED)]
@@ -164,19 +169,27 @@ def make_plan(
         )
     students = []
     for i in range(num_students):
-        config = pipeline_data(base, data, corpus)
+        config = pipeline_data(base, teacher_config, corpus)
         config.train.seed = base.train.seed + i
         students.append(config.validate())  # weights: > 0 and finite, tags one piece each
     if teacher_workdirs:  # teachers trained here are checked once the first has its pieces
         check_tags_not_pieces(students[0], Workdir(teacher_workdirs[0]).vocab)
     if reverse is not None:
-        reverse = pipeline_data(reverse, data, corpus, reverse=True).validate()
-    decoding = copy.deepcopy(teachers[0] if teachers else data)
+        reverse = pipeline_data(reverse, teacher_config, corpus, reverse=True).validate()
+    decoding = copy.deepcopy(teachers[0] if teachers else teacher_config)
     for dotted, text in decode_overrides.items():  # --config.decode.*, over the teachers'
         apply_override(decoding, dotted, text)
     settings = decode_settings(decoding.validate().decode, {}, nbest)
     check_output_path(directory, "--dir", teacher_workdirs, directory=True)
-    return Plan(teachers, list(teacher_workdirs), reverse, students, settings, data, data_workdir)
+    return Plan(
+        teachers=teachers,
+        teacher_workdirs=list(teacher_workdirs),
+        reverse=reverse,
+        students=students,
+        decode=settings,
+        teacher_config=teacher_config,
+        data_workdir=data_workdir,
+    )
 
 
 def check_teachers(workdirs: Sequence[str]) -> Config:
@@ -212,8 +225,8 @@ def check_teachers(workdirs: Sequence[str]) -> Config:
     return first
 
 
-def check_untagged(data: Config) -> None:
-    if any(c.tag for c in data.data.train_corpora):
+def check_untagged(teacher_config: Config) -> None:
+    if any(c.tag for c in teacher_config.data.train_corpora):
         raise ValueError(
             "the teachers were trained on tagged corpora (data.train_corpora): their "
             "training sources would need the tags to be decoded; give untagged teachers"
@@ -232,12 +245,3 @@ def check_tags_not_pieces(student: Config, vocab: pathlib.Path) -> None:
                 f"piece of the teachers' vocabulary {vocab}: text holds it; choose a tag no "
                 "text holds, such as <BT>"
             )
-
-
-def stage_names(plan: Plan) -> list[str]:
-    """The plan's stages, in the order they run."""
-    teachers = [f"teacher-{i}" for i in range(len(plan.teachers))]
-    reverse = ["reverse"] if plan.reverse is not None else []
-    back = [BACK_TRANSLATED] if plan.reverse is not None else []
-    students = [f"student-{i}" for i in range(len(plan.students))]
-    return ["corpus", *teachers, *reverse, DISTILLED, *back, *students, "evaluations"]

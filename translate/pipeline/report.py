@@ -7,8 +7,8 @@ import pathlib
 from collections.abc import Sequence
 from typing import Any
 
-from translate.pipeline.directory import PipelineDir, Stages, duration, sha256_of
-from translate.pipeline.plan import ORIGINAL, Plan, stage_names
+from translate.pipeline.directory import PipelineDir, StageRecords, duration, sha256_of
+from translate.pipeline.plan import ORIGINAL, Plan
 from translate.workdir import Workdir
 
 
@@ -26,10 +26,20 @@ def teacher_record(path: str) -> dict[str, Any]:
     return record
 
 
-def pipeline_report(pipe: PipelineDir, plan: Plan, teachers: Sequence[str]) -> dict[str, Any]:
-    stages = Stages(pipe)
-    names = stage_names(plan)
-    records = {name: stages.done(name) for name in names}
+def pipeline_report(
+    pipe: PipelineDir, plan: Plan, teachers: Sequence[str], names: Sequence[str]
+) -> dict[str, Any]:
+    """The report of a finished pipeline.
+
+    Args:
+      pipe: the pipeline's directory, every stage in it done.
+      plan: the pipeline's plan.
+      teachers: the teachers' workdirs.
+      names: the stages that ran, in order: the names of the list that ran them
+        (stages.plan_stages), so that the report times every stage the run recorded.
+    """
+    finished = StageRecords(pipe)
+    records = {name: finished.done(name) for name in names}
     students = plan.students[0].data.train_corpora
     corpora = []
     for corpus in students:
@@ -38,7 +48,7 @@ def pipeline_report(pipe: PipelineDir, plan: Plan, teachers: Sequence[str]) -> d
             if corpus.prefix == ORIGINAL
             else (records[corpus.prefix]["outputs"])
         )
-        src, tgt = pipe.corpus_files(corpus.prefix, plan.data)
+        src, tgt = pipe.corpus_files(corpus.prefix, plan.teacher_config)
         corpora.append(
             {
                 "corpus": corpus.prefix,

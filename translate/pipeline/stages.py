@@ -1,15 +1,18 @@
-"""The stages of a pipeline, each resumable, and `run_pipeline`, which runs those not done."""
+"""The stages of a pipeline, each resumable; `plan_stages`, their one list; and `run_pipeline`,
+which runs those not done."""
 
 from __future__ import annotations
 
 import copy
+import dataclasses
+import functools
 import json
 import logging
 import math
 import pathlib
 import shutil
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from translate import atomic
@@ -18,7 +21,13 @@ from translate.data.sources import DataFiles, open_text
 from translate.decoding.report import translate_and_score, write_report
 from translate.decoding.sentences import translate_sentences
 from translate.decoding.settings import DecodeSettings, decode_settings
-from translate.pipeline.directory import PipelineDir, Stages, claimed, duration, files_record
+from translate.pipeline.directory import (
+    PipelineDir,
+    StageRecords,
+    claimed,
+    duration,
+    files_record,
+)
 from translate.pipeline.plan import (
     BACK_TRANSLATED,
     DISTILLED,
@@ -41,7 +50,7 @@ LINES_PER_COPY = 100_000
 
 def copy_corpus(pipe: PipelineDir, plan: Plan) -> dict[str, Any]:
     """Writes the teachers' training, dev and test text into corpus/, each file whole."""
-    data = plan.data
+    data = plan.teacher_config
     home = Workdir(plan.data_workdir) if plan.data_workdir else None
     generated = home.data if home else pipe.corpus / "generated"
     files = DataFiles(pipe.corpus / "unused.vocab", pipe.corpus / "unused.tokens", generated)
@@ -67,25 +76,26 @@ def copy_corpus(pipe: PipelineDir, plan: Plan) -> dict[str, Any]:
     return files_record(written)
 
 
-def train_teachers(pipe: PipelineDir, plan: Plan, stages: Stages) -> list[str]:
-    """The teachers' workdirs: given, or trained here one after another on one vocabulary."""
+def teacher_workdirs(pipe: PipelineDir, plan: Plan) -> list[str]:
+    """The teachers' workdirs: given, or those the teacher stages train here."""
     if plan.teacher_workdirs:
         return plan.teacher_workdirs
-    paths = []
-    for i, config in enumerate(plan.teachers):
-        workdir = pipe.teacher(i)
-        if i:  # the first teacher's pieces: the ensemble reads and writes one vocabulary
-            first = pipe.teacher(0)
-            workdir.path.mkdir(parents=True, exist_ok=True)
-            if not workdir.vocab.is_file():
-                with atomic.file(workdir.vocab) as tmp:
-                    shutil.copyfile(first.vocab, tmp)
-        stages.run(f"teacher-{i}", lambda c=config, w=workdir: trained(c, w))
-        paths.append(str(workdir.path))
-    return paths
+    return [str(pipe.teacher(i).path) for i in range(len(plan.teachers))]
 
 
-def trained(config: Config, workdir: Workdir) -> dict[str, Any]:
+def train_teacher(pipe: PipelineDir, index: int, config: Config) -> dict[str, Any]:
+    """Trains (or resumes) the teacher `index` of those trained here, on the first one's
+    vocabulary."""
+    workdir = pipe.teacher(index)
+    if index:  # the first teacher's pieces: the ensemble reads and writes one vocabulary
+        workdir.path.mkdir(parents=True, exist_ok=True)
+        if not workdir.vocab.is_file():
+            with atomic.file(workdir.vocab) as tmp:
+                shutil.copyfile(pipe.teacher(0).vocab, tmp)
+    return train_model(config, workdir)
+
+
+def train_model(config: Config, workdir: Workdir) -> dict[str, Any]:
     """Trains (or resumes) one model; what the stage record keeps of it."""
     report = train_and_evaluate(copy.deepcopy(config), workdir.path)
     scores = {} if report is None else {"test_bleu": report["bleu"]}
@@ -167,23 +177,23 @@ def write_pairs(
 
 def distil(pipe: PipelineDir, plan: Plan, teachers: Sequence[str]) -> dict[str, Any]:
     """corpus/distilled.*: each training source with its translations by the teachers."""
-    src, tgt = pipe.corpus_files(ORIGINAL, plan.data)
+    src, tgt = pipe.corpus_files(ORIGINAL, plan.teacher_config)
     sources = src.read_text().splitlines()
     results = decode_corpus(pipe, DISTILLED, teachers, plan.decode, sources)
     pairs = ((s, text) for s, line in zip(sources, results) for _, text in line)
-    record = write_pairs(pipe.corpus_files(DISTILLED, plan.data), pairs)
+    record = write_pairs(pipe.corpus_files(DISTILLED, plan.teacher_config), pairs)
     shutil.rmtree(pipe.parts / DISTILLED)
     return record
 
 
 def back_translate(pipe: PipelineDir, plan: Plan) -> dict[str, Any]:
     """corpus/back_translated.*: each training target with the reverse model's source for it."""
-    _, tgt = pipe.corpus_files(ORIGINAL, plan.data)
+    _, tgt = pipe.corpus_files(ORIGINAL, plan.teacher_config)
     targets = tgt.read_text().splitlines()
     settings = decode_settings(plan.reverse.decode)
     results = decode_corpus(pipe, BACK_TRANSLATED, [str(pipe.reverse)], settings, targets)
     pairs = ((line[0][1], t) for t, line in zip(targets, results))
-    record = write_pairs(pipe.corpus_files(BACK_TRANSLATED, plan.data), pairs)
+    record = write_pairs(pipe.corpus_files(BACK_TRANSLATED, plan.teacher_config), pairs)
     shutil.rmtree(pipe.parts / BACK_TRANSLATED)
     return record
 
@@ -200,7 +210,7 @@ def evaluate(pipe: PipelineDir, plan: Plan, teachers: Sequence[str]) -> dict[str
         settings = decode_settings(ensemble.config.decode)
         scores[system] = {}
         for split in ("dev", "test"):
-            paths = pipe.corpus_files(split, plan.data)
+            paths = pipe.corpus_files(split, plan.teacher_config)
             if not paths[0].is_file():
                 continue
             out = pipe.evaluations / f"{system}.{split}"
@@ -234,23 +244,63 @@ def evaluate(pipe: PipelineDir, plan: Plan, teachers: Sequence[str]) -> dict[str
     return scores
 
 
+@dataclasses.dataclass(frozen=True)
+class Stage:
+    """A stage of a plan: the name that its record and the report know it by, and its work.
+
+    Attributes:
+      name: the stage's record is stages/NAME.json; its time is report.json's stages.NAME.
+      work: does the stage (or resumes it); returns what its record keeps.
+      check: when set, run before the stage on every run, done or not: it refuses, as soon as
+        what it reads exists, what a later stage would fail on hours afterwards.
+    """
+
+    name: str
+    work: Callable[[], dict[str, Any]]
+    check: Callable[[], None] | None = None
+
+
+def plan_stages(pipe: PipelineDir, plan: Plan) -> list[Stage]:
+    """The plan's stages in the order they run: the one list that the run follows and the
+    report reads, so that a stage added here is run, recorded and timed alike."""
+    teachers = teacher_workdirs(pipe, plan)
+    stages = [Stage("corpus", functools.partial(copy_corpus, pipe, plan))]
+    stages += [
+        Stage(f"teacher-{i}", functools.partial(train_teacher, pipe, i, config))
+        for i, config in enumerate(plan.teachers)
+    ]
+    after_teachers = []
+    if plan.reverse is not None:
+        reverse = functools.partial(train_model, plan.reverse, Workdir(pipe.reverse))
+        after_teachers.append(Stage("reverse", reverse))
+    after_teachers.append(Stage(DISTILLED, functools.partial(distil, pipe, plan, teachers)))
+    if plan.reverse is not None:
+        back = functools.partial(back_translate, pipe, plan)
+        after_teachers.append(Stage(BACK_TRANSLATED, back))
+    after_teachers += [
+        Stage(f"student-{i}", functools.partial(train_model, config, pipe.student(i)))
+        for i, config in enumerate(plan.students)
+    ]
+    after_teachers.append(Stage("evaluations", functools.partial(evaluate, pipe, plan, teachers)))
+    # Teachers trained here have their pieces only once the first is trained: the students'
+    # tags are checked against them after the teachers, before any later stage starts.
+    tags = functools.partial(check_tags_not_pieces, plan.students[0], Workdir(teachers[0]).vocab)
+    after_teachers[0] = dataclasses.replace(after_teachers[0], check=tags)
+    return stages + after_teachers
+
+
 def run_pipeline(plan: Plan, directory: str) -> dict[str, Any]:
     """Runs every stage not done yet, in order, and writes the report; returns it."""
     pipe = PipelineDir(directory)
+    stages = plan_stages(pipe, plan)
     with claimed(pipe, plan.identity(pipe.corpus)):
-        stages = Stages(pipe)
-        stages.run("corpus", lambda: copy_corpus(pipe, plan))
-        teachers = train_teachers(pipe, plan, stages)
-        check_tags_not_pieces(plan.students[0], Workdir(teachers[0]).vocab)
-        if plan.reverse is not None:
-            stages.run("reverse", lambda: trained(plan.reverse, Workdir(pipe.reverse)))
-        stages.run(DISTILLED, lambda: distil(pipe, plan, teachers))
-        if plan.reverse is not None:
-            stages.run(BACK_TRANSLATED, lambda: back_translate(pipe, plan))
-        for i, config in enumerate(plan.students):
-            stages.run(f"student-{i}", lambda c=config, i=i: trained(c, pipe.student(i)))
-        stages.run("evaluations", lambda: evaluate(pipe, plan, teachers))
-        report = pipeline_report(pipe, plan, teachers)
+        records = StageRecords(pipe)
+        for stage in stages:
+            if stage.check is not None:
+                stage.check()
+            records.run(stage.name, stage.work)
+        names = [stage.name for stage in stages]
+        report = pipeline_report(pipe, plan, teacher_workdirs(pipe, plan), names)
         atomic.write_text(pipe.report_json, json.dumps(report, indent=1) + "\n")
         atomic.write_text(pipe.report_txt, report_text(report))
         return report
