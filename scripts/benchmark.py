@@ -4,7 +4,7 @@ r"""Training and decoding speed of a config on this machine's devices, with util
     python -m scripts.benchmark --config=configs/small.py --src=data/wmt_sample/train.en \
         --tgt=data/wmt_sample/train.de --batch_tokens=2048 [--vocab=SPM_MODEL] [--steps=30] \
         [--warmup=3] [--decode_src=FILE] [--decode_workdir=DIR] [--decode_num=N] \
-        [--json=PATH] [--config.a.b=value ...]
+        [--json=PATH] [--config.SECTION.FIELD=VALUE ...]
     python -m scripts.benchmark --skip_training --decode_src=FILE [--decode_num=N] \
         [--decode_ref=FILE] [--ctranslate2=false] [--huggingface] \
         (--decode_workdir=DIR | --config=CONFIG (--src=SRC --tgt=TGT | --vocab=SPM_MODEL))

@@ -3,7 +3,7 @@
 # 7,200 steps, threefry dropout bits) trained side by side on the GPU, then decoded together.
 # Muon (configs/multi30k.py) and hash dropout bits have not run on a GPU.
 #
-#     bash scripts/multi30k_gpu_ensemble.sh WORKDIR [--config.x=y ...]
+#     bash scripts/multi30k_gpu_ensemble.sh WORKDIR [--config.SECTION.FIELD=VALUE ...]
 #
 # The small model's step is host-bound on a GPU (6.1 ms of GPU work in a 15 ms step on one H100,
 # BENCHMARKS.md), so a second training in another process costs the first little. The seeds

@@ -1,4 +1,4 @@
-"""Config loading and command-line overrides (translate/config.py)."""
+"""Config loading and command-line overrides (translate/config/)."""
 
 import json
 import pathlib

@@ -1,4 +1,4 @@
-"""Exports (translate/export.py, exporter.py, export_ctranslate2.py, export_huggingface.py),
+"""Exports (translate/export.py; translate/engines/: writer.py, ctranslate2.py, huggingface.py),
 checked against the engines themselves: CTranslate2 always, transformers under `interop`."""
 
 import functools

@@ -1,10 +1,18 @@
 """The package's layout: commands on top, the library below in family folders, imports down."""
 
 import ast
+import contextlib
+import dataclasses
+import functools
 import importlib
+import importlib.util
+import inspect
+import io
 import pathlib
 import re
+import tokenize
 import tomllib
+from collections.abc import Collection
 
 PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "translate"
 # The commands: flags, logging and `main`. Nothing in the library may import them.
@@ -58,7 +66,7 @@ def imported_modules(path: pathlib.Path, modules: set[str] | None = None) -> set
             if dotted in modules:
                 found.add(dotted)
             elif ".".join(parts[1:-1]) in modules:
-                found.add(".".join(parts[1:-1]))  # `from translate.x import name`: module x
+                found.add(".".join(parts[1:-1]))  # `from translate.NAME import name`: module NAME
     return found - {"configs"}
 
 
@@ -221,7 +229,18 @@ PYTESTS_USES = (
     r"""scope=["']s[e]ssion["']|\b(py)?test s[e]ssion\b|\brequest\.s[e]ssion\b"""
     r"|\bdef pytest_\w+\(s[e]ssion\b"
 )
-PROSE_ROOTS = ("README.md", "BENCHMARKS.md", "docs", "configs", "translate", "scripts", "tests")
+PROSE_ROOTS = (
+    "README.md",
+    "BENCHMARKS.md",
+    "pyproject.toml",
+    "requirements.txt",
+    "requirements-gpu.txt",
+    "docs",
+    "configs",
+    "translate",
+    "scripts",
+    "tests",
+)
 PROSE_SUFFIXES = {".py", ".md", ".sh", ".toml", ".txt"}
 
 
@@ -281,3 +300,198 @@ def test_the_history_patterns_catch_the_work_and_spare_pytest():
     ]
     assert [line for line in caught if not history_words(line)] == []
     assert [(line, history_words(line)) for line in spared if history_words(line)] == []
+
+
+# Pointers in the prose: each file path and dotted name that a docstring, a comment, a flag's
+# help or a Markdown page writes names something that exists. A path resolves against the
+# folder of the file that writes it, the repository's root, the package, or a folder the same
+# text named before it (`translate/models/` and then `attention.py`, `layers.py`); a path
+# followed by 's and an identifier (`models/dropout.py`'s `hashed_words`) names an attribute of
+# that module. A dotted name resolves as a module here and its attributes (`translate.cli`,
+# `losses.projected_cross_entropy`: a short head is any module of that name, in the package or
+# in scripts/; a module's functions and classes are those it defines, not those it imports),
+# or as a config field (`config.model.d_model`, `train.init_from`). Not pointers: other
+# packages' names (`jax.nn`), files of data and outputs (`train.en`, `report.json`), URLs, a
+# commit's file (`git show COMMIT:PATH`), placeholders (`scripts.NAME`), the parameters of the
+# function a docstring describes, and ELSEWHERE.
+FILE = r"(?:[\w.-]+/)*[\w-]+\.(?:py|md|sh|toml)\b"
+FOLDER = r"(?:[\w.-]+/)+(?![\w.-])"
+# A dotted name may break at a line's end before a name holding an underscore, unless that name
+# opens an argument's entry (`on_batch: ...`).
+NAME = r"[A-Za-z_]\w*(?:\.(?:\s*\n\s*(?=[a-z]\w*_\w*\b(?!:)))?[A-Za-z_]\w*)+"
+POINTER = re.compile(
+    rf"(?<![\w/.:-])(?:(?P<file>{FILE})|(?P<folder>{FOLDER}))|(?<![\w.])(?<!\w-)(?P<name>{NAME})"
+)
+ATTRIBUTE = re.compile(r"`?'s (?:`(\w+)`|(\w*_\w*|[A-Z][a-z]+[A-Z]\w*)\b)")
+# The last part of a file name of data or outputs (`train.en`, `report.json`), not a module.
+FILE_SUFFIXES = {"json", "jsonl", "txt", "png", "bin", "safetensors", "lock", "perl", "en", "de"}
+PLACEHOLDERS = re.compile(r"(?<![A-Za-z])(?:NAME|SECTION|FIELD)(?![A-Za-z])")
+ELSEWHERE = {
+    # Other projects' files and names that share a name with a module here.
+    "get_ende_bleu.sh",  # tensor2tensor's
+    "task1-tokenize.sh",  # Multi30k's
+    "scripts/task1-tokenize.sh",
+    "models.py",  # Flax's examples/wmt
+    "memory.max",  # cgroup v2's
+    "memory.limit_in_bytes",  # cgroup v1's
+    "loop.call_soon_threadsafe",  # asyncio's
+    "model.generate",  # transformers'
+    # The reader's own files in examples, and the misspelt field that a refusal names.
+    "mine.py",
+    "configs/my_student.py",
+    "config.model.d_modle",
+}
+ROOT = PACKAGE.parent
+INSTALLED_AS = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"][
+    "package-dir"
+]
+
+
+def prose_of(path: pathlib.Path) -> list[tuple[int, str, set[str]]]:
+    """(first line, text, names of values) of what a file says to its reader: a Markdown page
+    whole; each run of `#` comment lines; each docstring, with its function's parameters as
+    the names of values; and each `Flag`'s help, which --help prints."""
+    text = path.read_text()
+    if path.suffix == ".md":
+        return [(1, text, set())]
+    if path.suffix == ".py":
+        tokens = tokenize.generate_tokens(io.StringIO(text).readline)
+        comments = [(t.start[0], t.string) for t in tokens if t.type == tokenize.COMMENT]
+    else:
+        lines = enumerate(text.splitlines(), 1)
+        comments = [(n, line.strip()) for n, line in lines if line.strip().startswith("#")]
+    found: list[tuple[int, str, set[str]]] = []
+    for number, comment in comments:
+        if found and number == found[-1][0] + found[-1][1].count("\n") + 1:
+            found[-1] = (found[-1][0], found[-1][1] + "\n" + comment.lstrip("#"), set())
+        else:
+            found.append((number, comment.lstrip("#"), set()))
+    if path.suffix != ".py":
+        return found
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            if (doc := ast.get_docstring(node, clean=False)) is not None:
+                args = node.args if hasattr(node, "args") else ast.arguments()
+                values = {a.arg for a in ast.walk(args) if isinstance(a, ast.arg)}
+                found.append((node.body[0].lineno, doc, values))
+        elif isinstance(node, ast.Call) and "Flag" in (
+            getattr(node.func, n, "") for n in ("id", "attr")
+        ):
+            for arg in [*node.args, *(keyword.value for keyword in node.keywords)]:
+                if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+                    found.append((arg.lineno, arg.value, set()))
+    return found
+
+
+@functools.cache
+def modules_named(short: str) -> tuple[str, ...]:
+    """The modules here whose dotted name ends in `short`; none when another installed package
+    takes the name (`ctranslate2`)."""
+    if short in ("translate", "scripts", *INSTALLED_AS.values()):
+        return (short,)
+    names = [f"translate.{m}" for m in module_names()]
+    names += [
+        ".".join(p.relative_to(ROOT).with_suffix("").parts) for p in ROOT.glob("scripts/**/*.py")
+    ]
+    found = tuple(sorted(n for n in names if n.rpartition(".")[2] == short))
+    return found if found and importlib.util.find_spec(short) is None else ()
+
+
+def resolves(obj: object, names: list[str]) -> bool:
+    """Whether `names` are attributes one of the next, from `obj`; submodules are imported."""
+    for name in names:
+        if isinstance(obj, type) and dataclasses.is_dataclass(obj):
+            if name in {f.name for f in dataclasses.fields(obj)}:
+                return True  # a field without a default is no class attribute
+        if not hasattr(obj, name) and hasattr(obj, "__path__"):
+            with contextlib.suppress(ModuleNotFoundError):
+                importlib.import_module(f"{obj.__name__}.{name}")
+        if not hasattr(obj, name):
+            return False
+        value = getattr(obj, name)
+        if inspect.ismodule(obj) and not hasattr(obj, "__path__"):
+            if inspect.isfunction(value) or inspect.isclass(value):
+                if value.__module__ != obj.__name__:
+                    return False  # imported there: a module's names are those it defines
+        obj = value
+    return True
+
+
+def stale_pointers(
+    path: pathlib.Path, text: str, values: Collection[str] = ()
+) -> list[tuple[int, str]]:
+    """(offset, pointer) of each pointer in `text` that names nothing; `path` is the file that
+    writes it, `values` the names of values there (the parameters of a docstring's function)."""
+    from translate.config import Config
+
+    config = Config()
+    sections = {field.name for field in dataclasses.fields(config)}
+    text = re.sub(r"https?://\S+", lambda url: " " * len(url[0]), text)
+    folders, stale = [path.parent, ROOT, PACKAGE], []
+    for match in POINTER.finditer(text):
+        pointer = re.sub(r"\s", "", match[0])
+        if match["folder"]:
+            folders += [f / pointer for f in folders if (f / pointer).is_dir()][:1]
+        elif pointer in ELSEWHERE or PLACEHOLDERS.search(pointer):
+            continue
+        elif match["file"]:
+            found = [(f / pointer).resolve() for f in folders if (f / pointer).is_file()]
+            if not found:
+                stale.append((match.start(), pointer))
+                continue
+            folders.append(found[0].parent)
+            module = found[0].relative_to(ROOT).with_suffix("").parts
+            named = ATTRIBUTE.match(text, match.end())
+            if named and module[0] in ("translate", "scripts", *INSTALLED_AS.values()):
+                if not resolves(importlib.import_module(".".join(module)), [named[1] or named[2]]):
+                    stale.append((match.start(), f"{pointer}'s {named[1] or named[2]}"))
+        else:
+            for package, folder in INSTALLED_AS.items():
+                pointer = re.sub(rf"^{re.escape(package)}\b", folder, pointer)
+            head, *names = pointer.split(".")
+            if head in values or set(names[-1:]) & FILE_SUFFIXES:
+                continue
+            roots: list[object] = [importlib.import_module(m) for m in modules_named(head)]
+            roots += [config] if head == "config" else []
+            roots += [getattr(config, head)] if head in sections else []
+            if roots and not any(resolves(root, names) for root in roots):
+                stale.append((match.start(), pointer))
+    return stale
+
+
+def test_every_path_and_dotted_name_in_the_prose_names_what_exists():
+    offenders = []
+    for path in prose_files(ROOT):
+        for line, text, values in prose_of(path):
+            for start, pointer in stale_pointers(path, text, values):
+                number = line + text[:start].count("\n")
+                offenders.append(f"{path.relative_to(ROOT)}:{number}: {pointer}")
+    assert not offenders, "\n".join(offenders)
+
+
+def test_the_pointer_matcher_catches_stale_names_and_spares_prose():
+    here = PACKAGE / "cli.py"
+    caught = [
+        "resolved once, by translate.factory, so",
+        "see `layers.dropout`",
+        "(a counter hash, models/layers.py's hashed_words)",
+        "(translate/model/attention.py)",
+        "as ours interleaves them (layers.\nsinusoidal_positions)",
+        "`--config.decode.samplng=topk`",
+        "(losses.py, projected_cross_entropy)",
+    ]
+    spared = [
+        "e.g. jax 0.10, i.e. Sec. 3.4, et al. 2018, ctranslate2.Translator, jax.nn.relu",
+        "train.en, report.json and metrics.jsonl, https://github.com/google/flax/blob/main/x.py",
+        "`config.model.d_model`, data.max_len and `--config.train.init_from=W`",
+        "translate.models.factory, `attention.MultiHeadAttention`, losses.projected_cross_entropy",
+        "(translate/training/trainer.py, steps.py) and translate/decoding/\nmemory.py",
+        "docs/variants.md, ../README.md, test_NAME.py, --config.SECTION.FIELD=VALUE",
+        "git show 64aab04:docs/gone.md; translate.configs.tiny; python -m scripts.benchmark",
+        "Args:\n  times: the seconds of the decoding.\n  on_batch: called after every batch.",
+        "`config/rules.py`'s `SEARCH_RULES`",
+    ]
+    assert [text for text in caught if not stale_pointers(here, text)] == []
+    assert [
+        (text, stale_pointers(here, text)) for text in spared if stale_pointers(here, text)
+    ] == []

@@ -55,7 +55,7 @@ def tiny_batches(config, num_devices, count=3):
 
 
 def test_the_packed_train_step_computes_the_tree_step_bit_for_bit(config):
-    # The trainer's step (steps.packed_train) takes the parameters and Adam's state as Packed,
+    # The trainer's step (Steps.packed_train) takes the parameters and Adam's state as Packed,
     # for less host time per call; it must be the same program as the step on the trees.
     mesh = sharding.make_mesh()
     batches = tiny_batches(config, mesh.size, count=3)
@@ -143,9 +143,9 @@ def test_short_train_and_evaluate_writes_report(config, tmp_path):
 # Without the moving average is slow: 0.9 runs the same steps and the average's scan besides.
 @pytest.mark.parametrize("ema_decay", [pytest.param(0.0, marks=pytest.mark.slow), 0.9])
 def test_the_trainers_step_and_several_steps_per_call_compute_the_single_steps(config, ema_decay):
-    # With train.ema_decay the trainer calls one program a step (steps.packed_train_ema): it
-    # must compute bit for bit what the step and then the average's own update (steps.ema) do.
-    # steps.packed_train_many runs K steps in one call (a scan over K stacked batches), for a
+    # With train.ema_decay the trainer calls one program a step (Steps.packed_train_ema): it
+    # must compute bit for bit what the step and then the average's own update (Steps.ema) do.
+    # Steps.packed_train_many runs K steps in one call (a scan over K stacked batches), for a
     # step whose host time bounds it; it must compute what K calls of the trainer's step do,
     # to float32 rounding: XLA compiles the step inside the loop otherwise, and the parameters
     # were 1.3e-6 apart after two steps (measured), so not bit for bit.

@@ -11,7 +11,7 @@ field, the one a reader sees in sections.py.
     sections.py   ModelConfig, DataConfig (and TrainCorpus), TrainConfig, DecodeConfig
     rules.py      the rules of the values, each naming its flag; SEARCH_RULES
     schema.py     Config: the four sections, validate, to_dict
-    loading.py    config files, `--config.x=y` overrides, config.json read back, --help's text
+    loading.py    config files, the flags' overrides, config.json read back, --help's text
 
 Everything a config file or the package needs is imported from here: `from translate.config
 import Config, TrainCorpus, load_config`.

@@ -122,7 +122,7 @@ def load_config(path: str | pathlib.Path, overrides: dict[str, str] | None = Non
 
     Args:
       path: a config file, or the name of an example config (`base`, `multi30k`, ...).
-      overrides: `section.field -> text`, as `--config.section.field=text` flags give them.
+      overrides: `SECTION.FIELD -> text`, as `--config.SECTION.FIELD=text` flags give them.
     """
     path = find_config(path)
     if path.resolve() in _LOADING:  # get_config() loads its own file
@@ -225,7 +225,7 @@ def config_from_dict(values: dict[str, Any]) -> Config:
 
 
 def field_descriptions(section: type) -> dict[str, str]:
-    """Each field's description: the `#` comment above it in this file, its one source.
+    """Each field's description: the `#` comment above it in sections.py, its one source.
 
     A comment describes the field below it and the fields right after that have none of their
     own (`adam_beta1`, `adam_beta2`, `adam_eps` share "Adam hyper-parameters"); a comment at

@@ -49,7 +49,7 @@ class ModelConfig:
     # paper; tensor2tensor's relu_dropout, fairseq's --activation-dropout).
     activation_dropout_rate: float = 0.0
     # Where dropout's random bits come from: "threefry" (JAX's generator) or "hash" (a counter
-    # hash with a third of the integer operations, models/layers.py's hashed_words: other masks,
+    # hash with a third of the integer operations, models/dropout.py's hashed_words: other masks,
     # so other numbers; the Multi30k recipe's whole step x0.955, scripts/benchmark.py --variant).
     dropout_bits: DropoutBits = "threefry"
     # "auto": bfloat16 on GPU/TPU, float32 on CPU. Parameters are always float32.
@@ -199,7 +199,7 @@ class TrainConfig:
     weight_decay: float = 0.0
     # Label smoothing epsilon (Sec. 5.4).
     label_smoothing: float = 0.1
-    # What the loss keeps from its forward pass for the backward pass (losses.py,
+    # What the loss keeps from its forward pass for the backward pass (training/losses.py,
     # projected_cross_entropy): "exp" (fastest on CPUs), "logits" (fewer passes over the
     # [tokens x vocabulary] float32 logits, for GPUs), "logits_bf16" (the logits rounded to
     # bfloat16, half the bytes again), or "auto": "exp" on CPUs, else "logits".

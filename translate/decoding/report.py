@@ -71,7 +71,7 @@ def translate_and_score(
 ) -> tuple[dict[str, Any], list[str]]:
     """Decodes `sources` and scores against `references`; returns (report, hypotheses).
 
-    `graphdefs` and `params` are an ensemble's tuples (translate.decode), one model or more;
+    `graphdefs` and `params` are an ensemble's tuples (trained.Ensemble), one model or more;
     `settings` how to decode (`decoding.settings.decode_settings` of `config.decode`, or a
     command's flags over it).
     `step` is the checkpoint's training step; `averaged_steps`, when the parameters are a

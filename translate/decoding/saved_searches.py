@@ -72,7 +72,7 @@ from translate.streams import say
 from translate.trained import load_ensemble
 from translate.workdir import Workdir, read_config
 
-# The GPU's attention (cuDNN's fused kernels, translate/model/attention.py) lowers to custom
+# The GPU's attention (cuDNN's fused kernels, translate/models/attention.py) lowers to custom
 # calls whose form jaxlib does not promise to keep, so jax.export refuses to save them unless
 # told otherwise. A setup is named by the JAX version and the devices among the rest, so a saved
 # search is read back only by the same jaxlib on the same devices: that promise guards nothing

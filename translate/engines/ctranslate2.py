@@ -326,7 +326,7 @@ def translate(
             max_batch_size=batch_size, beam_size=beam_size, length_penalty=length_penalty
         )
         if generator:
-            separator = tokenizer.pieces([EOS_ID, BOS_ID])  # decoder_only.py's x EOS BOS y
+            separator = tokenizer.pieces([EOS_ID, BOS_ID])  # models/decoder_only.py's x EOS BOS y
             prompts = [pieces[i] + separator for i in indices]
             results = engine.generate_batch(
                 prompts,

@@ -216,7 +216,7 @@ def model_config(config: ModelConfig, vocab_size: int) -> dict[str, Any]:
 
 
 def special_ids() -> dict[str, int]:
-    """Our ids (tokenizer.py); the decoder starts from BOS, as ours does."""
+    """Our ids (data/tokenizer.py); the decoder starts from BOS, as ours does."""
     return {
         "pad_token_id": PAD_ID,
         "bos_token_id": BOS_ID,

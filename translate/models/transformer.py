@@ -293,7 +293,7 @@ class Transformer(TranslationModel):
 
     def decode_block(self, tokens: jax.Array, cache: Cache) -> tuple[jax.Array, Cache]:
         """Tokens [B, P] at positions 0..P-1 in one pass -> logits [B, P, V] and the cache with
-        their keys and values in slots 0..P-1 (a forced target prefix, search.py).
+        their keys and values in slots 0..P-1 (a forced target prefix, decoding/search.py).
 
         What P calls of `decode_step` compute, in one causal pass: each position's query sees
         the keys of the positions up to its own, and the encoder's through the cache.

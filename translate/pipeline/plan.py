@@ -235,7 +235,7 @@ def check_untagged(teacher_config: Config) -> None:
 
 def check_tags_not_pieces(student: Config, vocab: pathlib.Path) -> None:
     """Refuses a tag that the teachers' vocabulary already holds as a piece: the student's
-    vocabulary, trained on the same text and more, would hold it too (tokenizer.py refuses it
+    vocabulary, trained on the same text and more, would hold it too (data/tokenizer.py refuses it
     there, after the decoding)."""
     processor = Tokenizer(vocab).processor
     for corpus in student.data.train_corpora:

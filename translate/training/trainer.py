@@ -659,7 +659,7 @@ def data_files(workdir: Workdir) -> DataFiles:
 
 def training_pairs(config: Config, data: Data):
     """The training pairs the batcher reads: the cached tokens, or with `data.src_subword_alpha`
-    or `tgt_subword_alpha` a segmentation sampled anew for each epoch (data/sampling.py)."""
+    or `tgt_subword_alpha` a segmentation sampled anew for each epoch (data/bpe_dropout.py)."""
     d = config.data
     alphas = (d.src_subword_alpha, d.tgt_subword_alpha)
     if not any(alphas):
