@@ -117,3 +117,18 @@ def test_transformers_keeps_a_gelu_and_as_many_key_heads_as_query_heads():
     config = ModelConfig(feed_forward="gelu", num_kv_heads=ModelConfig().num_heads)
     assert huggingface.unsupported_reason(config) is None
     assert huggingface.model_config(config, 64)["activation_function"] == "gelu_pytorch_tanh"
+
+
+def test_both_exports_keep_a_silu_and_unscaled_embeddings_under_their_own_names():
+    config = ModelConfig(feed_forward="silu", scale_embeddings=False)
+    assert huggingface.unsupported_reason(config) is None
+    assert ctranslate2.unsupported_reason(config) is None
+    fields = huggingface.model_config(config, 64)
+    assert fields["activation_function"] == "swish" and fields["scale_embedding"] is False
+    assert ctranslate2.FEED_FORWARDS["silu"] == ("SWISH", False)
+
+
+def test_a_logits_bias_is_exported_to_both_engines():
+    config = ModelConfig(logits_bias=True)
+    assert huggingface.unsupported_reason(config) is None
+    assert ctranslate2.unsupported_reason(config) is None

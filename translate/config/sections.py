@@ -82,10 +82,10 @@ class ModelConfig:
     # "layernorm" (Ba et al. 2016, the paper's) or "rmsnorm" (Zhang & Sennrich 2019: no mean,
     # no bias), for every normalisation of the model.
     normalization: Normalization = "layernorm"
-    # The position-wise feed-forward network: "relu" (Sec. 3.3), "gelu" (tanh form), or the
-    # gated "swiglu" and "geglu" (Shazeer 2020: act(x W) * (x V), then W2). A gated network has
-    # three matrices of d_model x d_ff against two: d_ff = 2/3 of the ungated width keeps the
-    # parameter count.
+    # The position-wise feed-forward network: "relu" (Sec. 3.3), "gelu" (tanh form), "silu"
+    # (Swish with beta 1, OPUS-MT's Marian models), or the gated "swiglu" and "geglu" (Shazeer
+    # 2020: act(x W) * (x V), then W2). A gated network has three matrices of d_model x d_ff
+    # against two: d_ff = 2/3 of the ungated width keeps the parameter count.
     feed_forward: FeedForwardKind = "relu"
     # Key and value heads (grouped-query attention, Ainslie et al. 2023; 1 = multi-query,
     # Shazeer 2019): each serves num_heads / num_kv_heads query heads, in self- and
@@ -94,6 +94,12 @@ class ModelConfig:
     # Biases in the linear layers (the paper's; the key projection never has one). False drops
     # them from every attention projection and the feed-forward network, as T5 and Llama do.
     use_bias: bool = True
+    # Sec. 3.4: the embeddings are multiplied by sqrt(d_model). False leaves them as they are,
+    # as Marian models with `scale_embedding: false` do.
+    scale_embeddings: bool = True
+    # A learned bias on the pre-softmax projection, from zero (Marian's final_logits_bias);
+    # the paper's projection is the embedding alone (Sec. 3.4).
+    logits_bias: bool = False
 
 
 @dataclasses.dataclass(frozen=True)

@@ -74,6 +74,7 @@ NORMS = {"layernorm": dict(rms_norm=False), "rmsnorm": dict(rms_norm=True)}
 FEED_FORWARDS = {
     "relu": ("RELU", False),
     "gelu": ("GELUTanh", False),
+    "silu": ("SWISH", False),
     "swiglu": ("SWISH", True),
     "geglu": ("GELUTanh", True),
 }
@@ -111,6 +112,8 @@ IMPLEMENTS = {
     "feed_forward": decide(FEED_FORWARDS, {}),
     "num_kv_heads": Decision(None, "num_heads_kv"),
     "use_bias": Decision(None, "a bias is optional in every linear layer"),
+    "scale_embeddings": Decision(None, "scale_embeddings"),
+    "logits_bias": Decision(None, "the projection's optional bias"),
 }
 
 
@@ -182,7 +185,7 @@ def input_layers(spec: Any, embedding: Any, model: TranslationModel) -> None:
     """Sec. 3.4's shared embedding [V, D], scaled by sqrt(D), plus our position table [P, D]
     where positions are added to it (sinusoidal; rotary and relative ones act in attention)."""
     embedding.weight = array(model.embed.embedding)  # [V, D]
-    spec.scale_embeddings = True  # CTranslate2 multiplies by sqrt(D)
+    spec.scale_embeddings = model.scales_embeddings  # CTranslate2 multiplies by sqrt(D)
     if model.adds_positions:
         table = sinusoidal_positions(jnp.arange(NUM_POSITIONS), model.d_model)  # [P, D]
         spec.position_encodings.encodings = np.array(table, np.float32)
@@ -200,8 +203,11 @@ def decoder_stack(spec: Any, model: TranslationModel, layers: Any, final_norm: A
             feed_forward(layer_spec.ffn, layer.feed_forward, layer.norm2)
     if final_norm is not None:
         layer_norm(spec.layer_norm, final_norm)
-    # Sec. 3.4: the pre-softmax projection is the embedding matrix [V, D]; no bias.
+    # Sec. 3.4: the pre-softmax projection is the embedding matrix [V, D]; a bias where the
+    # model has one (`model.logits_bias`).
     spec.projection.weight = array(model.embed.embedding)
+    if model.logits_bias is not None:
+        spec.projection.bias = array(model.logits_bias)
 
 
 def stack_options(config: ModelConfig) -> dict[str, Any]:

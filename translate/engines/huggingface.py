@@ -60,8 +60,9 @@ PACKAGE, INSTALL = "safetensors", "pip install safetensors"
 QUANTIZATIONS: tuple[str, ...] = ()
 QUANTIZATION_PACKAGES: dict[str, str] = {}
 # transformers' name of each activation this export implements (`model.feed_forward`): ReLU
-# (Sec. 3.3), and the tanh form of the GELU that models/layers.py computes.
-ACTIVATIONS = {"relu": "relu", "gelu": "gelu_pytorch_tanh"}
+# (Sec. 3.3), the tanh form of the GELU that models/layers.py computes, and SiLU under the
+# name OPUS-MT's Marian models give it.
+ACTIVATIONS = {"relu": "relu", "gelu": "gelu_pytorch_tanh", "silu": "swish"}
 # The most tokens `generate` writes unless told otherwise (transformers' default is 20).
 MAX_LENGTH = 512
 
@@ -82,7 +83,8 @@ IMPLEMENTS = {
     ),
     # Read by the decoder-only architecture alone, which this export refuses above.
     "prefix_attention": decide(("causal", "bidirectional"), {}),
-    # Marian and Pegasus are the paper's blocks; of today's, they compute the GELU alone.
+    # Marian and Pegasus are the paper's blocks; of today's, they compute the GELU and SiLU
+    # alone.
     "positions": decide(
         ("sinusoidal",),
         {
@@ -116,6 +118,8 @@ IMPLEMENTS = {
         "Marian and Pegasus have biases in every linear layer (model.use_bias); export this "
         "model with --format=ctranslate2",
     ),
+    "scale_embeddings": Decision(None, "Marian's and Pegasus's scale_embedding"),
+    "logits_bias": Decision(None, "Marian's and Pegasus's final_logits_bias"),
 }
 
 
@@ -163,7 +167,9 @@ def state_dict(model: TranslationModel, norm_position: str) -> dict[str, np.ndar
 
     # Sec. 3.4: one embedding matrix [V, D] for both stacks and the pre-softmax projection.
     out["model.shared.weight"] = np.ascontiguousarray(array(model.embed.embedding)[:, order])
-    out["final_logits_bias"] = np.zeros((1, out["model.shared.weight"].shape[0]), "f4")
+    vocab = out["model.shared.weight"].shape[0]
+    bias = model.output_bias()
+    out["final_logits_bias"] = np.zeros((1, vocab), "f4") if bias is None else array(bias)[None]
     positions = sinusoidal_positions(jnp.arange(NUM_POSITIONS), model.d_model)  # [P, D]
     positions = np.ascontiguousarray(np.asarray(positions, np.float32)[:, order])
     for i, layer in enumerate(model.encoder):
@@ -199,7 +205,7 @@ def model_config(config: ModelConfig, vocab_size: int) -> dict[str, Any]:
         "encoder_ffn_dim": config.d_ff,
         "decoder_ffn_dim": config.d_ff,
         "activation_function": ACTIVATIONS[config.feed_forward],
-        "scale_embedding": True,  # Sec. 3.4: sqrt(d_model)
+        "scale_embedding": config.scale_embeddings,  # Sec. 3.4: sqrt(d_model)
         "max_position_embeddings": NUM_POSITIONS,
         "dropout": 0.0,
         "attention_dropout": 0.0,

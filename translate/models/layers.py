@@ -36,10 +36,12 @@ class LayerCache(NamedTuple):
 
 
 # `model.feed_forward` -> (the activation, whether a linear unit gates it). GELU is the tanh
-# form (Hendrycks & Gimpel 2016), as T5 and Gemma use it; SiLU is Swish with beta 1.
+# form (Hendrycks & Gimpel 2016), as T5 and Gemma use it; SiLU is Swish with beta 1
+# (Ramachandran et al. 2017), Marian's `swish`.
 ACTIVATIONS = {
     "relu": (jax.nn.relu, False),
     "gelu": (jax.nn.gelu, False),
+    "silu": (jax.nn.silu, False),
     "swiglu": (jax.nn.silu, True),
     "geglu": (jax.nn.gelu, True),
 }

@@ -46,8 +46,10 @@ Options that depart further, each off unless a config sets it:
   - `model.dropout_bits="hash"`: dropout's bits from a counter hash instead of threefry.
   - Today's blocks (docs/variants.md): `model.positions` rotary or relative (a T5 bias) in
     place of Sec. 3.5's sinusoids, `model.normalization="rmsnorm"`, `model.feed_forward`
-    GELU, SwiGLU or GeGLU in place of Sec. 3.3's ReLU, `model.num_kv_heads` below
-    `num_heads` (grouped-query attention), and `model.use_bias=False`.
+    GELU, SiLU, SwiGLU or GeGLU in place of Sec. 3.3's ReLU, `model.num_kv_heads` below
+    `num_heads` (grouped-query attention), `model.use_bias=False`,
+    `model.scale_embeddings=False` (no sqrt(d_model) on the embeddings, Sec. 3.4) and
+    `model.logits_bias` (a bias on the pre-softmax projection).
   - `model.architecture="decoder_only"` (models/decoder_only.py) replaces the encoder-decoder.
   - Training (translate/training/optim.py): `train.lr_decay` linear or cosine in place of the
     paper's inverse square root, `train.weight_decay` (AdamW), `train.optimizer="muon"`, and a
@@ -95,6 +97,7 @@ class TranslationModel(nnx.Module):
         # Sec. 3.5's sinusoids are added to the embeddings; rotary and relative positions act
         # inside self-attention instead (positions.py).
         self.adds_positions = position_scheme(config).added
+        self.scales_embeddings = config.scale_embeddings
         self.dropout_rate = config.dropout_rate
         self.dropout_bits = check_choice(config.dropout_bits, DropoutBits, "model.dropout_bits")
         self.dtype = compute_dtype(config) if dtype is None else jnp.dtype(dtype)
@@ -107,6 +110,11 @@ class TranslationModel(nnx.Module):
             rngs=rngs,
             embedding_init=nnx.initializers.normal(config.d_model**-0.5),
         )
+        # A learned bias on the pre-softmax projection (`model.logits_bias`, Marian's
+        # final_logits_bias), from zero; Sec. 3.4's projection has none.
+        self.logits_bias = (
+            nnx.Param(jnp.zeros((vocab_size,), jnp.float32)) if config.logits_bias else None
+        )
 
     def embed_tokens(self, tokens, positions, key):
         # Sec. 3.4: embeddings are multiplied by sqrt(d_model); Sec. 3.5: positions are added.
@@ -114,7 +122,9 @@ class TranslationModel(nnx.Module):
         # scatter-add runs in float32: casting the table first made XLA scatter in bfloat16,
         # 9.6 ms of the base model's 61 ms step on an H100.
         table = self.embed.embedding[...]  # [V, D] float32
-        x = jnp.take(table, tokens, axis=0).astype(self.dtype) * math.sqrt(self.d_model)
+        x = jnp.take(table, tokens, axis=0).astype(self.dtype)
+        if self.scales_embeddings:
+            x = x * math.sqrt(self.d_model)
         if self.adds_positions:
             x = x + sinusoidal_positions(positions, self.d_model).astype(self.dtype)
         return dropout(x, self.dropout_rate, key, self.dropout_bits)  # Sec. 5.4
@@ -135,7 +145,13 @@ class TranslationModel(nnx.Module):
         """
         embedding = self.embed.embedding[...].astype(self.product_dtype)
         y = y.astype(self.product_dtype)
-        return jnp.einsum("...d,vd->...v", y, embedding, preferred_element_type=jnp.float32)
+        logits = jnp.einsum("...d,vd->...v", y, embedding, preferred_element_type=jnp.float32)
+        bias = self.output_bias()
+        return logits if bias is None else logits + bias
+
+    def output_bias(self) -> jax.Array | None:
+        """The projection's bias [V] (float32), or None where the model has none."""
+        return None if self.logits_bias is None else self.logits_bias[...]
 
     def hidden(self, batch: Batch, *, dropout_key=None) -> jax.Array:
         """Teacher-forced output [B, T, D] at the target tokens; each architecture's own."""

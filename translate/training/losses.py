@@ -42,10 +42,12 @@ def projected_cross_entropy(
     weights: jax.Array,
     label_smoothing: float,
     keep: str = "exp",
+    bias: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
     """The pre-softmax projection (Sec. 3.4) and the loss above in one step, for training.
 
-    Computes what `smoothed_cross_entropy(y @ embedding.T, ...)` and `correct_tokens` compute,
+    Computes what `smoothed_cross_entropy(y @ embedding.T + bias, ...)` and `correct_tokens`
+    compute,
     with a hand-written gradient. Differentiating the two separately costs several passes over
     the [N, V] logits, the largest tensor of the step, and a transposed copy of their gradient
     for the embedding's gradient; here the backward pass makes one elementwise pass and feeds
@@ -56,6 +58,7 @@ def projected_cross_entropy(
       embedding: [V, D] shared embedding (float32 parameters; cast to y's dtype).
       targets: [...] token ids; weights: [...] 1.0 on real tokens, 0.0 on padding.
       label_smoothing: eps.
+      bias: [V] float32, the projection's bias (`model.logits_bias`), or None: no bias.
       keep: what the forward pass keeps for the backward pass, both [N, V] float32 (see
         `loss_keep`). "exp": exp(logits - max), computed once and summed apart, which is
         fastest on CPUs. "logits": the logits themselves, the softmax recomputed inside the
@@ -77,7 +80,7 @@ def projected_cross_entropy(
         "logits": _loss_keeping_logits,
         "logits_bf16": _loss_keeping_bf16_logits,
     }[keep]
-    loss, nll, correct = loss_fn(y2, embedding, t, w, label_smoothing)
+    loss, nll, correct = loss_fn(y2, embedding, t, w, label_smoothing, bias)
     return loss, nll, jnp.sum(w), correct
 
 
@@ -86,10 +89,11 @@ def loss_keep(platform: str) -> str:
     return "exp" if platform == "cpu" else "logits"
 
 
-def _logits(y, embedding):
-    return jnp.einsum(
+def _logits(y, embedding, bias):
+    logits = jnp.einsum(
         "nd,vd->nv", y, embedding.astype(y.dtype), preferred_element_type=jnp.float32
     )  # [N, V]
+    return logits if bias is None else logits + bias
 
 
 def _loss_sums(logits, top, lse, targets, weights, label_smoothing):
@@ -118,9 +122,19 @@ def transposed_copy(x: jax.Array) -> jax.Array:
 
 
 def _loss_grads(
-    y, embedding, targets, weights, probs, total, label_smoothing, cotangents, row_major=False
+    y,
+    embedding,
+    targets,
+    weights,
+    bias,
+    probs,
+    total,
+    label_smoothing,
+    cotangents,
+    row_major=False,
 ):
-    """Gradients for y and the embedding, the softmax being `probs / total` ([N, V], [N]).
+    """Gradients for y, the embedding and the bias (None without one), the softmax being
+    `probs / total` ([N, V], [N]).
 
     `row_major` (the CPU's path, `keep="exp"`) with bfloat16 operands (`model.matmul_dtype`)
     arranges both products for the CPU's bfloat16 path (docs/speed.md): d_y accumulates in
@@ -141,6 +155,7 @@ def _loss_grads(
     flat = (weights * g_loss * label_smoothing / vocab)[:, None]
     is_target = jnp.arange(vocab)[None, :] == targets[:, None]  # [N, V]
     d_logits = scale * probs - jnp.where(is_target, hot, 0.0) - flat
+    d_bias = None if bias is None else jnp.sum(d_logits, axis=0).astype(bias.dtype)  # [V]
     d_logits = d_logits.astype(y.dtype)  # [N, V]
     product_embedding = embedding.astype(y.dtype)
     f32 = jnp.float32
@@ -154,16 +169,16 @@ def _loss_grads(
     else:
         d_y = jnp.einsum("nv,vd->nd", d_logits, product_embedding)  # [N, D]
         d_embedding = jnp.einsum("nv,nd->vd", d_logits, y, preferred_element_type=f32)
-    return d_y, d_embedding.astype(embedding.dtype), None, jnp.zeros_like(weights)
+    return d_y, d_embedding.astype(embedding.dtype), None, jnp.zeros_like(weights), d_bias
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
-def _loss_keeping_exp(y, embedding, targets, weights, label_smoothing):
-    return _keep_exp_fwd(y, embedding, targets, weights, label_smoothing)[0]
+def _loss_keeping_exp(y, embedding, targets, weights, label_smoothing, bias):
+    return _keep_exp_fwd(y, embedding, targets, weights, label_smoothing, bias)[0]
 
 
-def _keep_exp_fwd(y, embedding, targets, weights, label_smoothing):
-    logits = _logits(y, embedding)
+def _keep_exp_fwd(y, embedding, targets, weights, label_smoothing, bias):
+    logits = _logits(y, embedding, bias)
     top = jnp.max(logits, axis=-1)  # [N]
     # exp is computed once, kept for the backward pass (which needs the softmax) and summed
     # apart: fused into the reduction it ran single-threaded, 6x slower on CPUs.
@@ -171,7 +186,7 @@ def _keep_exp_fwd(y, embedding, targets, weights, label_smoothing):
     total = jnp.sum(exps, axis=-1)  # [N]
     lse = top + jnp.log(total)
     out = _loss_sums(logits, top, lse, targets, weights, label_smoothing)
-    return out, (y, embedding, targets, weights, exps, total)
+    return out, (y, embedding, targets, weights, bias, exps, total)
 
 
 def _keep_exp_bwd(label_smoothing, residuals, cotangents):
@@ -182,36 +197,38 @@ _loss_keeping_exp.defvjp(_keep_exp_fwd, _keep_exp_bwd)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
-def _loss_keeping_logits(y, embedding, targets, weights, label_smoothing):
-    return _keep_logits_fwd(y, embedding, targets, weights, label_smoothing)[0]
+def _loss_keeping_logits(y, embedding, targets, weights, label_smoothing, bias):
+    return _keep_logits_fwd(y, embedding, targets, weights, label_smoothing, bias)[0]
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
-def _loss_keeping_bf16_logits(y, embedding, targets, weights, label_smoothing):
-    return _keep_bf16_logits_fwd(y, embedding, targets, weights, label_smoothing)[0]
+def _loss_keeping_bf16_logits(y, embedding, targets, weights, label_smoothing, bias):
+    return _keep_bf16_logits_fwd(y, embedding, targets, weights, label_smoothing, bias)[0]
 
 
-def _keep_logits_fwd(y, embedding, targets, weights, label_smoothing, dtype=jnp.float32):
+def _keep_logits_fwd(y, embedding, targets, weights, label_smoothing, bias, dtype=jnp.float32):
     # `dtype` is how the logits are written and kept: float32 ("logits"), or rounded once to
     # bfloat16 as the product writes them ("logits_bf16"), each read back as float32.
-    logits = _logits(y, embedding).astype(dtype)  # [N, V]
+    logits = _logits(y, embedding, bias).astype(dtype)  # [N, V]
     wide = logits.astype(jnp.float32)
     top = jnp.max(wide, axis=-1)  # [N]
     lse = top + jnp.log(jnp.sum(jnp.exp(wide - top[:, None]), axis=-1))  # [N]
     out = _loss_sums(wide, top, lse, targets, weights, label_smoothing)
-    return out, (y, embedding, targets, weights, logits, lse)
+    return out, (y, embedding, targets, weights, bias, logits, lse)
 
 
-def _keep_bf16_logits_fwd(y, embedding, targets, weights, label_smoothing):
-    return _keep_logits_fwd(y, embedding, targets, weights, label_smoothing, jnp.bfloat16)
+def _keep_bf16_logits_fwd(y, embedding, targets, weights, label_smoothing, bias):
+    return _keep_logits_fwd(y, embedding, targets, weights, label_smoothing, bias, jnp.bfloat16)
 
 
 def _keep_logits_bwd(label_smoothing, residuals, cotangents):
-    y, embedding, targets, weights, logits, lse = residuals
+    y, embedding, targets, weights, bias, logits, lse = residuals
     # The softmax, fused into d_logits' pass; the bfloat16 logits' gradient is taken as if
     # they had not been rounded (the rounding's own derivative is 1 almost everywhere).
     probs = jnp.exp(logits.astype(jnp.float32) - lse[:, None])  # [N, V]
-    return _loss_grads(y, embedding, targets, weights, probs, None, label_smoothing, cotangents)
+    return _loss_grads(
+        y, embedding, targets, weights, bias, probs, None, label_smoothing, cotangents
+    )
 
 
 _loss_keeping_logits.defvjp(_keep_logits_fwd, _keep_logits_bwd)

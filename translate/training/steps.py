@@ -129,6 +129,7 @@ def summed_loss(graphdef, label_smoothing: float, keep: str, params, micro, key)
         weights,
         label_smoothing,
         keep,
+        model.output_bias(),
     )
     return loss_sum, (nll_sum, count, correct)
 
@@ -249,6 +250,7 @@ def make_eval_step(graphdef, label_smoothing: float, mesh, keep: str = "exp"):
             weights,
             label_smoothing,
             keep,
+            model.output_bias(),
         )
         return jnp.stack([loss_sum, nll_sum, count])
 
