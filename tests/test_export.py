@@ -235,6 +235,12 @@ TODAYS_BLOCKS = {
     "grouped": ("encoder_decoder", "post", {"num_kv_heads": 2}),
     "multi-query": ("encoder_decoder", "post", {"num_kv_heads": 1}),
     "no-bias": ("encoder_decoder", "post", {"use_bias": False}),
+    # What OPUS-MT's Marian models compute beyond the paper's blocks.
+    "marian": (
+        "encoder_decoder",
+        "post",
+        {"feed_forward": "silu", "scale_embeddings": False, "logits_bias": True},
+    ),
     "all-pre": (
         "encoder_decoder",
         "pre",
@@ -262,6 +268,8 @@ TODAYS_BLOCKS = {
             "feed_forward": "swiglu",
             "num_kv_heads": 2,
             "use_bias": False,
+            "scale_embeddings": False,
+            "logits_bias": True,
         },
     ),
 }
@@ -521,16 +529,32 @@ def test_huggingface_weights_are_as_readable_as_the_config(workdir, tmp_path):
     assert modes["model.safetensors"] == modes["config.json"], modes  # not the owner's alone
 
 
-@pytest.fixture(scope="module", params=["post", "pre", "post-gelu", "pre-gelu"])
+# The models exported to transformers: (norm position, model fields).
+HUGGINGFACE_MODELS = {
+    "post": ("post", {}),
+    "pre": ("pre", {}),
+    "post-gelu": ("post", {"feed_forward": "gelu"}),
+    "pre-gelu": ("pre", {"feed_forward": "gelu"}),
+    # What OPUS-MT's Marian models compute beyond the paper's blocks.
+    "post-marian": (
+        "post",
+        {"feed_forward": "silu", "scale_embeddings": False, "logits_bias": True},
+    ),
+    # Unscaled embeddings are checked after post-LayerNorm: this random pre-LayerNorm model
+    # would end every output at once, and greedy decoding would compare nothing.
+    "pre-marian": ("pre", {"feed_forward": "silu", "logits_bias": True}),
+}
+
+
+@pytest.fixture(scope="module", params=list(HUGGINGFACE_MODELS))
 def huggingface_export(request, workdirs, vocab, tmp_path_factory):
     """(workdir, loaded transformers model with our LayerNorm epsilon) of each norm position,
-    with the paper's ReLU and with a GELU (`model.feed_forward=gelu`)."""
+    with the paper's ReLU, a GELU, and what OPUS-MT's Marian models compute."""
     pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
-    norm, _, activation = request.param.partition("-")
-    if activation:
+    norm, fields = HUGGINGFACE_MODELS[request.param]
+    if fields:
         root = tmp_path_factory.mktemp(request.param)
-        fields = {"feed_forward": activation}
         workdir = make_workdir(root / "run", vocab, "encoder_decoder", norm, fields=fields)
     else:
         workdir = workdirs("encoder_decoder", norm)

@@ -74,6 +74,55 @@ def test_fused_projection_and_loss_match_the_unfused_loss_and_its_gradients(keep
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("keep", ["exp", "logits"])
+def test_a_projection_bias_is_added_to_the_logits_and_gets_their_summed_gradient(keep):
+    # `model.logits_bias`: the fused loss of y @ E^T + b, its gradients for y, E and b.
+    y, embedding, targets, weights = random_loss_inputs()
+    bias = jax.random.normal(jax.random.key(7), (embedding.shape[0],))
+
+    def unfused(y, embedding, bias):
+        logits = jnp.einsum("btd,vd->btv", y, embedding) + bias
+        loss, nll, count = smoothed_cross_entropy(logits, targets, weights, 0.1)
+        return loss, nll, count, correct_tokens(logits, targets, weights)
+
+    def fused(y, embedding, bias):
+        return projected_cross_entropy(y, embedding, targets, weights, 0.1, keep, bias)
+
+    args = (y, embedding, bias)
+    np.testing.assert_allclose(fused(*args), unfused(*args), rtol=1e-6)
+    for output in (0, 1):
+        expected = jax.grad(lambda *a, i=output: unfused(*a)[i], argnums=(0, 1, 2))(*args)
+        got = jax.grad(lambda *a, i=output: fused(*a)[i], argnums=(0, 1, 2))(*args)
+        for a, b in zip(got, expected):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_the_training_loss_of_a_model_with_a_projection_bias_is_that_of_its_logits():
+    # The train step passes the bias to the fused loss (steps.summed_loss): its loss is the
+    # one of the model's own logits, and the bias gets a gradient.
+    from flax import nnx
+
+    from translate.data.batching import Batch
+    from translate.models.factory import make_model
+    from translate.training.steps import summed_loss
+
+    config = tiny_config().model
+    config.logits_bias = True
+    model = make_model(config, 40, nnx.Rngs(0))
+    model.logits_bias[...] = jax.random.normal(jax.random.key(1), (40,))
+    src, tgt = jnp.array([[5, 6, 7, 2]]), jnp.array([[1, 8, 9, 10]])
+    positions = jnp.arange(4)[None]
+    ones = jnp.ones_like(src)
+    batch = Batch(src, ones, positions, tgt, ones, positions, tgt_out=jnp.roll(tgt, -1, axis=1))
+    graphdef, params = nnx.split(model, nnx.Param)
+    loss_of = jax.jit(lambda p: summed_loss(graphdef, 0.1, "exp", p, batch, None)[0])
+    logits = nnx.jit(lambda m, b: m(b))(model, batch)
+    expected = smoothed_cross_entropy(logits, batch.tgt_out, ones, 0.1)[0]
+    np.testing.assert_allclose(loss_of(params), expected, rtol=1e-6)
+    grads = jax.jit(jax.grad(loss_of))(params)
+    assert np.abs(np.asarray(grads["logits_bias"][...])).sum() > 0
+
+
 def test_bfloat16_logits_give_the_loss_of_the_rounded_logits_and_a_nearby_gradient():
     # keep="logits_bf16" rounds the logits to bfloat16 once: its sums are the unfused loss's on
     # those rounded logits, and its gradients (which take the rounding as the identity) lie
