@@ -150,6 +150,14 @@ def test_averaging_more_checkpoints_than_the_run_keeps_or_saves_is_an_error():
     assert load_config(base, {"train.num_train_steps": "4001"}).decode.average_last == 5
 
 
+def test_the_encoders_own_embeddings_are_refused_where_there_is_no_encoder():
+    config = Config()
+    config.model.architecture = "decoder_only"
+    config.model.share_encoder_decoder_embeddings = False
+    with pytest.raises(ValueError, match="share_encoder_decoder_embeddings=False: must be true"):
+        config.validate()
+
+
 def test_an_int_may_stand_for_a_float():
     config = Config()
     config.train.learning_rate_scale = 2

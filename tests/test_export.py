@@ -239,7 +239,12 @@ TODAYS_BLOCKS = {
     "marian": (
         "encoder_decoder",
         "post",
-        {"feed_forward": "silu", "scale_embeddings": False, "logits_bias": True},
+        {
+            "feed_forward": "silu",
+            "scale_embeddings": False,
+            "logits_bias": True,
+            "share_encoder_decoder_embeddings": False,
+        },
     ),
     "all-pre": (
         "encoder_decoder",
@@ -538,7 +543,12 @@ HUGGINGFACE_MODELS = {
     # What OPUS-MT's Marian models compute beyond the paper's blocks.
     "post-marian": (
         "post",
-        {"feed_forward": "silu", "scale_embeddings": False, "logits_bias": True},
+        {
+            "feed_forward": "silu",
+            "scale_embeddings": False,
+            "logits_bias": True,
+            "share_encoder_decoder_embeddings": False,
+        },
     ),
     # Unscaled embeddings are checked after post-LayerNorm: this random pre-LayerNorm model
     # would end every output at once, and greedy decoding would compare nothing.

@@ -132,3 +132,13 @@ def test_a_logits_bias_is_exported_to_both_engines():
     config = ModelConfig(logits_bias=True)
     assert huggingface.unsupported_reason(config) is None
     assert ctranslate2.unsupported_reason(config) is None
+
+
+def test_the_encoders_own_embeddings_go_to_marian_and_ctranslate2_and_not_to_pegasus():
+    untied = ModelConfig(share_encoder_decoder_embeddings=False)
+    assert huggingface.unsupported_reason(untied) is None
+    assert huggingface.model_config(untied, 64)["share_encoder_decoder_embeddings"] is False
+    assert ctranslate2.unsupported_reason(untied) is None
+    pre = dataclasses.replace(untied, norm_position="pre")
+    reason = huggingface.unsupported_reason(pre)
+    assert "model.share_encoder_decoder_embeddings" in reason and "--format=ctranslate2" in reason

@@ -132,6 +132,12 @@ def model_rules(config) -> list[Rule]:
             lambda v: v == "causal" or m.architecture == "decoder_only",
             "applies only to --config.model.architecture=decoder_only",
         ),
+        # One stack reads source and target alike: there is no encoder to embed apart.
+        (
+            "model.share_encoder_decoder_embeddings",
+            lambda v: v or m.architecture == "encoder_decoder",
+            "must be true with --config.model.architecture=decoder_only",
+        ),
     ]
 
 

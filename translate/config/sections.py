@@ -100,6 +100,10 @@ class ModelConfig:
     # A learned bias on the pre-softmax projection, from zero (Marian's final_logits_bias);
     # the paper's projection is the embedding alone (Sec. 3.4).
     logits_bias: bool = False
+    # Sec. 3.4 shares one embedding matrix between the encoder, the decoder and the projection.
+    # False gives the encoder a matrix of its own, the decoder's staying tied to the projection
+    # (Marian's share_encoder_decoder_embeddings=false, OPUS-MT's tc-big models).
+    share_encoder_decoder_embeddings: bool = True
 
 
 @dataclasses.dataclass(frozen=True)

@@ -114,6 +114,7 @@ IMPLEMENTS = {
     "use_bias": Decision(None, "a bias is optional in every linear layer"),
     "scale_embeddings": Decision(None, "scale_embeddings"),
     "logits_bias": Decision(None, "the projection's optional bias"),
+    "share_encoder_decoder_embeddings": Decision(None, "the encoder's own embeddings"),
 }
 
 
@@ -181,10 +182,12 @@ def feed_forward(spec: Any, module: Any, norm: Any) -> None:
     layer_norm(spec.layer_norm, norm)
 
 
-def input_layers(spec: Any, embedding: Any, model: TranslationModel) -> None:
-    """Sec. 3.4's shared embedding [V, D], scaled by sqrt(D), plus our position table [P, D]
-    where positions are added to it (sinusoidal; rotary and relative ones act in attention)."""
-    embedding.weight = array(model.embed.embedding)  # [V, D]
+def input_layers(spec: Any, embedding: Any, model: TranslationModel, source=False) -> None:
+    """Sec. 3.4's shared embedding [V, D] (the encoder's own for `source` where the model has
+    one), scaled by sqrt(D), plus our position table [P, D] where positions are added to it
+    (sinusoidal; rotary and relative ones act in attention)."""
+    table = model.source_embed if source and model.source_embed is not None else model.embed
+    embedding.weight = array(table.embedding)  # [V, D]
     spec.scale_embeddings = model.scales_embeddings  # CTranslate2 multiplies by sqrt(D)
     if model.adds_positions:
         table = sinusoidal_positions(jnp.arange(NUM_POSITIONS), model.d_model)  # [P, D]
@@ -255,7 +258,7 @@ def make_spec(model: TranslationModel, config: ModelConfig, tokenizer: Tokenizer
             config.num_layers, config.num_heads, **options
         )
         spec = transformer_spec.TransformerSpec(encoder, decoder)
-        input_layers(spec.encoder, spec.encoder.embeddings[0], model)  # one input feature
+        input_layers(spec.encoder, spec.encoder.embeddings[0], model, source=True)
         for layer_spec, layer in zip(spec.encoder.layer, model.encoder, strict=True):
             attention(layer_spec.self_attention, layer.self_attention, layer.norm1, True)
             feed_forward(layer_spec.ffn, layer.feed_forward, layer.norm2)

@@ -120,6 +120,14 @@ IMPLEMENTS = {
     ),
     "scale_embeddings": Decision(None, "Marian's and Pegasus's scale_embedding"),
     "logits_bias": Decision(None, "Marian's and Pegasus's final_logits_bias"),
+    "share_encoder_decoder_embeddings": Decision(
+        # Marian takes the encoder's own matrix; Pegasus (pre-LayerNorm) has one only.
+        lambda config: (
+            config.share_encoder_decoder_embeddings or LAYOUTS[config.norm_position][0] == "marian"
+        ),
+        "Pegasus shares one embedding matrix between its stacks (model."
+        "share_encoder_decoder_embeddings); export this model with --format=ctranslate2",
+    ),
 }
 
 
@@ -165,9 +173,17 @@ def state_dict(model: TranslationModel, norm_position: str) -> dict[str, np.ndar
         writes_stream(f"{name}.fc2", module.outer)
         norm(f"{name}.final_layer_norm", layer_norm)
 
-    # Sec. 3.4: one embedding matrix [V, D] for both stacks and the pre-softmax projection.
-    out["model.shared.weight"] = np.ascontiguousarray(array(model.embed.embedding)[:, order])
-    vocab = out["model.shared.weight"].shape[0]
+    # Sec. 3.4: one embedding matrix [V, D] for both stacks and the pre-softmax projection, or
+    # the encoder's own and the decoder's, which the projection shares (Marian's
+    # share_encoder_decoder_embeddings=false).
+    target = np.ascontiguousarray(array(model.embed.embedding)[:, order])
+    if model.source_embed is None:
+        out["model.shared.weight"] = target
+    else:
+        source = array(model.source_embed.embedding)[:, order]
+        out["model.encoder.embed_tokens.weight"] = np.ascontiguousarray(source)
+        out["model.decoder.embed_tokens.weight"] = target
+    vocab = target.shape[0]
     bias = model.output_bias()
     out["final_logits_bias"] = np.zeros((1, vocab), "f4") if bias is None else array(bias)[None]
     positions = sinusoidal_positions(jnp.arange(NUM_POSITIONS), model.d_model)  # [P, D]
@@ -217,7 +233,7 @@ def model_config(config: ModelConfig, vocab_size: int) -> dict[str, Any]:
     }
     if model_type == "marian":
         fields["decoder_vocab_size"] = vocab_size
-        fields["share_encoder_decoder_embeddings"] = True
+        fields["share_encoder_decoder_embeddings"] = config.share_encoder_decoder_embeddings
     return fields
 
 

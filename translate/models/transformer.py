@@ -49,7 +49,8 @@ Options that depart further, each off unless a config sets it:
     GELU, SiLU, SwiGLU or GeGLU in place of Sec. 3.3's ReLU, `model.num_kv_heads` below
     `num_heads` (grouped-query attention), `model.use_bias=False`,
     `model.scale_embeddings=False` (no sqrt(d_model) on the embeddings, Sec. 3.4) and
-    `model.logits_bias` (a bias on the pre-softmax projection).
+    `model.logits_bias` (a bias on the pre-softmax projection), and
+    `model.share_encoder_decoder_embeddings=False` (the encoder's own embedding matrix).
   - `model.architecture="decoder_only"` (models/decoder_only.py) replaces the encoder-decoder.
   - Training (translate/training/optim.py): `train.lr_decay` linear or cosine in place of the
     paper's inverse square root, `train.weight_decay` (AdamW), `train.optimizer="muon"`, and a
@@ -85,9 +86,10 @@ class TranslationModel(nnx.Module):
     """The base of every architecture: what training, the search and the tools call.
 
     Holds Sec. 3.4's one embedding matrix, which serves the inputs and the pre-softmax
-    projection. The encoder-decoder (`Transformer`) and the decoder-only variant
-    (translate/models/decoder_only.py) each define `hidden`, their teacher-forced output, and their
-    cached decoding; translate/models/factory.py builds the configured one.
+    projection (and the encoder's own matrix where that sharing is off). The encoder-decoder
+    (`Transformer`) and the decoder-only variant (translate/models/decoder_only.py) each define
+    `hidden`, their teacher-forced output, and their cached decoding;
+    translate/models/factory.py builds the configured one.
     """
 
     def __init__(self, config: ModelConfig, vocab_size: int, rngs: nnx.Rngs, dtype: Any = None):
@@ -115,13 +117,28 @@ class TranslationModel(nnx.Module):
         self.logits_bias = (
             nnx.Param(jnp.zeros((vocab_size,), jnp.float32)) if config.logits_bias else None
         )
+        # The encoder's own embedding matrix where Sec. 3.4's sharing is off
+        # (`model.share_encoder_decoder_embeddings`); None: the encoder reads `embed`.
+        self.source_embed = (
+            None
+            if config.share_encoder_decoder_embeddings
+            else nnx.Embed(
+                vocab_size,
+                config.d_model,
+                dtype=self.dtype,
+                rngs=rngs,
+                embedding_init=nnx.initializers.normal(config.d_model**-0.5),
+            )
+        )
 
-    def embed_tokens(self, tokens, positions, key):
+    def embed_tokens(self, tokens, positions, key, source: bool = False):
+        """Tokens -> their embeddings with positions, dropped out; `source`: the encoder's."""
         # Sec. 3.4: embeddings are multiplied by sqrt(d_model); Sec. 3.5: positions are added.
         # Rows are gathered from the float32 table and then cast, so that the gradient's
         # scatter-add runs in float32: casting the table first made XLA scatter in bfloat16,
         # 9.6 ms of the base model's 61 ms step on an H100.
-        table = self.embed.embedding[...]  # [V, D] float32
+        embed = self.source_embed if source and self.source_embed is not None else self.embed
+        table = embed.embedding[...]  # [V, D] float32
         x = jnp.take(table, tokens, axis=0).astype(self.dtype)
         if self.scales_embeddings:
             x = x * math.sqrt(self.d_model)
@@ -214,7 +231,7 @@ class Transformer(TranslationModel):
 
     def encode(self, src, src_segments, src_positions, *, dropout_key=None) -> jax.Array:
         """Source tokens [B, S] -> memory [B, S, D]."""
-        x = self.embed_tokens(src, src_positions, fold(dropout_key, 0))
+        x = self.embed_tokens(src, src_positions, fold(dropout_key, 0), source=True)
         mask = attention_mask(src_segments, src_segments, causal=False)  # [B, 1, S, S]
         positions = Positions(src_positions, src_positions)
         for i, layer in enumerate(self.encoder):
