@@ -25,9 +25,10 @@ COMMANDS = {
     "export",
     "translate_data",
     "distill",
+    "import_model",
 }
 # The library's families, one folder each (docs/architecture.md's layout).
-FAMILIES = {"models", "data", "decoding", "training", "engines", "pipeline"}
+FAMILIES = {"models", "data", "decoding", "training", "engines", "pipeline", "pretrained"}
 
 
 def module_names(package: pathlib.Path = PACKAGE) -> set[str]:

@@ -28,7 +28,7 @@ import json
 import pathlib
 import shutil
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax.numpy as jnp
 import numpy as np
@@ -141,53 +141,59 @@ def channel_order(d_model: int) -> np.ndarray:
     return np.concatenate([np.arange(0, d_model, 2), np.arange(1, d_model, 2)])
 
 
-def state_dict(model: TranslationModel, norm_position: str) -> dict[str, np.ndarray]:
-    """The weights by transformers' names; PyTorch's Linear weights are [out, in]."""
-    order = channel_order(model.d_model)
-    out: dict[str, np.ndarray] = {}
+# How a parameter of ours is laid out among transformers' weights, whose residual stream is
+# numbered by `channel_order` (the module's docstring); PyTorch's Linear weights are [out, in].
+READS = "reads"  # a projection of the stream (Q, K, V, first feed-forward): inputs renumbered
+WRITES = "writes"  # a projection onto the stream (attention output, second feed-forward)
+STREAM = "stream"  # a vector of the stream [D]: a norm's, a WRITES projection's bias
+PLAIN = "plain"  # a vector off the stream, as it is: a READS projection's bias
+EMBEDDING = "embedding"  # [V, D], channels renumbered
+ROW = "row"  # [V] as [1, V]: the projection's bias (final_logits_bias)
 
-    def reads_stream(name: str, layer: Any) -> None:
-        """A projection of the residual stream (Q, K, V, first feed-forward): inputs renumbered."""
-        kernel = array(layer.kernel)[order]  # [D, out]
-        out[f"{name}.weight"] = np.ascontiguousarray(kernel.T)
-        bias = array(layer.bias) if layer.bias is not None else np.zeros(kernel.shape[1], "f4")
-        out[f"{name}.bias"] = bias  # our key projection has none: zeros
 
-    def writes_stream(name: str, layer: Any) -> None:
-        """A projection added to the residual stream (attention output, second FFN): outputs."""
-        out[f"{name}.weight"] = np.ascontiguousarray(array(layer.kernel)[:, order].T)
-        out[f"{name}.bias"] = array(layer.bias)[order]
+class Slot(NamedTuple):
+    """One of transformers' weights and the parameter of ours it holds: None for a key
+    projection's bias (ours has none: its every score of a query moves alike, which softmax
+    ignores) or a projection bias the model lacks, written as zeros."""
+
+    name: str
+    param: Any
+    layout: str
+
+
+def weight_slots(model: TranslationModel, norm_position: str) -> list[Slot]:
+    """Every weight of the Marian or Pegasus layout, by transformers' names, with ours."""
+    slots: list[Slot] = []
+
+    def linear(name: str, layer: Any, layout: str) -> None:
+        slots.append(Slot(f"{name}.weight", layer.kernel, layout))
+        slots.append(Slot(f"{name}.bias", layer.bias, PLAIN if layout == READS else STREAM))
 
     def norm(name: str, layer: Any) -> None:
-        out[f"{name}.weight"] = array(layer.scale)[order]
-        out[f"{name}.bias"] = array(layer.bias)[order]
+        slots.append(Slot(f"{name}.weight", layer.scale, STREAM))
+        slots.append(Slot(f"{name}.bias", layer.bias, STREAM))
 
     def attention(name: str, module: Any, layer_norm: Any) -> None:
         for ours, theirs in (("query", "q"), ("key", "k"), ("value", "v")):
-            reads_stream(f"{name}.{theirs}_proj", getattr(module, ours))
-        writes_stream(f"{name}.out_proj", module.out)
+            linear(f"{name}.{theirs}_proj", getattr(module, ours), READS)
+        linear(f"{name}.out_proj", module.out, WRITES)
         norm(f"{name}_layer_norm", layer_norm)
 
     def feed_forward(name: str, module: Any, layer_norm: Any) -> None:
-        reads_stream(f"{name}.fc1", module.inner)
-        writes_stream(f"{name}.fc2", module.outer)
+        linear(f"{name}.fc1", module.inner, READS)
+        linear(f"{name}.fc2", module.outer, WRITES)
         norm(f"{name}.final_layer_norm", layer_norm)
 
     # Sec. 3.4: one embedding matrix [V, D] for both stacks and the pre-softmax projection, or
     # the encoder's own and the decoder's, which the projection shares (Marian's
     # share_encoder_decoder_embeddings=false).
-    target = np.ascontiguousarray(array(model.embed.embedding)[:, order])
     if model.source_embed is None:
-        out["model.shared.weight"] = target
+        slots.append(Slot("model.shared.weight", model.embed.embedding, EMBEDDING))
     else:
-        source = array(model.source_embed.embedding)[:, order]
-        out["model.encoder.embed_tokens.weight"] = np.ascontiguousarray(source)
-        out["model.decoder.embed_tokens.weight"] = target
-    vocab = target.shape[0]
-    bias = model.output_bias()
-    out["final_logits_bias"] = np.zeros((1, vocab), "f4") if bias is None else array(bias)[None]
-    positions = sinusoidal_positions(jnp.arange(NUM_POSITIONS), model.d_model)  # [P, D]
-    positions = np.ascontiguousarray(np.asarray(positions, np.float32)[:, order])
+        source, target = model.source_embed.embedding, model.embed.embedding
+        slots.append(Slot("model.encoder.embed_tokens.weight", source, EMBEDDING))
+        slots.append(Slot("model.decoder.embed_tokens.weight", target, EMBEDDING))
+    slots.append(Slot("final_logits_bias", model.logits_bias, ROW))
     for i, layer in enumerate(model.encoder):
         name = f"model.encoder.layers.{i}"
         attention(f"{name}.self_attn", layer.self_attention, layer.norm1)
@@ -200,10 +206,63 @@ def state_dict(model: TranslationModel, norm_position: str) -> dict[str, np.ndar
     if norm_position == "pre":
         norm("model.encoder.layer_norm", model.encoder_norm)
         norm("model.decoder.layer_norm", model.decoder_norm)
+    return slots
+
+
+def to_layout(value: np.ndarray, layout: str, order: np.ndarray) -> np.ndarray:
+    """Our float32 parameter as transformers' weight of `layout`."""
+    if layout == READS:
+        return np.ascontiguousarray(value[order].T)  # [D, out] -> [out, D]
+    if layout == WRITES:
+        return np.ascontiguousarray(value[:, order].T)  # [in, D] -> [D, in]
+    if layout == STREAM:
+        return value[order]
+    if layout == EMBEDDING:
+        return np.ascontiguousarray(value[:, order])
+    if layout == ROW:
+        return value[None]
+    return value  # PLAIN
+
+
+def from_layout(weight: np.ndarray, layout: str, order: np.ndarray) -> np.ndarray:
+    """transformers' weight of `layout` as our parameter: the inverse of `to_layout`."""
+    inverse = np.argsort(order)
+    if layout == READS:
+        return np.ascontiguousarray(weight.T[inverse])
+    if layout == WRITES:
+        return np.ascontiguousarray(weight.T[:, inverse])
+    if layout == STREAM:
+        return weight[inverse]
+    if layout == EMBEDDING:
+        return np.ascontiguousarray(weight[:, inverse])
+    if layout == ROW:
+        return weight[0]
+    return weight  # PLAIN
+
+
+def state_dict(model: TranslationModel, norm_position: str) -> dict[str, np.ndarray]:
+    """The weights by transformers' names (`weight_slots`), zeros where ours has none."""
+    order = channel_order(model.d_model)
+    out: dict[str, np.ndarray] = {}
+    for slot in weight_slots(model, norm_position):
+        if slot.param is None:  # a key projection's bias; a projection bias the model lacks
+            size = model.embed.embedding.shape[0] if slot.layout == ROW else out_size(slot, out)
+            value = np.zeros(size, "f4")
+        else:
+            value = array(slot.param)
+        out[slot.name] = to_layout(value, slot.layout, order)
+    if norm_position == "pre":
         # Pegasus keeps its position tables among the weights: ours, in its channel order.
+        positions = sinusoidal_positions(jnp.arange(NUM_POSITIONS), model.d_model)  # [P, D]
+        positions = np.ascontiguousarray(np.asarray(positions, np.float32)[:, order])
         out["model.encoder.embed_positions.weight"] = positions
         out["model.decoder.embed_positions.weight"] = positions
     return out
+
+
+def out_size(slot: Slot, weights: dict[str, np.ndarray]) -> int:
+    """The size of a missing bias: its projection's outputs, written just before it."""
+    return weights[slot.name.removesuffix(".bias") + ".weight"].shape[0]
 
 
 def model_config(config: ModelConfig, vocab_size: int) -> dict[str, Any]:

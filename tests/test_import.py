@@ -1,0 +1,154 @@
+"""translate-import: a Marian folder read back as a workdir (translate/pretrained/marian.py)."""
+
+import json
+import pathlib
+import shutil
+
+import jax
+import numpy as np
+import pytest
+from test_export import SENTENCES, make_workdir, our_greedy_outputs, vocab  # noqa: F401
+
+from translate import cli, import_model
+from translate.decoding.sentences import translate_sentences
+from translate.decoding.settings import decode_settings
+from translate.engines.writer import export
+from translate.pretrained.marian import import_marian
+from translate.trained import load_model
+from translate.workdir import Workdir, read_config
+
+# What OPUS-MT's Marian models compute beyond the paper's blocks, all at once.
+MARIAN = {
+    "feed_forward": "silu",
+    "scale_embeddings": False,
+    "logits_bias": True,
+    "share_encoder_decoder_embeddings": False,
+}
+
+
+@pytest.fixture(scope="module", params=["paper", "marian"])
+def exported(request, vocab, tmp_path_factory):  # noqa: F811
+    """(workdir, its Hugging Face export) of a random tiny model."""
+    root = tmp_path_factory.mktemp(request.param)
+    fields = MARIAN if request.param == "marian" else {}
+    workdir = make_workdir(root / "run", vocab, "encoder_decoder", "post", fields=fields)
+    export(str(workdir), str(root / "hf"), "huggingface")
+    return workdir, root / "hf"
+
+
+def test_an_import_of_our_export_has_its_parameters_to_the_bit(exported, tmp_path):
+    workdir, folder = exported
+    config = import_marian(folder, tmp_path / "imported")
+    _, ours, _, saved, _ = load_model(workdir)
+    _, imported, _, imported_config, steps = load_model(tmp_path / "imported")
+    assert steps == [0]
+    for field in ("feed_forward", "scale_embeddings", "logits_bias"):
+        assert getattr(config.model, field) == getattr(saved.model, field)
+    assert config.model.share_encoder_decoder_embeddings == (
+        saved.model.share_encoder_decoder_embeddings
+    )
+    assert jax.tree.structure(imported) == jax.tree.structure(ours)
+    for mine, theirs in zip(jax.tree.leaves(imported), jax.tree.leaves(ours), strict=True):
+        assert np.asarray(mine).tobytes() == np.asarray(theirs).tobytes()
+
+
+def test_an_import_translates_as_the_model_exported(exported, tmp_path):
+    workdir, folder = exported
+    import_marian(folder, tmp_path / "imported")
+    ours = our_greedy_outputs(workdir, tuple(SENTENCES))
+    assert len(set(ours)) > 3, ours
+    # config.json does not say how the run decoded: the import decodes with the run's settings.
+    config = read_config(Workdir(workdir))
+    graphdef, params, tokenizer, _, _ = load_model(tmp_path / "imported")
+    settings = decode_settings(config.decode, {"beam_size": 1})
+    found = translate_sentences(
+        (graphdef,), (params,), tokenizer, SENTENCES, settings, config.data.max_len
+    )
+    assert [best[0][1] for best in found] == ours
+
+
+def edited(folder: pathlib.Path, tmp_path: pathlib.Path, **fields) -> pathlib.Path:
+    """A copy of `folder` whose config.json has `fields` set (None removes one)."""
+    copy = tmp_path / "edited"
+    shutil.copytree(folder, copy)
+    config = json.loads((copy / "config.json").read_text())
+    for name, value in fields.items():
+        if value is None:
+            config.pop(name)
+        else:
+            config[name] = value
+    (copy / "config.json").write_text(json.dumps(config))
+    return copy
+
+
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        ({"model_type": "t5"}, "config.json: model_type='t5', not 'marian'"),
+        ({"model_type": "bart"}, "config.json: model_type='bart', not 'marian'"),
+        ({"rope_theta": 10000.0}, "config.json: field rope_theta is not one translate-import"),
+        ({"activation_function": "gelu_new"}, "activation_function='gelu_new' is not one we"),
+        ({"normalize_before": True}, "normalize_before=True, not False"),
+        ({"decoder_layers": 3}, "decoder_layers=3 differs from encoder_layers"),
+        ({"decoder_start_token_id": 7}, "decoder_start_token_id=7, not 2"),
+        ({"encoder_ffn_dim": 128, "decoder_ffn_dim": 128}, "fc1.weight has shape (64, 32), not"),
+        ({"vocab_size": 65, "decoder_vocab_size": 65}, "vocab_size=65, the vocabulary has 64"),
+        ({"d_model": None}, "config.json: no d_model"),
+    ],
+)
+def test_a_folder_we_do_not_compute_is_refused_naming_the_file_and_leaves_nothing(
+    exported, tmp_path, fields, message
+):
+    _, folder = exported
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        import_marian(edited(folder, tmp_path, **fields), tmp_path / "imported")
+    assert not (tmp_path / "imported").exists()
+
+
+def test_a_weight_the_config_does_not_give_is_refused(exported, tmp_path):
+    from safetensors.numpy import load_file, save_file
+
+    _, folder = exported
+    copy = edited(folder, tmp_path)
+    weights = load_file(str(copy / "model.safetensors"))
+    weights["model.encoder.layers.2.fc1.weight"] = weights["model.encoder.layers.0.fc1.weight"]
+    save_file(weights, str(copy / "model.safetensors"))
+    with pytest.raises(ValueError, match="weight model.encoder.layers.2.fc1.weight is not one"):
+        import_marian(copy, tmp_path / "imported")
+
+
+def run(argv, capsys) -> tuple[int, str]:
+    """translate-import's exit status and what it wrote to stderr."""
+    with pytest.raises(SystemExit) as stopped:
+        cli.run(import_model.main, argv)
+    return stopped.value.code, capsys.readouterr().err
+
+
+def test_the_layouts_we_do_not_read_yet_are_one_line_that_says_what_to_do(
+    exported, tmp_path, capsys
+):
+    _, folder = exported
+    opus = edited(folder, tmp_path)
+    (opus / "vocab.model").unlink()
+    for name in ("source.spm", "target.spm", "vocab.json"):
+        (opus / name).write_text("")
+    code, err = run([f"--from={opus}", f"--workdir={tmp_path / 'a'}"], capsys)
+    assert code == 2 and "holds OPUS-MT's tokenizer (source.spm, target.spm, vocab.json)" in err
+    release = tmp_path / "release"
+    release.mkdir()
+    (release / "decoder.yml").write_text("models: [model.npz]\n")
+    code, err = run([f"--from={release}", f"--workdir={tmp_path / 'b'}"], capsys)
+    assert code == 2 and "convert_marian_to_pytorch" in err
+    assert err.count("\n") == 1 and not (tmp_path / "a").exists()
+
+
+def test_an_import_never_writes_into_a_workdir_that_holds_anything(exported, tmp_path, capsys):
+    workdir, folder = exported
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "todo.txt").write_text("keep me\n")
+    code, err = run([f"--from={folder}", f"--workdir={tmp_path / 'notes'}"], capsys)
+    assert code == 2 and "is not empty" in err
+    assert (tmp_path / "notes" / "todo.txt").read_text() == "keep me\n"
+    before = sorted(p.name for p in workdir.iterdir())
+    code, err = run([f"--from={folder}", f"--workdir={workdir}"], capsys)
+    assert code == 2 and sorted(p.name for p in workdir.iterdir()) == before

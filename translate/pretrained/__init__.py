@@ -1,0 +1,1 @@
+"""Models trained elsewhere, read back as workdirs of ours."""
