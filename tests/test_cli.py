@@ -3,6 +3,7 @@
 import dataclasses
 import gc
 import importlib
+import io
 import os
 import pathlib
 import shutil
@@ -128,16 +129,18 @@ def test_example_configs_are_found_by_name_and_files_by_path():
         find_config("tyni")
 
 
-def test_bad_flag_exits_2_with_one_line_and_no_traceback():
-    done = subprocess.run(
-        [sys.executable, "-m", "translate.train", "--config=tiny", "--wrkdir=/tmp/x"],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-    )
-    assert done.returncode == 2
-    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
-    assert done.stderr.startswith("python -m translate.train: error: unknown flag --wrkdir")
+def test_bad_flag_exits_2_with_one_line_and_no_traceback(monkeypatch, capsys):
+    # What `python -m translate.train` gives the command: its file as argv[0], and a __main__
+    # whose spec names the module (the line names the command so).
+    train = importlib.import_module("translate.train")
+    monkeypatch.setattr(sys, "argv", [train.__file__])
+    monkeypatch.setitem(sys.modules, "__main__", train)
+    with pytest.raises(SystemExit) as stopped:
+        cli.run(train.main, ["--config=tiny", "--wrkdir=/tmp/x"])
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert err.startswith("python -m translate.train: error: unknown flag --wrkdir")
 
 
 @pytest.mark.parametrize(
@@ -413,15 +416,15 @@ def test_a_platform_jax_cannot_start_is_one_line_naming_jax_platforms(platforms)
     assert "lowercase" in done.stderr
 
 
-def test_text_the_console_cannot_spell_is_escaped_not_an_error():
+def test_text_the_console_cannot_spell_is_escaped_not_an_error(monkeypatch):
     """PYTHONIOENCODING=ascii: a command escapes what it prints rather than fail after its work."""
-    program = "from translate import cli; cli.run(lambda argv: print('Größe → Maß'))"
-    env = {**os.environ, "PYTHONIOENCODING": "ascii"}
-    done = subprocess.run(
-        [sys.executable, "-c", program], capture_output=True, text=True, env=env, cwd=ROOT
-    )
-    assert done.returncode == 0, done.stderr
-    assert done.stdout == "Gr\\xf6\\xdfe \\u2192 Ma\\xdf\n"
+    console = io.TextIOWrapper(io.BytesIO(), encoding="ascii")  # what that variable gives
+    monkeypatch.setattr(sys, "stdout", console)
+    with pytest.raises(SystemExit) as stopped:
+        cli.run(lambda argv: print("Größe → Maß"), [])
+    assert stopped.value.code == 0
+    console.flush()
+    assert console.buffer.getvalue() == b"Gr\\xf6\\xdfe \\u2192 Ma\\xdf\n"
 
 
 TEARDOWN_SKIPPED = """
@@ -515,15 +518,16 @@ def test_xla_flags_that_xla_would_abort_on_are_named(value, ok):
     assert (cli.xla_flags_error(value) is None) == ok
 
 
-def test_a_malformed_xla_flags_is_one_line_not_an_abort():
-    """A malformed XLA_FLAGS is one line of error, not XLA ending the process in C++."""
-    program = "import jax; from translate import cli; cli.run(lambda argv: print(jax.devices()))"
-    env = {**os.environ, "XLA_FLAGS": "force_host_platform_device_count=8"}
-    done = subprocess.run(
-        [sys.executable, "-c", program], capture_output=True, text=True, env=env, cwd=ROOT
-    )
-    assert done.returncode == 2
-    assert done.stderr.count("\n") == 1 and "XLA_FLAGS=force_host_platform" in done.stderr
+def test_a_malformed_xla_flags_is_one_line_not_an_abort(monkeypatch, capsys):
+    """A malformed XLA_FLAGS is one line of error, not XLA ending the process in C++: the
+    command is refused before its main runs, where XLA would first read the variable."""
+    monkeypatch.setenv("XLA_FLAGS", "force_host_platform_device_count=8")
+    ran = []
+    with pytest.raises(SystemExit) as stopped:
+        cli.run(ran.append, [])
+    assert stopped.value.code == 2 and not ran
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "XLA_FLAGS=force_host_platform" in err
 
 
 @pytest.mark.skipif(

@@ -42,6 +42,7 @@ def get_config():
     config.train.learning_rate_scale = 0.3
     config.train.checkpoint_every_steps = 40
     config.train.log_every_steps = 40
+    config.train.eval_every_steps = 120  # one dev evaluation, at the end (tiny's is every 100)
     return config
 """
 
