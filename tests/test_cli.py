@@ -203,6 +203,7 @@ def test_pyproject_declares_requirements_txt():
         "translate-export",
         "translate-data",
         "translate-distill",
+        "translate-import",
     }
 
 
