@@ -76,7 +76,8 @@ def measure(name: str) -> dict:
         steps.append({**summary(logits), "tokens": np.asarray(tokens).tolist()})
     return {
         "parameters": parameters,
-        "logits": summary(model(unpacked_batch(SRC, TGT))),
+        # Compiled whole: op by op, the base model's forward pass took 9 s here, compiled 2 s.
+        "logits": summary(nnx.jit(lambda m, b: m(b))(model, unpacked_batch(SRC, TGT))),
         "cached_decoding": steps,
     }
 
