@@ -6,7 +6,7 @@ r"""Training and decoding speed of a config on this machine's devices, with util
         [--warmup=3] [--decode_src=FILE] [--decode_workdir=DIR] [--decode_num=N] \
         [--json=PATH] [--config.SECTION.FIELD=VALUE ...]
     python -m scripts.benchmark --skip_training --decode_src=FILE [--decode_num=N] \
-        [--decode_ref=FILE] [--ctranslate2=false] [--huggingface] \
+        [--decode_ref=FILE] [--ctranslate2=false] [--huggingface] [--decode_profile=DIR] \
         (--decode_workdir=DIR | --config=CONFIG (--src=SRC --tgt=TGT | --vocab=SPM_MODEL))
 
 Training: batches of `batch_tokens` target token slots (and as many source slots) packed from
@@ -21,7 +21,9 @@ their rate by this script's matmul peak (`mfu`) and the maker's published dense 
 length-sorted batches, compilation timed apart, with --decode_workdir's model or an untrained
 one (a worst case: it seldom emits EOS), and the exported engines on the same sentences:
 CTranslate2 in float32 and int8, transformers with --huggingface (`*_same_as_ours_*`: the share
-of translations equal to ours; set OMP_WAIT_POLICY=passive on busy cores). --variant times the
+of translations equal to ours; set OMP_WAIT_POLICY=passive on busy cores); --decode_profile
+traces each search, warm, at the decode batch size and at one sentence, and prints XLA's ops by
+kind (scripts/profile_summary.py). --variant times the
 config's step and each variant's in turn in one process, `variant_rounds` rounds, as ratios.
 docs/speed.md ("Measure it") says more; --json writes every figure (BENCHMARKS.md lists them).
 """
@@ -86,6 +88,11 @@ FLAGS = {
     "variant": Flag([], "Overrides timed against the config, e.g. 'model.dropout_bits=hash'."),
     "variant_rounds": Flag(8, "Alternating rounds of --variant timing (each: every variant once)."),
     "profile": Flag("", "Trace 5 more steps into this directory; print the time per op and kind."),
+    "decode_profile": Flag(
+        "",
+        "With --decode_src: trace beam 4 and greedy decoding, at the decode batch size and at "
+        "one sentence, into this directory; print the time per op and kind of each.",
+    ),
 }
 
 
@@ -285,6 +292,35 @@ def profile_steps(directory, train_step, state, calls, k: int) -> list:
     return state
 
 
+def profile_decoding(directory, config: Config, graphdef, params, tokenizer, sentences) -> None:
+    """Traces each search at each of PROFILED's batch sizes into DIR/SEARCH_batchN (compiled
+    before the trace), prints where the time went and writes DIR/decode_profile.json."""
+    from scripts import profile_summary
+
+    found = {}
+    for name, beam in SEARCHES:
+        for count, batch in PROFILED:
+            batch = batch or config.decode.batch_size
+            settings = decode_settings(config.decode, {"beam_size": beam, "batch_size": batch})
+            chosen = sentences[:count]
+            path = pathlib.Path(directory) / f"{name}_batch{batch}"
+
+            def decode(chosen=chosen, settings=settings):
+                return translate_sentences(
+                    (graphdef,), (params,), tokenizer, chosen, settings, config.data.max_len
+                )
+
+            decode()  # every program compiled before the trace
+            with jax.profiler.trace(str(path), create_perfetto_trace=True):
+                decode()
+            summary = profile_summary.summarise(profile_summary.find_trace(path))
+            print(f"profile of {name}, batches of {batch}, {len(chosen)} sentences:")
+            profile_summary.print_summary(summary)
+            found[f"{name}_batch{batch}"] = summary
+    out = pathlib.Path(directory) / "decode_profile.json"
+    out.write_text(json.dumps(found, indent=2) + "\n")
+
+
 def parse_variant(text: str) -> dict[str, str]:
     """One --variant's overrides, `section.field -> text`; refuses what would change the batches."""
     if not text.split():
@@ -377,6 +413,9 @@ def init_params(config: Config, vocab_size: int):
 
 
 SEARCHES = (("beam4", 4), ("greedy", 1))
+# What --decode_profile traces of --decode_src, warm: the first 64 sentences in batches of the
+# config's size, and the first 8 one at a time (a user's line).
+PROFILED = ((64, None), (8, 1))
 
 
 def benchmark_decoding(flags: dict, config: Config, graphdef, params, tokenizer) -> dict:
@@ -409,6 +448,8 @@ def benchmark_decoding(flags: dict, config: Config, graphdef, params, tokenizer)
         out[f"decode_tokens_{name}"] = tokens
         if references is not None:
             out[f"decode_bleu_{name}"] = score(hypotheses, references, config)
+    if flags["decode_profile"]:
+        profile_decoding(flags["decode_profile"], config, graphdef, params, tokenizer, sentences)
     if flags["ctranslate2"] or flags["huggingface"]:
         out["engines"] = []
         with tempfile.TemporaryDirectory() as tmp:

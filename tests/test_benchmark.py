@@ -58,8 +58,13 @@ def test_an_untrained_model_decodes_with_a_vocabulary_and_no_parallel_text(files
     # The tiny config asks for 200 pieces and the vocabulary has 64: the model decoded is the
     # one the trainer would build with it, so every id it emits decodes.
     argv += [f"--decode_src={files}/src.txt", "--decode_num=4", "--ctranslate2=false"]
+    argv += [f"--decode_profile={tmp_path}/profile"]
     r = run_benchmark(argv, tmp_path / "out.json")
     assert r["decode_sentences"] == 4 and r["decode_model"].startswith("untrained")
+    # --decode_profile: each search at the config's batch size and at one sentence, by op.
+    profile = json.loads((tmp_path / "profile" / "decode_profile.json").read_text())
+    assert sorted(profile) == ["beam4_batch1", "beam4_batch8", "greedy_batch1", "greedy_batch8"]
+    assert all(summary["kinds"] and summary["op_calls"] > 0 for summary in profile.values())
 
 
 @pytest.mark.slow  # 44 s of compilations (five tiny steps); the steady-state test stays
