@@ -280,7 +280,25 @@ TODAYS_BLOCKS = {
 }
 
 
-@pytest.fixture(scope="module", params=list(TODAYS_BLOCKS))
+# Each switch alone is slow; the combinations and the feed-forwards no combination holds stay.
+ALONE = pytest.mark.slow(
+    reason="each switch alone, compiled and run by both engines (about 4 s each on 2 cores): "
+    "the combinations in the default run hold every one of these switches; alone, a failure "
+    "names the switch"
+)
+IN_COMBINATIONS = {
+    "rotary", "relative", "rmsnorm", "swiglu", "grouped", "multi-query", "no-bias",
+    "decoder-only-rotary", "decoder-only-relative",
+}  # fmt: skip
+
+
+@pytest.fixture(
+    scope="module",
+    params=[
+        pytest.param(name, marks=ALONE) if name in IN_COMBINATIONS else name
+        for name in TODAYS_BLOCKS
+    ],
+)
 def exported_blocks(request, vocab, tmp_path_factory):
     """(workdir, CTranslate2 export) of a model with some of today's blocks."""
     architecture, norm, fields = TODAYS_BLOCKS[request.param]

@@ -37,12 +37,12 @@ from translate.config import load_config
 
 def get_config():
     config = load_config("tiny")
-    config.train.num_train_steps = 120
-    config.train.warmup_steps = 40
-    config.train.learning_rate_scale = 0.3
-    config.train.checkpoint_every_steps = 40
-    config.train.log_every_steps = 40
-    config.train.eval_every_steps = 120  # one dev evaluation, at the end (tiny's is every 100)
+    config.train.num_train_steps = 60
+    config.train.warmup_steps = 20
+    config.train.learning_rate_scale = 0.6
+    config.train.checkpoint_every_steps = 30
+    config.train.log_every_steps = 30
+    config.train.eval_every_steps = 60  # one dev evaluation, at the end (tiny's is every 100)
     return config
 """
 
