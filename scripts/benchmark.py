@@ -436,7 +436,7 @@ def benchmark_decoding(flags: dict, config: Config, graphdef, params, tokenizer)
         )
         ours[name] = hypotheses = [best[0][1] for best in translations]
         wall = time.perf_counter() - start
-        tokens = sum(len(ids) + 1 for ids in tokenizer.encode(hypotheses))  # + EOS
+        tokens = sum(len(ids) + 1 for ids in tokenizer.encode_target(hypotheses))  # + EOS
         seconds = times.decode_seconds
         out[f"decode_seconds_{name}"] = seconds
         out[f"decode_sentences_per_sec_{name}"] = len(sentences) / seconds

@@ -136,8 +136,8 @@ def log_softmax_of_logits(graphdef, params, batch: Batch) -> jax.Array:
 def teacher_forced_log_probs(workdir: pathlib.Path, pairs, average: int = 0) -> list[np.ndarray]:
     """Our model's log P of each target token and EOS, fed the reference target."""
     graphdef, params, tokenizer, config, _ = load_model(workdir, average=average)
-    sources = [ids + [EOS_ID] for ids in tokenizer.encode([s for s, _ in pairs])]
-    targets = tokenizer.encode([t for _, t in pairs])
+    sources = [ids + [EOS_ID] for ids in tokenizer.encode_source([s for s, _ in pairs])]
+    targets = tokenizer.encode_target([t for _, t in pairs])
     s, t = max(map(len, sources)), max(map(len, targets)) + 1
 
     def padded(rows, width):  # tokens [B, width], segments [B, width], positions [B, width]
@@ -157,8 +157,8 @@ def teacher_forced_log_probs(workdir: pathlib.Path, pairs, average: int = 0) -> 
 
 def ctranslate2_log_probs(export_dir: pathlib.Path, tokenizer: Tokenizer, pairs, architecture):
     """CTranslate2's log P of each target token and EOS, fed the same target."""
-    sources = [tokenizer.pieces(ids) for ids in tokenizer.encode([s for s, _ in pairs])]
-    targets = [tokenizer.pieces(ids) for ids in tokenizer.encode([t for _, t in pairs])]
+    sources = [tokenizer.pieces(ids) for ids in tokenizer.encode_source([s for s, _ in pairs])]
+    targets = [tokenizer.pieces(ids) for ids in tokenizer.encode_target([t for _, t in pairs])]
     if architecture == "decoder_only":
         separator = tokenizer.pieces([EOS_ID, BOS_ID])
         generator = ctranslate2.Generator(str(export_dir), **ENGINE)
@@ -200,7 +200,7 @@ def ctranslate2_greedy_outputs(workdir, export_dir, sentences) -> list[str]:
         engine = ctranslate2.Generator(str(export_dir), **ENGINE)
     else:
         engine = ctranslate2.Translator(str(export_dir), **ENGINE)
-    tokenizer = Tokenizer(Workdir(workdir).vocab)
+    tokenizer = Workdir(workdir).tokenizer()
     return export_ctranslate2.translate(engine, tokenizer, sentences, **decode_options(workdir))
 
 

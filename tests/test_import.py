@@ -124,16 +124,22 @@ def run(argv, capsys) -> tuple[int, str]:
     return stopped.value.code, capsys.readouterr().err
 
 
-def test_the_layouts_we_do_not_read_yet_are_one_line_that_says_what_to_do(
+def test_a_tokenizer_missing_or_not_one_and_the_release_layout_are_one_line_each(
     exported, tmp_path, capsys
 ):
     _, folder = exported
     opus = edited(folder, tmp_path)
     (opus / "vocab.model").unlink()
-    for name in ("source.spm", "target.spm", "vocab.json"):
+    for name in ("source.spm", "target.spm"):
         (opus / name).write_text("")
     code, err = run([f"--from={opus}", f"--workdir={tmp_path / 'a'}"], capsys)
-    assert code == 2 and "holds OPUS-MT's tokenizer (source.spm, target.spm, vocab.json)" in err
+    assert (
+        code == 2 and "nor OPUS-MT's source.spm, target.spm, vocab.json (vocab.json missing)" in err
+    )
+    (opus / "vocab.json").write_text("{}")
+    code, err = run([f"--from={opus}", f"--workdir={tmp_path / 'a'}"], capsys)
+    assert code == 2 and f"{opus / 'source.spm'}: not a SentencePiece model" in err
+    assert err.count("\n") == 1 and not (tmp_path / "a").exists()
     release = tmp_path / "release"
     release.mkdir()
     (release / "decoder.yml").write_text("models: [model.npz]\n")

@@ -86,8 +86,8 @@ def main(argv: Sequence[str]) -> None:
         raise SystemExit(
             f"--top_k={flags['top_k']}: the vocabulary has only {tokenizer.vocab_size} pieces"
         )
-    source = tokenizer.encode([flags["source"]])[0] + [EOS_ID]
-    prompt = tokenizer.encode([flags["prompt"]])[0]
+    source = tokenizer.encode_source([flags["source"]])[0] + [EOS_ID]
+    prompt = tokenizer.encode_target([flags["prompt"]])[0]
     if warning := unknown_characters_warning(prompt, f"--prompt={flags['prompt']!r}"):
         say(warning)
     # The search lets an output run to (source pieces) + max_extra_len pieces before EOS; the

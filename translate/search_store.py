@@ -142,7 +142,9 @@ def files_digest(workdir: Workdir) -> dict[str, Any]:
     return {
         "path": os.path.realpath(workdir.path),
         "config": hashlib.sha256(workdir.config.read_bytes()).hexdigest(),
-        "vocab": hashlib.sha256(workdir.vocab.read_bytes()).hexdigest(),
+        "vocab": [
+            hashlib.sha256(path.read_bytes()).hexdigest() for path in workdir.tokenizer_files()
+        ],
         "checkpoints": listing,
     }
 

@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 import jax
 
 from translate.config import Config
-from translate.data.tokenizer import Tokenizer
+from translate.data.tokenizer import PairTokenizer, Tokenizer
 from translate.workdir import Workdir, copy_vocabulary, read_config
 
 # The values of --matmul_dtype: "" the model's own products, or config.model.matmul_dtype's.
@@ -44,7 +44,7 @@ class TrainedModel(NamedTuple):
 
     graphdef: Any
     params: Any  # on the first local device: decoding runs there
-    tokenizer: Tokenizer
+    tokenizer: Tokenizer | PairTokenizer
     config: Config
     steps: list[int]  # the checkpoint's step, or the steps averaged
 
@@ -204,7 +204,7 @@ def open_trained(path: str | os.PathLike) -> Workdir:
     workdir = Workdir(path)
     if not workdir.config.is_file():
         read_config(workdir)  # raises, naming what the workdir holds instead
-    if not workdir.vocab.is_file():
+    if not workdir.tokenizer_files():
         raise FileNotFoundError(
             f"--workdir: {workdir.vocab} is missing; is it a translate.train workdir?"
         )
@@ -248,7 +248,7 @@ def load_model(
     config.model.attention = "auto"
     if matmul_dtype:  # the products' rounding, not the parameters: a decoding-time choice
         config.model.matmul_dtype = matmul_dtype
-    tokenizer = Tokenizer(workdir.vocab)
+    tokenizer = workdir.tokenizer()
     if checkpoint.latest_step(workdir.checkpoints) is None:
         raise FileNotFoundError(
             f"--workdir: no checkpoint in {workdir.checkpoints}; "
@@ -330,7 +330,7 @@ class Ensemble(NamedTuple):
 
     graphdefs: tuple
     params: tuple
-    tokenizer: Tokenizer
+    tokenizer: Tokenizer | PairTokenizer
     config: Config  # the first workdir's
     steps: tuple[list[int], ...]  # per model: its step, or the steps averaged
 
@@ -400,11 +400,16 @@ def check_shared_vocabulary(paths: Sequence[str | os.PathLike]) -> None:
     every model reads and writes the same pieces.
     """
     workdirs = [open_trained(p) for p in paths]
-    first, expected = workdirs[0], workdirs[0].vocab.read_bytes()
+    first = workdirs[0]
+
+    def contents(workdir: Workdir) -> list[tuple[str, bytes]]:
+        return [(path.name, path.read_bytes()) for path in workdir.tokenizer_files()]
+
+    expected = contents(first)
     for other in workdirs[1:]:
-        if other.vocab.read_bytes() != expected:
+        if contents(other) != expected:
+            names = ", ".join(name for name, _ in expected)
             raise ValueError(
                 f"--workdir {first.path} and --workdir {other.path} have different vocabularies "
-                f"({first.vocab.name} differs); an ensemble needs models trained on one "
-                "vocabulary"
+                f"({names} differs); an ensemble needs models trained on one vocabulary"
             )

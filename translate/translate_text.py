@@ -225,7 +225,7 @@ def warn_of_long_lines(
     tokenizer, chunk: list[str], first: int, max_len: int, said: list[int], progress
 ) -> None:
     """Names on stderr the lines that decoding cuts to their first `max_len` - 1 tokens."""
-    lengths = [len(ids) for ids in tokenizer.encode(chunk)]
+    lengths = [len(ids) for ids in tokenizer.encode_source(chunk)]
     for i, length in enumerate(lengths):
         if length + 1 <= max_len or not chunk[i].strip():
             continue
@@ -250,7 +250,7 @@ def warn_of_unknown_prefixes(
         if not prefix.strip():  # no prefix (`sentences.prefix_array`)
             continue
         where = f"--prefix={name} line {first + i + 1}"
-        warning = unknown_characters_warning(tokenizer.encode([prefix])[0], where)
+        warning = unknown_characters_warning(tokenizer.encode_target([prefix])[0], where)
         if warning is None:
             continue
         said.append(first + i + 1)

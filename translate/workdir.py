@@ -2,7 +2,8 @@
 
 Only this module spells a workdir's file names. A training workdir holds:
   config.json     the run's config, written once its data has loaded
-  vocab.model     the shared SentencePiece vocabulary
+  vocab.model     the shared SentencePiece vocabulary; or, imported from OPUS-MT, its
+  source.spm, target.spm, vocab.json    two SentencePiece models over one id table
   tokens/         the training pairs tokenized once (translate/data/corpus.py, `tokenize_once`)
   data/           the generated corpus, when data.source is "synthetic"
   checkpoints/    Orbax checkpoints (translate/checkpoint.py)
@@ -62,6 +63,8 @@ class Workdir:
         self.path = pathlib.Path(path)
         self.config = self.path / "config.json"
         self.vocab = self.path / "vocab.model"
+        # OPUS-MT's tokenizer (translate/pretrained/marian.py), in place of vocab.model.
+        self.pair_vocab = tuple(self.path / n for n in ("source.spm", "target.spm", "vocab.json"))
         self.tokens = self.path / "tokens"
         self.data = self.path / "data"
         self.checkpoints = self.path / "checkpoints"
@@ -105,6 +108,7 @@ class Workdir:
         return [
             self.config,
             self.vocab,
+            *self.pair_vocab,
             self.metrics,
             self.report_json,
             self.report_txt,
@@ -126,6 +130,24 @@ class Workdir:
     def report_files(self) -> list[pathlib.Path]:
         """The three files of a report (translate/decoding/report.py writes them)."""
         return [self.report_json, self.report_txt, self.hypotheses]
+
+    def tokenizer_files(self) -> tuple[pathlib.Path, ...]:
+        """The files of the tokenizer held here: vocab.model, or OPUS-MT's three; () for none."""
+        if self.vocab.is_file():
+            return (self.vocab,)
+        return self.pair_vocab if all(p.is_file() for p in self.pair_vocab) else ()
+
+    def tokenizer(self):
+        """The tokenizer held here, whichever kind (translate/data/tokenizer.py);
+        FileNotFoundError naming the workdir for none."""
+        from translate.data.tokenizer import PairTokenizer, Tokenizer
+
+        files = self.tokenizer_files()
+        if not files:
+            raise FileNotFoundError(
+                f"--workdir: {self.vocab} is missing; is it a translate.train workdir?"
+            )
+        return Tokenizer(files[0]) if len(files) == 1 else PairTokenizer(*files)
 
     def is_export(self) -> bool:
         """Whether translate-export wrote this directory (its marker is there)."""
@@ -225,7 +247,7 @@ class Workdir:
             found = sorted(self.best.iterdir())
         except OSError:
             return []
-        own = {self.config.name, self.vocab.name, self.checkpoints.name}
+        own = {self.config.name, self.checkpoints.name, *(p.name for p in self.tokenizer_files())}
         return [p for p in found if p.name not in own and not p.name.startswith(".")]
 
     def holds_generated_corpus(self) -> bool:
@@ -298,15 +320,18 @@ class WorkdirBusy(RuntimeError):
 
 
 def copy_vocabulary(source: Workdir, target: Workdir) -> None:
-    """Process 0 copies `source`'s vocab.model into `target` unless it holds one already.
+    """Process 0 copies `source`'s tokenizer (vocab.model, or OPUS-MT's three files) into
+    `target` unless it holds one already.
 
     For a run started from another's parameters (whose pieces it must read and write) and
-    for the best checkpoint's own workdir. Whole or absent, even if the process is killed.
+    for the best checkpoint's own workdir. Each file whole or absent, even if the process is
+    killed; the tokenizer counts as held once its last file is there.
     """
-    if jax.process_index() == 0 and not target.vocab.is_file():
+    if jax.process_index() == 0 and not target.tokenizer_files():
         target.path.mkdir(parents=True, exist_ok=True)
-        with atomic.file(target.vocab) as tmp:
-            shutil.copyfile(source.vocab, tmp)
+        for path in source.tokenizer_files():
+            with atomic.file(target.path / path.name) as tmp:
+                shutil.copyfile(path, tmp)
     sharding.sync_processes("vocabulary copied")
 
 

@@ -274,6 +274,11 @@ class DecodeConfig:
     # penalty); "finished", once beam_size hypotheses have ended, EOS counting only among the
     # beam_size best candidates of a step (fairseq, CTranslate2, transformers' early_stopping).
     beam_stop: BeamStop = "exact"
+    # Whether greedy and beam search never choose BOS, the decoder's start piece, as sampling
+    # never draws it. Off for our models, which never learn to write it (nor do the engines we
+    # export to ban it); translate-import turns it on for a model with OPUS-MT's tokenizer,
+    # whose start is its pad, a piece its softmax scores and its configs ban from outputs.
+    ban_start: bool = False
     # Sentences decoded together. Chosen with `parallel_batches` on 2 CPU cores (BENCHMARKS.md):
     # 32 with 3 in flight decoded Multi30k's test2016 faster than 64 with 2 (beam 4
     # by 1.07-1.10x, greedy by 1.15-1.3x), with the same output tokens.

@@ -298,7 +298,7 @@ def source_batches(
     a search's steps cost in proportion to its rows. Sentences longer than `max_len` tokens are
     truncated to it.
     """
-    encoded = [ids[: max_len - 1] if max_len else ids for ids in tokenizer.encode(sentences)]
+    encoded = [ids[: max_len - 1] if max_len else ids for ids in tokenizer.encode_source(sentences)]
     order = np.argsort([len(ids) for ids in encoded], kind="stable")
     rows = min(batch_size, 1 << max(len(order) - 1, 0).bit_length())
     for start in range(0, len(order), batch_size):

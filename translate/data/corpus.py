@@ -92,7 +92,7 @@ def tokenize_parallel(
     Returns:
       The kept pairs and the number dropped.
     """
-    src_ids, tgt_ids = tokenizer.encode(src), tokenizer.encode(tgt)
+    src_ids, tgt_ids = tokenizer.encode_source(src), tokenizer.encode_target(tgt)
     src_len = np.fromiter(map(len, src_ids), np.int64, len(src_ids))
     tgt_len = np.fromiter(map(len, tgt_ids), np.int64, len(tgt_ids))
     keep = np.flatnonzero(fits(src_len, tgt_len, max_len)).tolist()

@@ -1,9 +1,16 @@
-"""The shared SentencePiece BPE vocabulary: special ids, training and loading."""
+"""The vocabularies: special ids, our shared SentencePiece BPE model (training and loading),
+and OPUS-MT's two SentencePiece models over one id table (`PairTokenizer`, loaded only).
+
+Both kinds answer the same calls: `encode_source` and `encode_target` (the text's ids, without
+BOS or EOS), `decode` (a target's text), `pieces`, `vocab_size`, `sha256`. A workdir holds one
+kind (`Workdir.tokenizer` reads whichever it holds).
+"""
 
 from __future__ import annotations
 
 import hashlib
 import io
+import json
 import os
 import pathlib
 import re
@@ -51,6 +58,19 @@ class Tokenizer:
         """Token ids without BOS/EOS, one list per text."""
         return self.processor.encode(list(texts), out_type=int, num_threads=os.cpu_count() or 1)
 
+    # One model for both languages: a source and a target are encoded alike.
+    encode_source = encode_target = encode
+
+    @property
+    def source_processor(self) -> spm.SentencePieceProcessor:
+        return self.processor
+
+    target_processor = source_processor
+
+    @property
+    def files(self) -> tuple[pathlib.Path, ...]:
+        return (self.path,)
+
     def decode(self, ids: Iterable[int]) -> str:
         """Detokenized text; stops at the first EOS and skips padding."""
         out = []
@@ -64,6 +84,101 @@ class Tokenizer:
 
     def pieces(self, ids: Iterable[int]) -> list[str]:
         return [self.processor.id_to_piece(int(i)) for i in ids]
+
+    def ids_of(self, pieces: Sequence[str]) -> list[int]:
+        """The ids of `pieces` (an engine's output); UNK_ID for a piece the model lacks."""
+        return [self.processor.piece_to_id(piece) for piece in pieces]
+
+
+# A target-language tag at the start of a line (`>>deu<<`, OPUS-MT's multilingual models):
+# one piece of the id table, before the SentencePiece pieces of the rest of the line. As
+# transformers' MarianTokenizer reads it: from a leading ">>" to the first "<<".
+LANGUAGE_TAG = re.compile(r">>.*?<<", re.DOTALL)
+
+
+class PairTokenizer:
+    """OPUS-MT's tokenizer: a SentencePiece model for each language, over one id table.
+
+    The id table (vocab.json: piece -> id) is in our ids: PAD, UNK, BOS and EOS are 0-3 as in
+    every vocabulary here (translate-import renumbers OPUS-MT's, translate/pretrained/marian.py).
+    A piece the table lacks is UNK_ID, as transformers' MarianTokenizer gives it.
+    """
+
+    def __init__(self, source: pathlib.Path, target: pathlib.Path, table: pathlib.Path):
+        self.source_path, self.target_path, self.path = source, target, table
+        try:
+            table = json.loads(self.path.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as error:
+            raise ValueError(f"{self.path}: not JSON ({error})") from None
+        if not isinstance(table, dict) or not all(
+            isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool)
+            for k, v in table.items()
+        ):
+            raise ValueError(f"{self.path}: not an object of pieces and their ids")
+        if sorted(table.values()) != list(range(len(table))):
+            raise ValueError(f"{self.path}: the ids are not 0 to {len(table) - 1}, each once")
+        self.ids = table
+        self.table = [""] * len(table)
+        for piece, i in table.items():
+            self.table[i] = piece
+        self.source_processor = open_processor(self.source_path)
+        self.target_processor = open_processor(self.target_path)
+
+    @property
+    def files(self) -> tuple[pathlib.Path, ...]:
+        return (self.source_path, self.target_path, self.path)
+
+    @property
+    def sha256(self) -> str:
+        """One fingerprint of the three files, in their order."""
+        digest = hashlib.sha256()
+        for path in self.files:
+            digest.update(hashlib.sha256(path.read_bytes()).digest())
+        return digest.hexdigest()
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.table)
+
+    def _encode(self, processor: spm.SentencePieceProcessor, text: str) -> list[int]:
+        tag = LANGUAGE_TAG.match(text)
+        ids = [self.ids.get(tag.group(0), UNK_ID)] if tag else []
+        rest = text[tag.end() :] if tag else text
+        return ids + [self.ids.get(p, UNK_ID) for p in processor.encode(rest, out_type=str)]
+
+    def encode_source(self, texts: Sequence[str]) -> list[list[int]]:
+        return [self._encode(self.source_processor, text) for text in texts]
+
+    def encode_target(self, texts: Sequence[str]) -> list[list[int]]:
+        return [self._encode(self.target_processor, text) for text in texts]
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """The target's text; stops at the first EOS and skips padding and BOS."""
+        pieces = []
+        for i in ids:
+            i = int(i)
+            if i == EOS_ID:
+                break
+            if i not in (PAD_ID, BOS_ID):
+                pieces.append(self.table[i])
+        return self.target_processor.decode_pieces(pieces)
+
+    def pieces(self, ids: Iterable[int]) -> list[str]:
+        return [self.table[int(i)] for i in ids]
+
+    def ids_of(self, pieces: Sequence[str]) -> list[int]:
+        """The ids of `pieces` (an engine's output); UNK_ID for a piece the table lacks."""
+        return [self.ids.get(piece, UNK_ID) for piece in pieces]
+
+
+def open_processor(path: pathlib.Path) -> spm.SentencePieceProcessor:
+    """A SentencePiece model, or ValueError naming the file."""
+    if not path.is_file():
+        raise ValueError(f"{path}: no such file")
+    try:
+        return spm.SentencePieceProcessor(model_file=str(path))
+    except (RuntimeError, OSError) as error:
+        raise ValueError(f"{path}: not a SentencePiece model ({error})") from None
 
 
 def train_tokenizer(

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Iterator, Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -75,9 +75,9 @@ def word_of_pieces(pieces: Sequence[str]) -> list[int]:
     return words
 
 
-def line_piece_words(tokenizer: Tokenizer, lines: Sequence[str]) -> list[list[tuple[int, ...]]]:
+def line_piece_words(processor: Any, lines: Sequence[str]) -> list[list[tuple[int, ...]]]:
     """For each line, the words (0-based whitespace tokens of the line as given) of each piece
-    of its encoding, as `tokenizer.encode` gives the pieces.
+    of its encoding by the SentencePiece `processor` of its side.
 
     A piece belongs to the words of the characters SentencePiece encoded it from (its span in
     the line, through the normalization): "´" of "It´s", which NFKC makes a space and a mark,
@@ -87,7 +87,7 @@ def line_piece_words(tokenizer: Tokenizer, lines: Sequence[str]) -> list[list[tu
     """
     from sentencepiece import sentencepiece_pb2
 
-    encoded = tokenizer.processor.encode(list(lines), out_type="serialized_proto")
+    encoded = processor.encode(list(lines), out_type="serialized_proto")
     out = []
     for line, proto in zip(lines, encoded, strict=True):
         text = sentencepiece_pb2.SentencePieceText.FromString(proto)
@@ -378,14 +378,21 @@ def score_pairs(
     cut = max_len if cut_sources else None
     texts = [bool(lines) and isinstance(lines[0], str) for lines in (sources, targets)]
     src_ids, tgt_ids = (
-        tokenizer.encode(lines) if text else lines for lines, text in zip((sources, targets), texts)
+        encode(lines) if text else lines
+        for lines, text, encode in zip(
+            (sources, targets), texts, (tokenizer.encode_source, tokenizer.encode_target)
+        )
     )
     # The words of a side given as text: the line's own whitespace tokens.
     words = [None, None]
     if alignment_layer is not None and not alignment_pieces:
         words = [
-            line_piece_words(tokenizer, lines) if text else None
-            for lines, text in zip((sources, targets), texts)
+            line_piece_words(processor, lines) if text else None
+            for lines, text, processor in zip(
+                (sources, targets),
+                texts,
+                (tokenizer.source_processor, tokenizer.target_processor),
+            )
         ]
     fits = None
     if models:

@@ -117,7 +117,7 @@ def translate_and_score(
 def num_sources_cut(tokenizer: Tokenizer, sources: Sequence[str], max_len: int) -> int:
     """How many of `sources` decoding cuts to their first `max_len` - 1 tokens (with EOS, a
     source holds at most `max_len`); blank ones are not decoded."""
-    lengths = [len(ids) for ids in tokenizer.encode(list(sources))]
+    lengths = [len(ids) for ids in tokenizer.encode_source(list(sources))]
     return sum(1 for n, text in zip(lengths, sources) if n + 1 > max_len and text.strip())
 
 

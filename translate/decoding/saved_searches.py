@@ -50,7 +50,6 @@ import jax
 import numpy as np
 
 from translate.compilation import cache_hits
-from translate.data.tokenizer import Tokenizer
 from translate.decoding.search import search
 from translate.decoding.sentences import (
     DecodeTimes,
@@ -276,7 +275,7 @@ class OpenedModels:
             for line in self.said:
                 say(line + "\n")
             first = Workdir(self.workdirs[0])
-            self.tokenizer, self.config = Tokenizer(first.vocab), read_config(first)
+            self.tokenizer, self.config = first.tokenizer(), read_config(first)
         else:
             self.said, keep = said_lines()
             ensemble = load_ensemble(self.workdirs, step, average, keep, params, matmul_dtype)

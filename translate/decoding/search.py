@@ -116,6 +116,7 @@ def greedy_search(
     max_extra_len: int = 50,
     min_level_rows: int = MIN_LEVEL_ROWS,
     prefix: jax.Array | None = None,
+    never: tuple[int, ...] = (),
 ):
     """Arg-max decoding: tokens [B, L] (PAD after EOS) and their log-probabilities [B].
 
@@ -142,11 +143,7 @@ def greedy_search(
 
     def step(s: GreedyState) -> GreedyState:
         log_probs, cache = next_log_probs(models, s.last, s.t, s.cache)  # [B, V]
-        at_limit = (s.t >= s.limit)[:, None]
-        log_probs = jnp.where(
-            at_limit & (jnp.arange(log_probs.shape[1]) != EOS_ID), NEG_INF, log_probs
-        )
-        log_probs = force_prefix(log_probs, s.forced, s.t)
+        log_probs = force_prefix(choosable(log_probs, s.t, s.limit, never), s.forced, s.t)
         token, token_lp = argmax(log_probs)  # [B], [B]
         written = jnp.where(s.done, PAD_ID, token)
         return s._replace(
@@ -164,6 +161,20 @@ def greedy_search(
     return state.tokens, state.score
 
 
+def choosable(
+    log_probs: jax.Array, t: jax.Array, limit: jax.Array, never: tuple[int, ...]
+) -> jax.Array:
+    """`log_probs` [B, ..., V] at step `t` with what the search may not choose at NEG_INF: the
+    ids `never` (sampling's `sampling.NEVER_DRAWN`; BOS under `decode.ban_start`), and at a
+    sentence's length limit [B] every piece but EOS."""
+    vocab = jnp.arange(log_probs.shape[-1])
+    at_limit = (t >= limit).reshape(-1, *[1] * (log_probs.ndim - 1))
+    banned = at_limit & (vocab != EOS_ID)
+    if never:
+        banned = jnp.isin(vocab, jnp.asarray(never)) | banned
+    return jnp.where(banned, NEG_INF, log_probs)
+
+
 def _beam_done(alpha: float, stop: str, s: BeamState) -> jax.Array:
     """[B] whether each sentence's search is over (`beam_search`'s `stop`)."""
     limit = s.limit
@@ -173,7 +184,9 @@ def _beam_done(alpha: float, stop: str, s: BeamState) -> jax.Array:
     return (s.fin_scores[:, -1] >= best_possible) | (s.t > limit)
 
 
-def _beam_step(models, width: int, alpha: float, stop: str, s: BeamState) -> BeamState:
+def _beam_step(
+    models, width: int, alpha: float, stop: str, never: tuple[int, ...], s: BeamState
+) -> BeamState:
     """One step of `beam_search`: extend the live beams, keep the best finished and live."""
     t, limit = s.t, s.limit
     batch = limit.shape[0]
@@ -181,9 +194,7 @@ def _beam_step(models, width: int, alpha: float, stop: str, s: BeamState) -> Bea
     log_probs, cache = next_log_probs(models, last.reshape(-1), t, s.cache)
     vocab = log_probs.shape[-1]
     log_probs = log_probs.reshape(batch, width, vocab)  # [B, W, V]
-    at_limit = (t >= limit)[:, None, None]
-    log_probs = jnp.where(at_limit & (jnp.arange(vocab) != EOS_ID), NEG_INF, log_probs)
-    log_probs = force_prefix(log_probs, s.forced, t)
+    log_probs = force_prefix(choosable(log_probs, t, limit, never), s.forced, t)
     candidates = (s.live_lp[:, :, None] + log_probs).reshape(batch, width * vocab)
     cand_lp, cand_idx = top_k(candidates, 2 * width)  # [B, 2W]
     parent, token = cand_idx // vocab, (cand_idx % vocab).astype(jnp.int32)  # [B, 2W]
@@ -230,6 +241,7 @@ def beam_search(
     stop: str = "exact",
     min_level_rows: int = MIN_LEVEL_ROWS,
     prefix: jax.Array | None = None,
+    never: tuple[int, ...] = (),
 ):
     """Beam search with the GNMT length penalty, of one model or an ensemble (module docstring).
 
@@ -265,7 +277,7 @@ def beam_search(
     )
 
     is_done = functools.partial(_beam_done, alpha, stop)
-    step = functools.partial(_beam_step, models, width, alpha, stop)
+    step = functools.partial(_beam_step, models, width, alpha, stop, never)
     state = run_loop(models, is_done, step, state, max_len, width, min_level_rows, start.first)
     return state.fin_tokens, state.fin_scores
 
@@ -278,11 +290,7 @@ def _sample_step(
     log_probs, cache = next_log_probs(models, s.last.reshape(-1), t, s.cache)
     vocab = log_probs.shape[-1]
     log_probs = log_probs.reshape(b, width, vocab)  # [B, N, V]
-    never = jnp.isin(jnp.arange(vocab), jnp.asarray(NEVER_DRAWN))  # [V]
-    log_probs = jnp.where(never, NEG_INF, log_probs)
-    at_limit = (t >= s.limit)[:, None, None]
-    log_probs = jnp.where(at_limit & (jnp.arange(vocab) != EOS_ID), NEG_INF, log_probs)
-    log_probs = force_prefix(log_probs, s.forced, t)
+    log_probs = force_prefix(choosable(log_probs, t, s.limit, NEVER_DRAWN), s.forced, t)
     keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(
         stream_keys(s.stream, width).reshape(-1), t
     )  # [B * N]
@@ -439,6 +447,7 @@ def search(
             max_extra_len=settings.max_extra_len,
             min_level_rows=min_level_rows,
             prefix=prefix,
+            never=(BOS_ID,) if settings.ban_start else (),
         )
         return tokens[:, None], scores[:, None]
     return beam_search(
@@ -451,6 +460,7 @@ def search(
         stop=settings.beam_stop,
         min_level_rows=min_level_rows,
         prefix=prefix,
+        never=(BOS_ID,) if settings.ban_start else (),
     )
 
 

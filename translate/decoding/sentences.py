@@ -165,7 +165,7 @@ def prefix_array(
       ValueError: a prefix has more pieces than its line's output may have (the source's
         pieces + max_extra_len), naming the line (`lines`: each row's line from 1).
     """
-    encoded = [tokenizer.encode([p])[0] if p.strip() else [] for p in prefixes]
+    encoded = [tokenizer.encode_target([p])[0] if p.strip() else [] for p in prefixes]
     longest = max((len(ids) for ids in encoded), default=0)
     if not longest:
         return np.zeros((src.shape[0], 0), np.int32)

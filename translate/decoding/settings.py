@@ -58,6 +58,7 @@ class DecodeSettings:
     length_penalty: float = DecodeConfig.length_penalty
     max_extra_len: int = DecodeConfig.max_extra_len
     beam_stop: str = DecodeConfig.beam_stop
+    ban_start: bool = DecodeConfig.ban_start
     # The N best translations of each sentence with their scores (beam search's length-
     # normalised ones, whatever the width); 0: the best translation alone.
     nbest: int = 0

@@ -248,7 +248,7 @@ def make_spec(model: TranslationModel, config: ModelConfig, tokenizer: Tokenizer
     decoder = transformer_spec.TransformerDecoderSpec(
         config.num_layers, config.num_heads, with_encoder_attention=not decoder_only, **options
     )
-    pieces = [tokenizer.processor.id_to_piece(i) for i in range(tokenizer.vocab_size)]
+    pieces = tokenizer.pieces(range(tokenizer.vocab_size))
     if decoder_only:
         spec = transformer_spec.TransformerDecoderModelSpec(decoder)
         decoder_stack(spec.decoder, model, model.decoder, model.decoder_norm)
@@ -355,5 +355,5 @@ def translate(
             )
             outputs = [r.hypotheses[0] for r in results]
         for i, output in zip(indices, outputs):
-            out[i] = tokenizer.decode(tokenizer.processor.piece_to_id(output))
+            out[i] = tokenizer.decode(tokenizer.ids_of(output))
     return out

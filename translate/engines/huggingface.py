@@ -34,7 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from translate.config import ModelConfig
-from translate.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
+from translate.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, PairTokenizer, Tokenizer
 from translate.engines.shared import (
     NUM_POSITIONS,
     SHARED_DECISIONS,
@@ -265,8 +265,11 @@ def out_size(slot: Slot, weights: dict[str, np.ndarray]) -> int:
     return weights[slot.name.removesuffix(".bias") + ".weight"].shape[0]
 
 
-def model_config(config: ModelConfig, vocab_size: int) -> dict[str, Any]:
-    """config.json: the architecture, our special ids, and no dropout (inference)."""
+def model_config(
+    config: ModelConfig, vocab_size: int, ids: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """config.json: the architecture, the special `ids` (`special_ids`; ours by default), and
+    no dropout (inference)."""
     model_type, architecture = LAYOUTS[config.norm_position]
     fields = {
         "architectures": [architecture],
@@ -288,7 +291,7 @@ def model_config(config: ModelConfig, vocab_size: int) -> dict[str, Any]:
         "tie_word_embeddings": True,
         "is_encoder_decoder": True,
         "dtype": "float32",
-        **special_ids(),
+        **(special_ids() if ids is None else ids),
     }
     if model_type == "marian":
         fields["decoder_vocab_size"] = vocab_size
@@ -296,8 +299,23 @@ def model_config(config: ModelConfig, vocab_size: int) -> dict[str, Any]:
     return fields
 
 
-def special_ids() -> dict[str, int]:
-    """Our ids (data/tokenizer.py); the decoder starts from BOS, as ours does."""
+def special_ids(opus: bool = False) -> dict[str, Any]:
+    """Our ids (data/tokenizer.py); the decoder starts from BOS, as ours does.
+
+    `opus`: a model with OPUS-MT's tokenizer, written as OPUS-MT's are (`without_our_pad`):
+    our ids less one, BOS (OPUS-MT's pad, its decoder's start) the padding, and generate told
+    never to write it, as OPUS-MT's configs tell it (our search never does, search.choosable).
+    """
+    if opus:
+        start, eos = BOS_ID - 1, EOS_ID - 1
+        return {
+            "pad_token_id": start,
+            "bos_token_id": eos,
+            "eos_token_id": eos,
+            "decoder_start_token_id": start,
+            "forced_eos_token_id": eos,
+            "bad_words_ids": [[start]],
+        }
     return {
         "pad_token_id": PAD_ID,
         "bos_token_id": BOS_ID,
@@ -306,6 +324,28 @@ def special_ids() -> dict[str, int]:
         # At the length cap only EOS may follow, as in our search (search.greedy_search).
         "forced_eos_token_id": EOS_ID,
     }
+
+
+# The weights with a row per piece of the vocabulary (final_logits_bias: [1, V]).
+VOCAB_ROWS = (
+    "model.shared.weight",
+    "model.encoder.embed_tokens.weight",
+    "model.decoder.embed_tokens.weight",
+    "lm_head.weight",
+)
+
+
+def without_our_pad(weights: dict[str, np.ndarray], tokenizer: PairTokenizer, directory) -> None:
+    """The weights and the id table of a model with OPUS-MT's tokenizer, as OPUS-MT writes
+    them: without our PAD (translate-import adds it, with a projection bias that gives it no
+    probability, so nothing it computes changes), every other id one less."""
+    for name in (*VOCAB_ROWS, "final_logits_bias"):
+        if name in weights:
+            axis = 1 if name == "final_logits_bias" else 0
+            weights[name] = np.ascontiguousarray(np.delete(weights[name], PAD_ID, axis=axis))
+    table = {piece: i - 1 for piece, i in tokenizer.ids.items() if i != PAD_ID}
+    text = json.dumps(table, ensure_ascii=False, indent=1) + "\n"
+    (pathlib.Path(directory) / tokenizer.path.name).write_text(text, encoding="utf-8")
 
 
 def record_fields(config: ModelConfig) -> dict[str, Any]:
@@ -334,12 +374,17 @@ def write(
     if reason:
         raise ValueError(reason)
     directory = pathlib.Path(directory)
-    fields = model_config(config, tokenizer.vocab_size)
+    opus = isinstance(tokenizer, PairTokenizer)
+    state = state_dict(model, config.norm_position)
+    if opus:
+        without_our_pad(state, tokenizer, directory)
+    ids = special_ids(opus)
+    fields = model_config(config, tokenizer.vocab_size - opus, ids)
     (directory / "config.json").write_text(json.dumps(fields, indent=2) + "\n")
-    generation = {**special_ids(), "max_length": MAX_LENGTH, "num_beams": 1}
+    generation = {**ids, "max_length": MAX_LENGTH, "num_beams": 1}
     (directory / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
     weights = directory / "model.safetensors"
-    save_file(state_dict(model, config.norm_position), str(weights), metadata={"format": "pt"})
+    save_file(state, str(weights), metadata={"format": "pt"})
     # safetensors creates its file readable by its owner alone; give it config.json's mode, so
     # that whoever may read the export may load it.
     shutil.copymode(directory / "config.json", weights)
@@ -380,7 +425,7 @@ def translate(
         indices = [i for i in indices if sentences[i].strip()]
         for start in range(0, len(indices), batch_size):
             chunk = indices[start : start + batch_size]
-            ids = [tokenizer.processor.piece_to_id(pieces[i]) + [EOS_ID] for i in chunk]
+            ids = [tokenizer.ids_of(pieces[i]) + [EOS_ID] for i in chunk]
             with torch.inference_mode():
                 outputs = hf_model.generate(
                     input_ids=torch.tensor(ids),  # [B, S]: one length, so no padding

@@ -109,7 +109,7 @@ def source_pieces(tokenizer: Tokenizer, sentences: Sequence[str], max_len: int) 
     """
     return [
         tokenizer.pieces(ids[: max_len - 1]) if max_len else tokenizer.pieces(ids)
-        for ids in tokenizer.encode(sentences)
+        for ids in tokenizer.encode_source(sentences)
     ]
 
 

@@ -50,7 +50,6 @@ FORMATS: dict[str, ModuleType] = {"ctranslate2": ctranslate2, "huggingface": hug
 log = logging.getLogger("translate")
 
 MARKER = EXPORT_MARKER
-VOCAB = "vocab.model"
 
 
 def check_request(config: Config, workdir: str, output: str, fmt: str, quantization: str) -> None:
@@ -263,7 +262,9 @@ def write_export(
     record.update(FORMATS[fmt].record_fields(config.model))
     try:
         FORMATS[fmt].write(model, config.model, tokenizer, tmp, quantization)
-        shutil.copyfile(tokenizer.path, tmp / VOCAB)
+        for path in tokenizer.files:  # unless the format wrote its own (huggingface's vocab.json)
+            if not (tmp / path.name).exists():
+                shutil.copyfile(path, tmp / path.name)
         record["files"] = sorted([p.name for p in tmp.iterdir()] + [MARKER])
         (tmp / MARKER).write_text(json.dumps(record, indent=2) + "\n")
     except OSError as e:  # a full disk, say, inside the engine's converter
