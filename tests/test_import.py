@@ -9,13 +9,14 @@ import numpy as np
 import pytest
 from test_export import SENTENCES, make_workdir, our_greedy_outputs, vocab  # noqa: F401
 
-from translate import cli, import_model
+from translate import checkpoint, cli, distill, import_model, score, train, translate_text
+from translate.data.tokenizer import PairTokenizer
 from translate.decoding.sentences import translate_sentences
 from translate.decoding.settings import decode_settings
 from translate.engines.writer import export
 from translate.pretrained.marian import import_marian
-from translate.trained import load_model
-from translate.workdir import Workdir, read_config
+from translate.trained import load_model, write_params_workdir
+from translate.workdir import Workdir, config_text, read_config
 
 # What OPUS-MT's Marian models compute beyond the paper's blocks, all at once.
 MARIAN = {
@@ -158,3 +159,54 @@ def test_an_import_never_writes_into_a_workdir_that_holds_anything(exported, tmp
     before = sorted(p.name for p in workdir.iterdir())
     code, err = run([f"--from={folder}", f"--workdir={workdir}"], capsys)
     assert code == 2 and sorted(p.name for p in workdir.iterdir()) == before
+
+
+def with_pair_tokenizer(workdir: pathlib.Path, path: pathlib.Path) -> pathlib.Path:
+    """`workdir`'s model written as translate-import writes one with OPUS-MT's kind of
+    tokenizer: the model's own SentencePiece model as source.spm and target.spm, over a table
+    of its own ids; so it encodes and decodes, hence translates and scores, as the original."""
+    source = Workdir(workdir)
+    _, params, tokenizer, config, (step,) = load_model(workdir)
+    copy = Workdir(path)
+    path.mkdir()
+    processor = tokenizer.processor
+    table = {processor.id_to_piece(i): i for i in range(processor.get_piece_size())}
+    for spm_file in copy.pair_vocab[:2]:
+        shutil.copyfile(source.vocab, spm_file)
+    copy.pair_vocab[2].write_text(json.dumps(table), encoding="utf-8")
+    meta = {"step": step, "vocab_sha256": copy.tokenizer().sha256}
+    with checkpoint.make_manager(copy.checkpoints, keep=1) as manager:
+        write_params_workdir(copy, config_text(config), source, manager, step, params, meta)
+    return path
+
+
+def test_the_commands_read_a_workdir_with_two_sentencepiece_models_as_its_own(
+    exported, tmp_path, capsys
+):
+    workdir, _ = exported
+    pair = with_pair_tokenizer(workdir, tmp_path / "pair")
+    assert isinstance(Workdir(pair).tokenizer(), PairTokenizer)
+    (tmp_path / "in.en").write_text("".join(s + "\n" for s in SENTENCES), encoding="utf-8")
+    (tmp_path / "in.de").write_text("".join(s + "\n" for s in SENTENCES), encoding="utf-8")
+    src, tgt = f"--src={tmp_path / 'in.en'}", f"--tgt={tmp_path / 'in.de'}"
+    for run_dir, out in ((workdir, tmp_path / "ours"), (pair, tmp_path / "pairs")):
+        out.mkdir()
+        text = [f"--input={tmp_path / 'in.en'}", f"--output={out / 'text'}", "--beam_size=1"]
+        translate_text.main([f"--workdir={run_dir}", *text])
+        score.main([f"--workdir={run_dir}", src, tgt, f"--output={out / 'scores'}"])
+    for name in ("text", "scores"):
+        ours = (tmp_path / "ours" / name).read_text()
+        assert (tmp_path / "pairs" / name).read_text() == ours and ours.strip()
+    # Training reads our one SentencePiece model alone: refused in one line, nothing written.
+    for main, argv in (
+        (train.main, ["--config=tiny", f"--workdir={tmp_path / 'tuned'}",
+                      f"--config.train.init_from={pair}"]),
+        (distill.main, [f"--dir={tmp_path / 'pipe'}", f"--teacher={pair}"]),
+    ):  # fmt: skip
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as stopped:
+            cli.run(main, argv)
+        err = capsys.readouterr().err.strip().splitlines()
+        assert stopped.value.code == 2 and len(err) == 1, err
+        assert f"={pair} holds OPUS-MT's tokenizer" in err[0]
+    assert not (tmp_path / "tuned").exists() and not (tmp_path / "pipe").exists()

@@ -172,6 +172,8 @@ def make_plan(
         config = pipeline_data(base, teacher_config, corpus)
         config.train.seed = base.train.seed + i
         students.append(config.validate())  # weights: > 0 and finite, tags one piece each
+    for teacher in teacher_workdirs:  # the students train on the teachers' pieces
+        Workdir(teacher).refuse_pair_tokenizer("--teacher")
     if teacher_workdirs:  # teachers trained here are checked once the first has its pieces
         check_tags_not_pieces(students[0], Workdir(teacher_workdirs[0]).vocab)
     if reverse is not None:

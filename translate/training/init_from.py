@@ -56,6 +56,7 @@ def check_init_from(config: Config, workdir: Workdir, force: bool = False) -> In
             "whose weights training does not read: give the training workdir it was exported "
             "from" + (f" ({origin})" if origin else "")
         )
+    source.refuse_pair_tokenizer("--config.train.init_from")
     for needed in (source.config, source.vocab):
         if not needed.is_file():
             raise FileNotFoundError(
