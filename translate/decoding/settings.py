@@ -58,7 +58,6 @@ class DecodeSettings:
     length_penalty: float = DecodeConfig.length_penalty
     max_extra_len: int = DecodeConfig.max_extra_len
     beam_stop: str = DecodeConfig.beam_stop
-    ban_start: bool = DecodeConfig.ban_start
     # The N best translations of each sentence with their scores (beam search's length-
     # normalised ones, whatever the width); 0: the best translation alone.
     nbest: int = 0
@@ -80,6 +79,8 @@ class DecodeSettings:
     # Minimum-Bayes-risk choice among the candidates by sentence "chrf" or "bleu" (mbr.py);
     # "": the candidate the search ranks first.
     mbr: str = ""
+    # The search's too (config.decode's): whether greedy and beam search never choose BOS.
+    ban_start: bool = DecodeConfig.ban_start
 
     def for_search(self) -> DecodeSettings:
         """These settings as the search program depends on them: the loop's fields, the seed
