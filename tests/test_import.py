@@ -8,14 +8,16 @@ import jax
 import numpy as np
 import pytest
 from test_export import SENTENCES, make_workdir, our_greedy_outputs, vocab  # noqa: F401
+from test_workflow import spy_on_train_step
 
-from translate import checkpoint, cli, distill, import_model, score, train, translate_text
+from translate import checkpoint, cli, import_model, score, translate_text
 from translate.data.tokenizer import PairTokenizer
 from translate.decoding.sentences import translate_sentences
 from translate.decoding.settings import decode_settings
 from translate.engines.writer import export
 from translate.pretrained.marian import import_marian
 from translate.trained import load_model, write_params_workdir
+from translate.training import trainer
 from translate.workdir import Workdir, config_text, read_config
 
 # What OPUS-MT's Marian models compute beyond the paper's blocks, all at once.
@@ -180,10 +182,15 @@ def with_pair_tokenizer(workdir: pathlib.Path, path: pathlib.Path) -> pathlib.Pa
     return path
 
 
-def test_the_commands_read_a_workdir_with_two_sentencepiece_models_as_its_own(
-    exported, tmp_path, capsys
-):
-    workdir, _ = exported
+@pytest.fixture(scope="module")
+def marian_run(vocab, tmp_path_factory):  # noqa: F811
+    """A random tiny model computing what OPUS-MT's do (`MARIAN`)."""
+    root = tmp_path_factory.mktemp("marian_run")
+    return make_workdir(root / "run", vocab, "encoder_decoder", "post", fields=MARIAN)
+
+
+def test_the_commands_read_a_workdir_with_two_sentencepiece_models_as_its_own(marian_run, tmp_path):
+    workdir = marian_run
     pair = with_pair_tokenizer(workdir, tmp_path / "pair")
     assert isinstance(Workdir(pair).tokenizer(), PairTokenizer)
     (tmp_path / "in.en").write_text("".join(s + "\n" for s in SENTENCES), encoding="utf-8")
@@ -197,16 +204,31 @@ def test_the_commands_read_a_workdir_with_two_sentencepiece_models_as_its_own(
     for name in ("text", "scores"):
         ours = (tmp_path / "ours" / name).read_text()
         assert (tmp_path / "pairs" / name).read_text() == ours and ours.strip()
-    # Training reads our one SentencePiece model alone: refused in one line, nothing written.
-    for main, argv in (
-        (train.main, ["--config=tiny", f"--workdir={tmp_path / 'tuned'}",
-                      f"--config.train.init_from={pair}"]),
-        (distill.main, [f"--dir={tmp_path / 'pipe'}", f"--teacher={pair}"]),
-    ):  # fmt: skip
-        capsys.readouterr()
-        with pytest.raises(SystemExit) as stopped:
-            cli.run(main, argv)
-        err = capsys.readouterr().err.strip().splitlines()
-        assert stopped.value.code == 2 and len(err) == 1, err
-        assert f"={pair} holds OPUS-MT's tokenizer" in err[0]
-    assert not (tmp_path / "tuned").exists() and not (tmp_path / "pipe").exists()
+
+
+def test_a_run_fine_tunes_from_a_model_with_two_sentencepiece_models(
+    marian_run, tmp_path, monkeypatch
+):
+    # From the imported parameters at step 0, on its tokenizer (copied in), then it resumes and
+    # its report decodes the mean of its newest checkpoints, as any run's does.
+    pair = with_pair_tokenizer(marian_run, tmp_path / "pair")
+    config = read_config(Workdir(pair))
+    config.train.init_from = str(pair)
+    config.train.num_train_steps, config.train.checkpoint_every_steps = 2, 1
+    config.train.keep_checkpoints, config.decode.average_last = 3, 2
+    calls = spy_on_train_step(monkeypatch)
+    run = tmp_path / "tuned"
+    trainer.train_and_evaluate(config, run)
+    params, _, step = calls[0]
+    assert step == 0
+    imported = load_model(pair).params
+    for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(imported), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    held = Workdir(run).tokenizer_files()
+    assert [p.name for p in held] == ["source.spm", "target.spm", "vocab.json"]
+    assert all(p.read_bytes() == (pair / p.name).read_bytes() for p in held)
+    report = json.loads(Workdir(run).report_json.read_text())
+    assert report["checkpoint_steps"] == [1, 2], report
+    config.train.num_train_steps = 3
+    trainer.train_and_evaluate(config, run)
+    assert checkpoint.latest_step(Workdir(run).checkpoints) == 3

@@ -18,6 +18,7 @@ import time
 import jax
 import numpy as np
 import pytest
+from test_import import with_pair_tokenizer
 
 from translate import cli, distill
 from translate.config import load_config
@@ -27,6 +28,7 @@ from translate.pipeline.directory import PipelineDir
 from translate.pipeline.plan import make_plan
 from translate.pipeline.stages import plan_stages, run_pipeline
 from translate.trained import load_model
+from translate.workdir import Workdir
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 
@@ -347,3 +349,26 @@ def test_killed_in_every_stage_the_pipeline_gives_the_same_student(
         assert sha256(directory / "corpus" / name) == sha256(finished / "corpus" / name)
     for mine, theirs in zip(student_leaves(directory), student_leaves(finished), strict=True):
         np.testing.assert_array_equal(mine, theirs)
+
+
+@pytest.mark.slow(
+    reason="a pipeline of its own (about 30 s on 2 cores); the stages stay in the default run "
+    "with teachers trained here, and the imported kind of tokenizer in tests/test_import.py"
+)
+def test_a_pipeline_distils_a_teacher_with_opus_mts_kind_of_tokenizer(
+    finished, teacher_file, tmp_path
+):
+    # The first teacher, written as translate-import writes a model with OPUS-MT's tokenizer
+    # (two SentencePiece models over an id table), decodes the corpus for a student.
+    original = PipelineDir(finished).teacher(0).path
+    teacher = with_pair_tokenizer(original, tmp_path / "imported")
+    directory = tmp_path / "pipe"
+    plan = plan_of(directory, teacher_file, teacher_config=None, teacher_workdirs=[str(teacher)])
+    run_pipeline(plan, str(directory))
+    pipe = PipelineDir(directory)
+    report = json.loads((directory / "report.json").read_text())
+    assert list(report["stages"]) == [s.name for s in plan_stages(pipe, plan)]
+    distilled = (pipe.corpus / "distilled.de").read_text(encoding="utf-8").splitlines()
+    assert len(distilled) == len((pipe.corpus / "original.en").read_text().splitlines())
+    assert any(line.strip() for line in distilled)
+    assert Workdir(pipe.student(0).path).vocab.is_file()  # the student trains its own

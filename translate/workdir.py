@@ -137,16 +137,6 @@ class Workdir:
             return (self.vocab,)
         return self.pair_vocab if all(p.is_file() for p in self.pair_vocab) else ()
 
-    def refuse_pair_tokenizer(self, flag: str) -> None:
-        """Refuses, naming `flag`, a workdir holding OPUS-MT's tokenizer where a command trains
-        on its pieces: training reads our one SentencePiece model alone."""
-        if self.tokenizer_files() == self.pair_vocab:
-            names = ", ".join(p.name for p in self.pair_vocab)
-            raise ValueError(
-                f"{flag}={self.path} holds OPUS-MT's tokenizer ({names}), on which training "
-                "does not run yet; it translates, scores and exports (docs/pretrained.md)"
-            )
-
     def tokenizer(self):
         """The tokenizer held here, whichever kind (translate/data/tokenizer.py);
         FileNotFoundError naming the workdir for none."""

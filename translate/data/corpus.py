@@ -21,14 +21,14 @@ import os
 import pathlib
 import signal
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 import sentencepiece as spm
 
 from translate import atomic
 from translate.data.text import ParallelText
-from translate.data.tokenizer import Tokenizer
+from translate.data.tokenizer import PairTokenizer, Tokenizer
 
 # Pairs per encoding job of `tokenize_once`; each worker process holds a few jobs at a time.
 ENCODE_CHUNK = 10_000
@@ -181,23 +181,29 @@ def file_stamps(files: Sequence[str | os.PathLike]) -> list[str]:
 
 
 @functools.cache
-def load_processor(model_path: str) -> spm.SentencePieceProcessor:
-    """One SentencePiece processor per (worker) process."""
-    return spm.SentencePieceProcessor(model_file=model_path)
+def load_encoders(files: tuple[str, ...]) -> tuple[Callable, Callable]:
+    """The tokenizer of `files` (its `files`: our vocab.model, or OPUS-MT's three) as (source
+    encoder, target encoder), texts -> ids, once per (worker) process."""
+    if len(files) == 1:
+        processor = spm.SentencePieceProcessor(model_file=files[0])
+        encode = functools.partial(processor.encode, out_type=int)
+        return encode, encode
+    pair = PairTokenizer(*map(pathlib.Path, files))
+    return pair.encode_source, pair.encode_target
 
 
 def encode_job(
-    job: tuple[str, list[str], list[str], str, tuple[int, ...]],
+    job: tuple[tuple[str, ...], list[str], list[str], str, tuple[int, ...]],
 ) -> tuple[np.ndarray, ...]:
-    """(model path, sources, targets, dtype, sources' prefix) -> flat tokens and lengths, source
-    then target.
+    """(the tokenizer's files, sources, targets, dtype, sources' prefix) -> flat tokens and
+    lengths, source then target.
 
     Runs in a worker process, so turning SentencePiece's lists into arrays is parallel too.
     """
-    model_path, src, tgt, dtype, src_prefix = job
+    files, src, tgt, dtype, src_prefix = job
+    encode_source, encode_target = load_encoders(files)
     out = []
-    for texts, prefix in ((src, list(src_prefix)), (tgt, [])):
-        ids = load_processor(model_path).encode(texts, out_type=int)
+    for ids, prefix in ((encode_source(src), list(src_prefix)), (encode_target(tgt), [])):
         if prefix:
             ids = [prefix + sentence for sentence in ids]
         lengths = np.fromiter(map(len, ids), np.int64, len(ids))
@@ -264,7 +270,8 @@ def write_token_cache(
     def jobs():  # read lazily, while the workers encode the jobs before
         for start in range(0, text.num_pairs, ENCODE_CHUNK):
             src, tgt = text.read(range(start, min(start + ENCODE_CHUNK, text.num_pairs)))
-            yield str(tokenizer.path), src, tgt, dtype_name, tuple(src_prefix)
+            files = tuple(str(path) for path in tokenizer.files)
+            yield files, src, tgt, dtype_name, tuple(src_prefix)
 
     lengths = {"src": [], "tgt": []}
     tokens = {side: cache_dir / f"{side}.tokens" for side in lengths}

@@ -26,7 +26,7 @@ from translate.data import synthetic, wmt
 from translate.data.batching import Mixture
 from translate.data.corpus import TokenizedCorpus, concatenate, tokenize_once, tokenize_parallel
 from translate.data.text import ParallelText, read_lines, read_parallel, sample_sentences
-from translate.data.tokenizer import Tokenizer, reserved_ids, train_tokenizer
+from translate.data.tokenizer import PairTokenizer, Tokenizer, reserved_ids, train_tokenizer
 
 log = logging.getLogger("translate")
 
@@ -37,6 +37,17 @@ class DataFiles(NamedTuple):
     vocab_path: pathlib.Path  # the shared SentencePiece model
     tokens_dir: pathlib.Path  # the training pairs, tokenized once
     generated_dir: pathlib.Path  # the synthetic corpus (data.source="synthetic")
+    # OPUS-MT's tokenizer (source.spm, target.spm, vocab.json), which a run started from an
+    # import reads in place of vocab.model; never trained here.
+    pair_vocab: tuple[pathlib.Path, ...] = ()
+
+    def held_tokenizer(self) -> Tokenizer | PairTokenizer | None:
+        """The tokenizer these files hold already, or None (then training trains one)."""
+        if self.vocab_path.is_file():
+            return Tokenizer(self.vocab_path)
+        if self.pair_vocab and all(path.is_file() for path in self.pair_vocab):
+            return PairTokenizer(*self.pair_vocab)
+        return None
 
 
 @dataclasses.dataclass
@@ -241,9 +252,14 @@ def load_data(config: Config, files: DataFiles) -> Data:
     d = config.data
     train_texts, dev_text, test_text = open_text(config, files)
     tags = [t.tag for t in train_texts if t.tag]
-    if files.vocab_path.is_file():
-        tokenizer = Tokenizer(files.vocab_path)
-    else:
+    tokenizer = files.held_tokenizer()
+    if tokenizer is not None and tags and isinstance(tokenizer, PairTokenizer):
+        raise ValueError(
+            f"--config.data.train_corpora: tags ({', '.join(tags)}) are pieces reserved when "
+            "our vocabulary is trained; OPUS-MT's tokenizer, imported, holds none: train "
+            "these corpora without tags"
+        )
+    if tokenizer is None:
         every = [t.text for t in train_texts]
         train_text = every[0] if len(every) == 1 else ParallelText.concatenated(every)
         sample = sample_sentences(train_text, d.vocab_sample_size, config.train.seed)
@@ -256,7 +272,7 @@ def load_data(config: Config, files: DataFiles) -> Data:
         with naming_what_was_written(f"the vocabulary {files.vocab_path}"):
             tokenizer = train_tokenizer(sample, d.vocab_size, files.vocab_path, reserved=tags)
         del sample
-    tag_ids = dict(zip(tags, reserved_ids(tokenizer, tags)))
+    tag_ids = dict(zip(tags, reserved_ids(tokenizer, tags))) if tags else {}
     corpora = []
     for i, text in enumerate(train_texts, start=1):
         # One corpus keeps the cache where a run without data.train_corpora keeps it.

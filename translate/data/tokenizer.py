@@ -89,6 +89,9 @@ class Tokenizer:
         """The ids of `pieces` (an engine's output); UNK_ID for a piece the model lacks."""
         return [self.processor.piece_to_id(piece) for piece in pieces]
 
+    def has_piece(self, piece: str) -> bool:
+        return self.processor.id_to_piece(self.processor.piece_to_id(piece)) == piece
+
 
 # A target-language tag at the start of a line (`>>deu<<`, OPUS-MT's multilingual models):
 # one piece of the id table, before the SentencePiece pieces of the rest of the line. As
@@ -169,6 +172,9 @@ class PairTokenizer:
     def ids_of(self, pieces: Sequence[str]) -> list[int]:
         """The ids of `pieces` (an engine's output); UNK_ID for a piece the table lacks."""
         return [self.ids.get(piece, UNK_ID) for piece in pieces]
+
+    def has_piece(self, piece: str) -> bool:
+        return piece in self.ids
 
 
 def open_processor(path: pathlib.Path) -> spm.SentencePieceProcessor:

@@ -10,7 +10,6 @@ from collections.abc import Sequence
 from typing import Any
 
 from translate.config import Config, TrainCorpus, apply_override
-from translate.data.tokenizer import Tokenizer
 from translate.decoding.settings import DecodeSettings, decode_settings
 from translate.pipeline.directory import PipelineDir
 from translate.trained import check_shared_vocabulary, open_trained
@@ -172,10 +171,8 @@ def make_plan(
         config = pipeline_data(base, teacher_config, corpus)
         config.train.seed = base.train.seed + i
         students.append(config.validate())  # weights: > 0 and finite, tags one piece each
-    for teacher in teacher_workdirs:  # the students train on the teachers' pieces
-        Workdir(teacher).refuse_pair_tokenizer("--teacher")
     if teacher_workdirs:  # teachers trained here are checked once the first has its pieces
-        check_tags_not_pieces(students[0], Workdir(teacher_workdirs[0]).vocab)
+        check_tags_not_pieces(students[0], Workdir(teacher_workdirs[0]))
     if reverse is not None:
         reverse = pipeline_data(reverse, teacher_config, corpus, reverse=True).validate()
     decoding = copy.deepcopy(teachers[0] if teachers else teacher_config)
@@ -235,15 +232,15 @@ def check_untagged(teacher_config: Config) -> None:
         )
 
 
-def check_tags_not_pieces(student: Config, vocab: pathlib.Path) -> None:
+def check_tags_not_pieces(student: Config, teacher: Workdir) -> None:
     """Refuses a tag that the teachers' vocabulary already holds as a piece: the student's
     vocabulary, trained on the same text and more, would hold it too (data/tokenizer.py refuses it
     there, after the decoding)."""
-    processor = Tokenizer(vocab).processor
+    tokenizer = teacher.tokenizer()
     for corpus in student.data.train_corpora:
-        if corpus.tag and processor.id_to_piece(processor.piece_to_id(corpus.tag)) == corpus.tag:
+        if corpus.tag and tokenizer.has_piece(corpus.tag):
             raise ValueError(
                 f"--student_config: the tag {corpus.tag!r} of corpus {corpus.prefix!r} is a "
-                f"piece of the teachers' vocabulary {vocab}: text holds it; choose a tag no "
-                "text holds, such as <BT>"
+                f"piece of the teachers' vocabulary {tokenizer.path}: text holds it; choose a "
+                "tag no text holds, such as <BT>"
             )

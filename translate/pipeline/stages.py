@@ -284,7 +284,7 @@ def plan_stages(pipe: PipelineDir, plan: Plan) -> list[Stage]:
     after_teachers.append(Stage("evaluations", functools.partial(evaluate, pipe, plan, teachers)))
     # Teachers trained here have their pieces only once the first is trained: the students'
     # tags are checked against them after the teachers, before any later stage starts.
-    tags = functools.partial(check_tags_not_pieces, plan.students[0], Workdir(teachers[0]).vocab)
+    tags = functools.partial(check_tags_not_pieces, plan.students[0], Workdir(teachers[0]))
     after_teachers[0] = dataclasses.replace(after_teachers[0], check=tags)
     return stages + after_teachers
 

@@ -56,9 +56,9 @@ def check_init_from(config: Config, workdir: Workdir, force: bool = False) -> In
             "whose weights training does not read: give the training workdir it was exported "
             "from" + (f" ({origin})" if origin else "")
         )
-    source.refuse_pair_tokenizer("--config.train.init_from")
-    for needed in (source.config, source.vocab):
-        if not needed.is_file():
+    for needed, there in ((source.config, source.config.is_file()),
+                          (source.vocab, source.tokenizer_files())):  # fmt: skip
+        if not there:
             raise FileNotFoundError(
                 f"{flag}: {needed} is missing; is it a translate.train workdir?"
             )
@@ -70,12 +70,13 @@ def check_init_from(config: Config, workdir: Workdir, force: bool = False) -> In
             f"{flag}: no checkpoint{'' if step is None else f' at step {step}'} in "
             f"{source.checkpoints} (steps there: {steps})"
         )
-    tokenizer = Tokenizer(source.vocab)
+    tokenizer = source.tokenizer()
     # Compared by the fingerprint that checkpoints store (Tokenizer.sha256).
-    mine = workdir.vocab
-    if not force and mine.is_file() and Tokenizer(mine).sha256 != tokenizer.sha256:
+    mine = workdir.tokenizer_files()
+    if not force and mine and workdir.tokenizer().sha256 != tokenizer.sha256:
+        names = ", ".join(path.name for path in mine)
         raise ValueError(
-            f"{flag}: {source.vocab} and --workdir={workdir.path}'s {workdir.vocab.name} are "
+            f"{flag}: {source.path}'s vocabulary and --workdir={workdir.path}'s ({names}) are "
             "different vocabularies; a run started from another's parameters reads and writes "
             "its pieces, so use a fresh --workdir (the vocabulary is copied into it)"
         )
@@ -85,7 +86,7 @@ def check_init_from(config: Config, workdir: Workdir, force: bool = False) -> In
         # recorded in config.json, but never used.
         raise ValueError(
             f"--config.data.vocab_size={config.data.vocab_size}: {flag} brings its vocabulary "
-            f"({source.vocab}), trained with config.data.vocab_size="
+            f"({tokenizer.path}), trained with config.data.vocab_size="
             f"{their_config.data.vocab_size} ({tokenizer.vocab_size} pieces), which this run "
             f"reads and writes: give --config.data.vocab_size={their_config.data.vocab_size}"
         )

@@ -22,7 +22,6 @@ import jax.numpy as jnp
 
 from translate import checkpoint, sharding
 from translate.config import Config, Optimizer
-from translate.data.tokenizer import Tokenizer
 from translate.models.factory import (
     abstract_model,
     resolve_model_attention,
@@ -277,7 +276,7 @@ def check_checkpoint_state(config: Config, workdir: Workdir) -> None:
         saved = checkpoint.item_shapes(workdir.checkpoints, step, "params")
     except Exception:  # noqa: BLE001 - an unreadable step is the restore's to set aside
         return
-    vocab_size = Tokenizer(workdir.vocab).vocab_size if workdir.vocab.is_file() else None
+    vocab_size = workdir.tokenizer().vocab_size if workdir.tokenizer_files() else None
     _, abstract = abstract_model(config, vocab_size or config.data.vocab_size)
     mine = checkpoint.shapes_of(abstract)
     if saved != mine:
@@ -345,7 +344,7 @@ def check_vocabulary_unchanged(workdir: Workdir) -> None:
     Runs before the data is opened, so a swapped vocabulary stops the run before the token
     cache is rebuilt or config.json rewritten.
     """
-    if not workdir.vocab.is_file() or checkpoint.latest_step(workdir.checkpoints) is None:
+    if not workdir.tokenizer_files() or checkpoint.latest_step(workdir.checkpoints) is None:
         return
     manager = checkpoint.make_manager(workdir.checkpoints, read_only=True)
     for step in sorted(manager.all_steps(), reverse=True):
@@ -353,7 +352,7 @@ def check_vocabulary_unchanged(workdir: Workdir) -> None:
             meta = checkpoint.read_meta(manager, step)
         except Exception:  # noqa: BLE001 - an unreadable step is the restore's to set aside
             continue
-        checkpoint.check_vocabulary(meta, Tokenizer(workdir.vocab), workdir.path)
+        checkpoint.check_vocabulary(meta, workdir.tokenizer(), workdir.path)
         return
 
 

@@ -35,6 +35,7 @@ from translate.config import Config, split_profile_steps
 from translate.data.batching import Batch, BatchLayout, DataPosition, iterate_batches
 from translate.data.bpe_dropout import SampledEpochs
 from translate.data.sources import Data, DataFiles, load_data
+from translate.data.tokenizer import PairTokenizer
 from translate.decoding.report import translate_and_score
 from translate.decoding.settings import decode_settings
 from translate.devices import DeviceFacts, cpu_warning, published_peak
@@ -654,7 +655,7 @@ def closing(manager, failed: Callable[[Exception], Exception | None]):
 
 def data_files(workdir: Workdir) -> DataFiles:
     """Where the data family keeps a run's vocabulary, tokens and generated corpus."""
-    return DataFiles(workdir.vocab, workdir.tokens, workdir.data)
+    return DataFiles(workdir.vocab, workdir.tokens, workdir.data, workdir.pair_vocab)
 
 
 def training_pairs(config: Config, data: Data):
@@ -664,4 +665,10 @@ def training_pairs(config: Config, data: Data):
     alphas = (d.src_subword_alpha, d.tgt_subword_alpha)
     if not any(alphas):
         return data.train
+    if isinstance(data.tokenizer, PairTokenizer):
+        raise ValueError(
+            "--config.data.src_subword_alpha / tgt_subword_alpha: BPE-dropout resegments our "
+            "BPE vocabulary; OPUS-MT's tokenizer (two unigram models, imported) is not one: "
+            "set both to 0"
+        )
     return SampledEpochs(data.train, data.tokenizer, alphas, d.max_len, config.train.seed)
