@@ -242,3 +242,20 @@ def test_a_write_that_the_disk_refuses_names_the_file(tmp_path):
     assert error.value.errno == errno.ENOSPC
     assert target.read_text() == "earlier"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["report.json"]
+
+
+def test_a_directory_that_may_not_replace_leaves_what_another_wrote_meanwhile(tmp_path):
+    target = tmp_path / "run"
+    with atomic.directory(target, replace=False) as new:  # absent: created
+        (new / "a").write_text("first")
+    assert (target / "a").read_text() == "first"
+    with pytest.raises(FileExistsError):
+        with atomic.directory(target, replace=False) as new:
+            (new / "a").write_text("second")
+    assert (target / "a").read_text() == "first"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]  # no temporary left
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with atomic.directory(empty, replace=False) as new:  # an empty directory is filled
+        (new / "b").write_text("b")
+    assert (empty / "b").read_text() == "b"

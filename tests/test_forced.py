@@ -348,7 +348,9 @@ def test_alignment_words_are_the_whitespace_tokens_of_the_line_as_given(tokenize
         assert sorted(j for _, j in pair.links) == list(range(words[1])), (target, pair.links)
         assert all(0 <= i < words[0] for i, _ in pair.links), (source, pair.links)
     # A piece belongs to the word of the line its characters were encoded from.
-    first, plain = forced.line_piece_words(tokenizer.processor, ["It´s a dog", "the cat sleeps ."])
+    first, plain = forced.line_piece_words(
+        tokenizer.source_spans, ["It´s a dog", "the cat sleeps ."]
+    )
     assert sorted({w for piece in first for w in piece}) == [0, 1, 2]
     assert [w[0] for w in first] == sorted(w[0] for w in first)
     # Where the line and its normalization agree, words are the pieces' word starts.

@@ -199,9 +199,9 @@ def test_the_commands_read_a_workdir_with_two_sentencepiece_models_as_its_own(ma
     for run_dir, out in ((workdir, tmp_path / "ours"), (pair, tmp_path / "pairs")):
         out.mkdir()
         text = [f"--input={tmp_path / 'in.en'}", f"--output={out / 'text'}", "--beam_size=1"]
-        translate_text.main([f"--workdir={run_dir}", *text])
+        translate_text.main([f"--workdir={run_dir}", *text, f"--alignment={out / 'links'}"])
         score.main([f"--workdir={run_dir}", src, tgt, f"--output={out / 'scores'}"])
-    for name in ("text", "scores"):
+    for name in ("text", "links", "scores"):
         ours = (tmp_path / "ours" / name).read_text()
         assert (tmp_path / "pairs" / name).read_text() == ours and ours.strip()
 

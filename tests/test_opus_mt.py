@@ -26,6 +26,7 @@ from test_export import (
 )
 
 from translate.data import synthetic
+from translate.decoding import forced
 from translate.decoding.sentences import translate_sentences
 from translate.decoding.settings import decode_settings
 from translate.engines.writer import export
@@ -294,3 +295,20 @@ def test_the_import_exported_to_hugging_face_is_opus_mts_model(opus, tmp_path):
     leaves = [jax.tree.leaves(load_model(w).params) for w in (workdir, back)]
     for a, b in zip(*leaves, strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_word_alignments_count_a_language_tag_as_its_own_word(opus):
+    # The tag is one piece before the source model's pieces: its span, and the pieces' after
+    # it, must name the line's words as the line has them.
+    _, workdir, _, _, _ = opus
+    graphdef, params, tokenizer, _, _ = load_model(workdir)
+    source, target = SENTENCES[-2], PAIRS[0][1]
+    (pair,) = forced.score_pairs(
+        (graphdef,), (params,), tokenizer, [source], [target], 2, 64,
+        alignment_layer=1, alignment_pieces=False, cut_sources=False,
+    )  # fmt: skip
+    words = (len(source.split()), len(target.split()))
+    assert {j for _, j in pair.links} == set(range(words[1]))
+    assert all(0 <= i < words[0] and 0 <= j < words[1] for i, j in pair.links), pair.links
+    spans = tokenizer.source_spans([source])[0]
+    assert spans[0] == (0, len(TAG)) and len(spans) == len(tokenizer.encode_source([source])[0])

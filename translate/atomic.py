@@ -14,6 +14,7 @@ holds, which a killed process left behind.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import glob
 import os
@@ -143,7 +144,7 @@ def file(path: str | os.PathLike, *, fsync: bool = False) -> Iterator[pathlib.Pa
 
 
 @contextlib.contextmanager
-def directory(path: str | os.PathLike) -> Iterator[pathlib.Path]:
+def directory(path: str | os.PathLike, replace: bool = True) -> Iterator[pathlib.Path]:
     """Yields a new empty directory that takes the place of `path` when the block ends.
 
     What `path` held before (an earlier version) is moved aside to a hidden `.NAME.<hex>.old`
@@ -153,6 +154,9 @@ def directory(path: str | os.PathLike) -> Iterator[pathlib.Path]:
 
     Args:
       path: the directory to create or replace; its parent must exist.
+      replace: False: `path` is created, or an empty directory there filled, never replaced;
+        one that another process filled meanwhile raises FileExistsError and stays as it is
+        (one rename, which the kernel refuses over a directory that holds anything).
     """
     target = pathlib.Path(os.path.realpath(path))
     new = beside(target, "new")
@@ -161,7 +165,16 @@ def directory(path: str | os.PathLike) -> Iterator[pathlib.Path]:
     hold(fd)
     try:
         yield new
-        replace_directory(new, target)
+        if replace:
+            replace_directory(new, target)
+        else:
+            try:
+                os.rename(new, target)
+            except OSError as e:
+                if e.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR):
+                    raise
+                message = "written meanwhile by another command"
+                raise FileExistsError(e.errno, message, str(path)) from None
     finally:
         os.close(fd)
         shutil.rmtree(new, ignore_errors=True)  # gone already after the rename

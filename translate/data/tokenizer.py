@@ -61,6 +61,12 @@ class Tokenizer:
     # One model for both languages: a source and a target are encoded alike.
     encode_source = encode_target = encode
 
+    def source_spans(self, texts: Sequence[str]) -> list[list[tuple[int, int]]]:
+        """Each text's pieces' byte spans [begin, end) in its UTF-8 text, as encoded."""
+        return piece_spans(self.processor, texts)
+
+    target_spans = source_spans
+
     @property
     def source_processor(self) -> spm.SentencePieceProcessor:
         return self.processor
@@ -149,6 +155,21 @@ class PairTokenizer:
         rest = text[tag.end() :] if tag else text
         return ids + [self.ids.get(p, UNK_ID) for p in processor.encode(rest, out_type=str)]
 
+    def _spans(self, processor: spm.SentencePieceProcessor, text: str) -> list[tuple[int, int]]:
+        tag = LANGUAGE_TAG.match(text)
+        if not tag:
+            return piece_spans(processor, [text])[0]
+        start = len(tag.group(0).encode("utf-8"))
+        rest = piece_spans(processor, [text[tag.end() :]])[0]
+        return [(0, start)] + [(begin + start, end + start) for begin, end in rest]
+
+    def source_spans(self, texts: Sequence[str]) -> list[list[tuple[int, int]]]:
+        """Each text's pieces' byte spans [begin, end) in its UTF-8 text, as encoded."""
+        return [self._spans(self.source_processor, text) for text in texts]
+
+    def target_spans(self, texts: Sequence[str]) -> list[list[tuple[int, int]]]:
+        return [self._spans(self.target_processor, text) for text in texts]
+
     def encode_source(self, texts: Sequence[str]) -> list[list[int]]:
         return [self._encode(self.source_processor, text) for text in texts]
 
@@ -175,6 +196,20 @@ class PairTokenizer:
 
     def has_piece(self, piece: str) -> bool:
         return piece in self.ids
+
+
+def piece_spans(
+    processor: spm.SentencePieceProcessor, texts: Sequence[str]
+) -> list[list[tuple[int, int]]]:
+    """Each text's pieces' byte spans [begin, end) in its UTF-8 text (through SentencePiece's
+    normalization), as `processor` encodes it."""
+    from sentencepiece import sentencepiece_pb2
+
+    out = []
+    for proto in processor.encode(list(texts), out_type="serialized_proto"):
+        pieces = sentencepiece_pb2.SentencePieceText.FromString(proto).pieces
+        out.append([(piece.begin, piece.end) for piece in pieces])
+    return out
 
 
 def open_processor(path: pathlib.Path) -> spm.SentencePieceProcessor:

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -75,9 +75,12 @@ def word_of_pieces(pieces: Sequence[str]) -> list[int]:
     return words
 
 
-def line_piece_words(processor: Any, lines: Sequence[str]) -> list[list[tuple[int, ...]]]:
+def line_piece_words(
+    spans: Callable[[Sequence[str]], list[list[tuple[int, int]]]], lines: Sequence[str]
+) -> list[list[tuple[int, ...]]]:
     """For each line, the words (0-based whitespace tokens of the line as given) of each piece
-    of its encoding by the SentencePiece `processor` of its side.
+    of its encoding, whose byte spans `spans` gives (a tokenizer's `source_spans` or
+    `target_spans`).
 
     A piece belongs to the words of the characters SentencePiece encoded it from (its span in
     the line, through the normalization): "´" of "It´s", which NFKC makes a space and a mark,
@@ -85,14 +88,7 @@ def line_piece_words(processor: Any, lines: Sequence[str]) -> list[list[tuple[in
     whitespace alone, or of no character of the line (NFKC's "ﬁ" gives "f" and "i", the span
     goes to one of them), belongs to the word at or after its place, the last word at the end.
     """
-    from sentencepiece import sentencepiece_pb2
-
-    encoded = processor.encode(list(lines), out_type="serialized_proto")
-    out = []
-    for line, proto in zip(lines, encoded, strict=True):
-        text = sentencepiece_pb2.SentencePieceText.FromString(proto)
-        out.append(span_words(line, [(piece.begin, piece.end) for piece in text.pieces]))
-    return out
+    return [span_words(line, line_spans) for line, line_spans in zip(lines, spans(lines))]
 
 
 def span_words(line: str, spans: Sequence[tuple[int, int]]) -> list[tuple[int, ...]]:
@@ -387,11 +383,9 @@ def score_pairs(
     words = [None, None]
     if alignment_layer is not None and not alignment_pieces:
         words = [
-            line_piece_words(processor, lines) if text else None
-            for lines, text, processor in zip(
-                (sources, targets),
-                texts,
-                (tokenizer.source_processor, tokenizer.target_processor),
+            line_piece_words(spans, lines) if text else None
+            for lines, text, spans in zip(
+                (sources, targets), texts, (tokenizer.source_spans, tokenizer.target_spans)
             )
         ]
     fits = None

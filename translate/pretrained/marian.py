@@ -233,11 +233,11 @@ def imported_config(
     """A whole config: config.json's model, whose vocabulary has `vocab_size` pieces, and
     sources no longer than the positions Marian computes."""
     config = Config()
-    config.model = model_config(fields, path, special_ids)
-    if fields.get("vocab_size", vocab_size) != vocab_size:
+    if fields.get("vocab_size", vocab_size) != vocab_size:  # first: the ids depend on it
         raise ValueError(
             f"{path}: vocab_size={fields['vocab_size']}, the vocabulary has {vocab_size} pieces"
         )
+    config.model = model_config(fields, path, special_ids)
     config.data.vocab_size = vocab_size
     config.decode.average_last = 1  # one checkpoint: the imported parameters
     limit = min(int(fields.get("max_position_embeddings", NUM_POSITIONS)), NUM_POSITIONS)
@@ -300,27 +300,33 @@ def import_marian(folder: str | pathlib.Path, workdir: str | pathlib.Path, langu
     model = make_model(config.model, config.data.vocab_size, nnx.Rngs(0))
     import_parameters(model, weights, weights_path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    with atomic.directory(out) as new:
-        target = Workdir(new)
-        if order is not None:
-            write_opus_tokenizer(folder, tokenizer, order, target)
-        else:
-            copy_vocabulary(Workdir(folder), target)
-        meta = {
-            "step": 0,
-            "vocab_sha256": target.tokenizer().sha256,
-            "imported_from": str(folder.resolve()),
-        }
-        with checkpoint.make_manager(target.checkpoints, keep=1) as manager:
-            write_params_workdir(
-                target,
-                config_text(config),
-                Workdir(folder),
-                manager,
-                0,
-                nnx.state(model, nnx.Param),
-                meta,
-            )
+    try:
+        with atomic.directory(out, replace=False) as new:
+            target = Workdir(new)
+            if order is not None:
+                write_opus_tokenizer(folder, tokenizer, order, target)
+            else:
+                copy_vocabulary(Workdir(folder), target)
+            meta = {
+                "step": 0,
+                "vocab_sha256": target.tokenizer().sha256,
+                "imported_from": str(folder.resolve()),
+            }
+            with checkpoint.make_manager(target.checkpoints, keep=1) as manager:
+                write_params_workdir(
+                    target,
+                    config_text(config),
+                    Workdir(folder),
+                    manager,
+                    0,
+                    nnx.state(model, nnx.Param),
+                    meta,
+                )
+    except FileExistsError:
+        raise ValueError(
+            f"--workdir={out}: another command wrote there while this one imported; it is left "
+            "as it is, and nothing was imported"
+        ) from None
     return config
 
 
