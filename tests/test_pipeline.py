@@ -24,7 +24,7 @@ from translate import cli, distill
 from translate.config import load_config
 from translate.data.tokenizer import Tokenizer
 from translate.pipeline import stages
-from translate.pipeline.directory import PipelineDir
+from translate.pipeline.directory import PipelineDir, claimed
 from translate.pipeline.plan import make_plan
 from translate.pipeline.stages import plan_stages, run_pipeline
 from translate.trained import load_model
@@ -372,3 +372,22 @@ def test_a_pipeline_distils_a_teacher_with_opus_mts_kind_of_tokenizer(
     assert len(distilled) == len((pipe.corpus / "original.en").read_text().splitlines())
     assert any(line.strip() for line in distilled)
     assert Workdir(pipe.student(0).path).vocab.is_file()  # the student trains its own
+
+
+def test_a_first_try_that_did_nothing_leaves_the_directory_to_the_corrected_command(tmp_path):
+    # A try that failed before any stage wrote a file (a typo in a teacher's data directory)
+    # claimed nothing: the corrected command, another plan, takes the directory. Once a stage
+    # has written anything, another plan is refused.
+    pipe = PipelineDir(tmp_path / "pipe")
+    with pytest.raises(FileNotFoundError), claimed(pipe, {"teacher": "tpyo"}):
+        pipe.corpus.mkdir()  # an empty directory is nothing done, nor a try's seconds
+        pipe.stages.mkdir()
+        pipe.stage("corpus").with_suffix(".tries").write_text("0.1\n")
+        raise FileNotFoundError("no such data directory")
+    with claimed(pipe, {"teacher": "typo"}):
+        assert not list(pipe.stages.glob("*.tries"))  # the failed try's, gone with its plan
+        pipe.stage("corpus").write_text("{}")
+    assert json.loads(pipe.plan.read_text()) == {"teacher": "typo"}
+    with pytest.raises(ValueError, match="holds another pipeline"), claimed(pipe, {"x": 1}):
+        pass
+    assert json.loads(pipe.plan.read_text()) == {"teacher": "typo"}

@@ -71,7 +71,8 @@ class PipelineDir:
 def claimed(pipe: PipelineDir, wanted: dict[str, Any]) -> Iterator[None]:
     """Holds the directory's lock while the pipeline runs; writes pipeline.json on the first
     run (`wanted`, the plan's identity) and refuses a directory that another pipeline or
-    anything else wrote."""
+    anything else wrote. A pipeline.json of another plan whose run wrote nothing else (a try
+    that failed before its first stage wrote a file) claims nothing: it is replaced."""
     if not pipe.plan.is_file():
         found = [p.name for p in pipe.entries() if p.exists() and p != pipe.lock]
         if found:
@@ -91,6 +92,11 @@ def claimed(pipe: PipelineDir, wanted: dict[str, Any]) -> Iterator[None]:
             ) from None
         if pipe.plan.is_file():
             saved = json.loads(pipe.plan.read_text())
+            if saved != wanted and not wrote_anything(pipe):
+                for tries in pipe.stages.glob("*.tries"):  # the failed try's seconds
+                    tries.unlink()
+                saved = wanted
+                atomic.write_text(pipe.plan, json.dumps(wanted, indent=1) + "\n")
             if saved != wanted:
                 raise ValueError(
                     f"--dir={pipe.path} holds another pipeline ({first_difference(saved, wanted)}"
@@ -101,6 +107,19 @@ def claimed(pipe: PipelineDir, wanted: dict[str, Any]) -> Iterator[None]:
         yield
     finally:
         os.close(fd)
+
+
+def wrote_anything(pipe: PipelineDir) -> bool:
+    """Whether a run in `pipe` wrote a file besides pipeline.json, its lock and the seconds of
+    failed tries (stages/NAME.tries): a stage's record, a corpus, a model. Empty directories
+    are nothing."""
+    for root, _, files in os.walk(pipe.path):
+        for name in files:
+            path = pathlib.Path(root) / name
+            tries = path.parent == pipe.stages and path.suffix == ".tries"
+            if path not in (pipe.plan, pipe.lock) and not tries:
+                return True
+    return False
 
 
 def first_difference(saved: Any, wanted: Any, path: str = "") -> str:
