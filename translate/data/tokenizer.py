@@ -68,12 +68,6 @@ class Tokenizer:
     target_spans = source_spans
 
     @property
-    def source_processor(self) -> spm.SentencePieceProcessor:
-        return self.processor
-
-    target_processor = source_processor
-
-    @property
     def files(self) -> tuple[pathlib.Path, ...]:
         return (self.path,)
 
@@ -115,18 +109,7 @@ class PairTokenizer:
 
     def __init__(self, source: pathlib.Path, target: pathlib.Path, table: pathlib.Path):
         self.source_path, self.target_path, self.path = source, target, table
-        try:
-            table = json.loads(self.path.read_text(encoding="utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as error:
-            raise ValueError(f"{self.path}: not JSON ({error})") from None
-        if not isinstance(table, dict) or not all(
-            isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool)
-            for k, v in table.items()
-        ):
-            raise ValueError(f"{self.path}: not an object of pieces and their ids")
-        if sorted(table.values()) != list(range(len(table))):
-            raise ValueError(f"{self.path}: the ids are not 0 to {len(table) - 1}, each once")
-        self.ids = table
+        self.ids = table = read_id_table(table)
         self.table = [""] * len(table)
         for piece, i in table.items():
             self.table[i] = piece
@@ -196,6 +179,23 @@ class PairTokenizer:
 
     def has_piece(self, piece: str) -> bool:
         return piece in self.ids
+
+
+def read_id_table(path: pathlib.Path) -> dict[str, int]:
+    """An id table (vocab.json: piece -> id, the ids 0 to N - 1 each once); ValueError naming
+    the file."""
+    try:
+        table = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"{path}: not JSON ({error})") from None
+    if not isinstance(table, dict) or not all(
+        isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool)
+        for k, v in table.items()
+    ):
+        raise ValueError(f"{path}: not an object of pieces and their ids")
+    if sorted(table.values()) != list(range(len(table))):
+        raise ValueError(f"{path}: the ids are not 0 to {len(table) - 1}, each once")
+    return table
 
 
 def piece_spans(

@@ -24,7 +24,15 @@ from flax import nnx
 
 from translate import atomic, checkpoint
 from translate.config import Config, ModelConfig
-from translate.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer, open_processor
+from translate.data.tokenizer import (
+    BOS_ID,
+    EOS_ID,
+    PAD_ID,
+    UNK_ID,
+    Tokenizer,
+    open_processor,
+    read_id_table,
+)
 from translate.engines import huggingface
 from translate.engines.shared import NUM_POSITIONS
 from translate.models.factory import make_model
@@ -368,18 +376,7 @@ def read_opus_table(folder: pathlib.Path) -> dict[str, int]:
             f"--from={folder}: {TARGET_VOCAB}, a separate target vocabulary, is not one we read "
             "(our model has one id table for both languages)"
         )
-    try:
-        table = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise ValueError(f"{path}: not JSON ({error})") from None
-    if not isinstance(table, dict) or not all(
-        isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool)
-        for k, v in table.items()
-    ):
-        raise ValueError(f"{path}: not an object of pieces and their ids")
-    if sorted(table.values()) != list(range(len(table))):
-        raise ValueError(f"{path}: the ids are not 0 to {len(table) - 1}, each once")
-    return table
+    return read_id_table(path)
 
 
 def renumbered(weights: dict[str, np.ndarray], order: np.ndarray) -> dict[str, np.ndarray]:
